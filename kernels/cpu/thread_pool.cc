@@ -1,0 +1,123 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ring::cpu {
+namespace {
+
+thread_local bool tls_inside_pool = false;
+
+class Pool {
+ public:
+  explicit Pool(int n) : n_(n) {
+    for (int i = 1; i < n_; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return n_; }
+
+  void Run(int64_t chunks, const std::function<void(int64_t)>& body) {
+    std::lock_guard<std::mutex> run_lock(run_mu_);  // one parallel region at a time
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      body_ = &body;
+      chunks_ = chunks;
+      next_.store(0);
+      done_ = 0;
+      ++generation_;
+    }
+    cv_.notify_all();
+    Work();
+    std::unique_lock<std::mutex> l(mu_);
+    done_cv_.wait(l, [&] { return done_ == chunks_; });
+    body_ = nullptr;
+  }
+
+ private:
+  void Work() {
+    tls_inside_pool = true;
+    int64_t finished = 0;
+    for (;;) {
+      const int64_t i = next_.fetch_add(1);
+      if (i >= chunks_) break;
+      (*body_)(i);
+      ++finished;
+    }
+    tls_inside_pool = false;
+    if (finished > 0) {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ += finished;
+      if (done_ == chunks_) done_cv_.notify_all();
+    }
+  }
+  void Loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (body_ == nullptr) continue;
+      }
+      Work();
+    }
+  }
+
+  const int n_;
+  std::vector<std::thread> threads_;
+  std::mutex run_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t)>* body_ = nullptr;
+  int64_t chunks_ = 0;
+  std::atomic<int64_t> next_{0};
+  int64_t done_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+Pool& GetPool() {
+  static Pool* pool = [] {
+    int n = static_cast<int>(std::thread::hardware_concurrency());
+    if (const char* env = std::getenv("RING_CPU_THREADS")) n = std::atoi(env);
+    return new Pool(std::max(1, n));
+  }();
+  return *pool;
+}
+
+}  // namespace
+
+int NumThreads() { return GetPool().size(); }
+
+void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  Pool& pool = GetPool();
+  const int64_t max_chunks = (n + grain - 1) / grain;
+  const int64_t chunks = std::min<int64_t>(max_chunks, pool.size() * 4);
+  if (chunks <= 1 || pool.size() == 1 || tls_inside_pool) {
+    fn(0, n);
+    return;
+  }
+  const int64_t per = (n + chunks - 1) / chunks;
+  pool.Run(chunks, [&](int64_t c) {
+    const int64_t b = c * per;
+    const int64_t e = std::min(n, b + per);
+    if (b < e) fn(b, e);
+  });
+}
+
+}  // namespace ring::cpu

@@ -1,0 +1,22 @@
+// File: kernels/cpu/thread_pool.h
+//
+// One process-wide pool of worker threads for the CPU backend (all cores by default,
+// RING_CPU_THREADS overrides). ParallelFor splits [0, n) into contiguous chunks of at
+// least `grain` items and blocks until all chunks ran; the calling thread takes part.
+// Nested ParallelFor calls from inside a chunk run serially (no deadlock, no oversubscription).
+#ifndef RINGSERVE_KERNELS_CPU_THREAD_POOL_H_
+#define RINGSERVE_KERNELS_CPU_THREAD_POOL_H_
+
+#include <cstdint>
+#include <functional>
+
+namespace ring::cpu {
+
+// Number of threads ParallelFor uses (>= 1).
+int NumThreads();
+// fn(begin, end) is called for disjoint chunks covering [0, n).
+void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace ring::cpu
+
+#endif  // RINGSERVE_KERNELS_CPU_THREAD_POOL_H_
