@@ -1,0 +1,64 @@
+// File: models/families.h  (internal to models/)
+//
+// Constructors of the layer programs, one per architecture family. LoadStage (model.cc)
+// opens the checkpoint and config and dispatches here.
+#ifndef RINGSERVE_MODELS_FAMILIES_H_
+#define RINGSERVE_MODELS_FAMILIES_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "models/model.h"
+#include "models/layers.h"
+#include "models/safetensors.h"
+
+namespace ring::internal {
+
+struct StageContext {
+  std::unique_ptr<Checkpoint> ckpt;
+  ModelConfig cfg;
+  StageRange range;  // resolved (end >= 0)
+  cpu::ActDType act;
+  bool all_logits = true;
+};
+
+// Per-sequence state common to all families; families add their per-layer caches.
+class SequenceState : public Sequence {
+ public:
+  int64_t position() const override { return position_; }
+  int64_t position_ = 0;
+};
+
+// The parts every family shares: input checks, embedding on the first stage, the layer
+// loop, and final norm + lm_head on the last. Families implement the layers.
+class LayeredStage : public Stage {
+ public:
+  explicit LayeredStage(StageContext ctx) : ctx_(std::move(ctx)) {}
+  const ModelConfig& config() const override { return ctx_.cfg; }
+  StageRange range() const override { return ctx_.range; }
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  absl::StatusOr<StageOutput> Forward(Sequence& seq, const StageInput& in) const override;
+
+ protected:
+  // Loads embedding / final norm / head as this stage needs them. Call from the family's
+  // factory after the layers.
+  absl::Status LoadEnds(const WeightLoader& w);
+  // h is [rows, hidden] at positions seq.position() .. + rows; updated in place.
+  virtual absl::Status RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
+                                TopkCarry& carry) const = 0;
+
+  StageContext ctx_;
+  int64_t weight_bytes_ = 0;
+  QuantWeight embed_;
+  TensorView final_norm_;
+  QuantWeight head_;  // lm_head, or the embedding when tied
+};
+
+// deepseek_v3, deepseek_v32, glm_moe_dsa: MLA attention (+ DSA indexer), DeepSeek MoE.
+absl::StatusOr<std::unique_ptr<Stage>> NewMlaStage(StageContext ctx);
+// qwen3, qwen3_moe: GQA attention with q/k norms, Qwen MoE.
+absl::StatusOr<std::unique_ptr<Stage>> NewQwen3Stage(StageContext ctx);
+
+}  // namespace ring::internal
+
+#endif  // RINGSERVE_MODELS_FAMILIES_H_

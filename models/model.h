@@ -1,0 +1,99 @@
+// File: models/model.h
+//
+// A model stage on the CPU reference engine: layers [begin, end) of one checkpoint, with
+// the token embedding when begin == 0 and the final norm + lm_head when end == num_layers.
+// Everything that crosses a stage boundary is in StageInput/StageOutput: the hidden
+// state, and for GLM-5.2 IndexShare the top-k indices of the last "full" indexer layer
+// (a shared layer at the start of a stage needs them; a ring that dropped them would
+// silently run that layer dense).
+//
+//   RING_ASSIGN_OR_RETURN(auto stage, LoadStage(dir, {.begin = 0, .end = 4}));
+//   auto seq = stage->NewSequence();
+//   StageInput in; in.tokens = {1, 2, 3};
+//   RING_ASSIGN_OR_RETURN(StageOutput out, stage->Forward(*seq, in));
+//
+// Forward is not thread-safe per Sequence; different sequences may run concurrently.
+#ifndef RINGSERVE_MODELS_MODEL_H_
+#define RINGSERVE_MODELS_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/ops.h"
+#include "models/config.h"
+
+namespace ring {
+
+struct StageRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // -1: up to the last layer
+};
+
+// IndexShare carry: top-k key positions chosen by the most recent "full" indexer layer
+// for each query row of this step. `dense` means that layer selected nothing (context
+// <= index_topk), so shared layers attend densely too.
+struct TopkCarry {
+  int64_t source_layer = -1;  // -1: no full layer has run in this step yet
+  bool dense = true;
+  int64_t k = 0;
+  std::vector<int32_t> indices;  // [rows, k]
+};
+
+struct StageInput {
+  std::vector<int32_t> tokens;   // first stage: token ids of this step
+  std::vector<float> hidden;     // later stages: [rows, hidden_size]
+  TopkCarry topk;                // later stages: from the previous stage
+};
+
+struct StageOutput {
+  int64_t rows = 0;
+  std::vector<float> hidden;  // not last stage: [rows, hidden_size]
+  std::vector<float> logits;  // last stage: [rows, vocab] (or [1, vocab], see options)
+  TopkCarry topk;
+};
+
+struct LoadOptions {
+  StageRange layers;
+  // Round activations to the checkpoint dtype where MLX does (default: from config).
+  std::optional<cpu::ActDType> act_dtype;
+  // Last stage: logits for every row (true) or only the last row of each step.
+  bool all_logits = true;
+};
+
+// Per-sequence state of one stage: KV caches of its layers and the position.
+class Sequence {
+ public:
+  virtual ~Sequence() = default;
+  virtual int64_t position() const = 0;  // tokens already processed
+  virtual int64_t cache_bytes() const = 0;
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual StageRange range() const = 0;
+  bool is_first() const { return range().begin == 0; }
+  bool is_last() const { return range().end == config().num_hidden_layers; }
+  virtual std::unique_ptr<Sequence> NewSequence() const = 0;
+  // Processes one step (a prefill chunk or a single decode token) for `seq`.
+  virtual absl::StatusOr<StageOutput> Forward(Sequence& seq, const StageInput& in) const = 0;
+  // Bytes of weights this stage references.
+  virtual int64_t weight_bytes() const = 0;
+};
+
+// Loads layers [range.begin, range.end) of the checkpoint in `dir`. Only the tensors of
+// those layers (plus embedding / head as needed) are touched.
+absl::StatusOr<std::unique_ptr<Stage>> LoadStage(const std::string& dir,
+                                                 const LoadOptions& options = {});
+
+// Splits num_layers into `n` contiguous, near-equal ranges (earlier stages get the extra).
+std::vector<StageRange> SplitLayers(int64_t num_layers, int n);
+
+}  // namespace ring
+
+#endif  // RINGSERVE_MODELS_MODEL_H_
