@@ -63,9 +63,11 @@ void Rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t str
     for (int64_t tok = t0; tok < t1; ++tok) {
       const float pos = static_cast<float>(offset + tok);
       for (int64_t i = 0; i < half; ++i) {
+        // MLX's CPU rope takes fp32 angles but casts cos/sin to the activation dtype and
+        // does the rotation in that dtype (each product and sum rounded); measured bit-exact.
         const float theta = pos * inv_freq[i];
-        cs[i] = std::cos(theta);
-        sn[i] = std::sin(theta);
+        cs[i] = RoundAct(std::cos(theta), t);
+        sn[i] = RoundAct(std::sin(theta), t);
       }
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + tok * stride + h * head_dim;
@@ -73,8 +75,8 @@ void Rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t str
           const int64_t a = traditional ? 2 * i : i;
           const int64_t b = traditional ? 2 * i + 1 : i + half;
           const float x1 = v[a], x2 = v[b];
-          v[a] = RoundAct(x1 * cs[i] - x2 * sn[i], t);
-          v[b] = RoundAct(x1 * sn[i] + x2 * cs[i], t);
+          v[a] = RoundAct(RoundAct(x1 * cs[i], t) - RoundAct(x2 * sn[i], t), t);
+          v[b] = RoundAct(RoundAct(x1 * sn[i], t) + RoundAct(x2 * cs[i], t), t);
         }
       }
     }
@@ -139,7 +141,8 @@ void MatMulABt(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t
 void SwiGlu(const float* gate, const float* up, int64_t n, ActDType t, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    const float sig = RoundAct(1.f / (1.f + std::exp(-g)), t);
+    // MLX's bf16 sigmoid rounds exp(-g) first (within 1 ulp of its own vector exp).
+    const float sig = RoundAct(1.f / (1.f + RoundAct(std::exp(-g), t)), t);
     const float silu = RoundAct(g * sig, t);
     out[i] = RoundAct(silu * up[i], t);
   }

@@ -40,7 +40,7 @@ void LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& weig
 // RoPE as mx.fast.rope: x is [T, heads, head_dim] (row stride `stride` floats between
 // tokens, heads contiguous with stride head_dim); the first `dims` features of every head
 // rotate by angle (offset + t) * inv_freq[i] (i < dims/2), interleaved pairs (2i, 2i+1)
-// when traditional, else (i, i + dims/2). Computed in fp32, rounded to t.
+// when traditional, else (i, i + dims/2). Angles in fp32; cos/sin and the rotation in t.
 void Rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t stride,
           int64_t dims, bool traditional, const std::vector<float>& inv_freq, int64_t offset,
           ActDType t);
