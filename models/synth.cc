@@ -608,6 +608,16 @@ absl::Status WriteParam(const PlannedParam& pp, uint64_t seed, CheckpointWriter&
   return absl::OkStatus();
 }
 
+// MLX's combinations (ValidateQuantSpec) minus affine 1-bit, which mlx_lm.convert does not
+// offer and config.json parsing rejects.
+absl::Status ValidateSynthQuant(const QuantSpec& spec) {
+  RING_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  if (spec.mode == QuantMode::kAffine && spec.bits == 1) {
+    return absl::InvalidArgumentError("affine bits must be 2, 3, 4, 5, 6 or 8");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // --- public -----------------------------------------------------------------------------
@@ -811,7 +821,7 @@ absl::StatusOr<QuantSpec> ParseSynthQuant(const std::string& mode, int bits, int
     spec.bits = bits;
   }
   if (group_size > 0) spec.group_size = group_size;
-  RING_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  RING_RETURN_IF_ERROR(ValidateSynthQuant(spec));
   return spec;
 }
 
@@ -859,7 +869,7 @@ absl::StatusOr<SynthPlan> PlanSynthCheckpoint(const SynthOptions& o) {
 
   // Quantization, as mlx_lm.utils.quantize_model decides it.
   const bool quantized = o.quant.mode != QuantMode::kNone;
-  if (quantized) RING_RETURN_IF_ERROR(ValidateQuantSpec(o.quant));
+  if (quantized) RING_RETURN_IF_ERROR(ValidateSynthQuant(o.quant));
   c.quantization = QuantizationConfig();
   c.quantization.present = quantized;
   if (quantized) c.quantization.default_spec = o.quant;

@@ -339,6 +339,8 @@ TEST(SynthPlanTest, RejectsBadOptions) {
 
   EXPECT_FALSE(ParseSynthQuant("mxfp4", 0, 64).ok());
   EXPECT_FALSE(ParseSynthQuant("affine", 7, 0).ok());
+  EXPECT_FALSE(ParseSynthQuant("affine", 1, 0).ok());
+  EXPECT_FALSE(ParseSynthQuant("affine", 4, 16).ok());
   EXPECT_FALSE(ParseSynthQuant("int4", 0, 0).ok());
   EXPECT_FALSE(ParseSynthQuant("bf16", 4, 0).ok());
   EXPECT_EQ(*ParseSynthQuant("affine8", 0, 128), (QuantSpec{QuantMode::kAffine, 8, 128}));
