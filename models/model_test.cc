@@ -64,7 +64,7 @@ struct RunSpec {
 };
 
 // Runs the steps through the stages, returning logits rows (prompt rows, then decode).
-absl::StatusOr<std::vector<float>> Run(const std::string& dir, const RunSpec& spec) {
+absl::StatusOr<std::vector<float>> RunSteps(const std::string& dir, const RunSpec& spec) {
   std::vector<std::unique_ptr<Stage>> stages;
   std::vector<StageRange> ranges = spec.ranges;
   if (ranges.empty()) ranges.push_back({0, -1});
@@ -134,11 +134,11 @@ TEST_P(StageSplitTest, SplitsAreBitIdenticalToOneStage) {
   spec.prompt = Prompt(12);  // > index_topk (4): sparse attention and IndexShare run
   spec.chunk = 5;
   spec.decode = {3, 9, 27};
-  auto one = Run(dir, spec);
+  auto one = RunSteps(dir, spec);
   ASSERT_TRUE(one.ok()) << one.status();
   for (int n : {2, 3, 4}) {
     spec.ranges = SplitLayers(4, n);
-    auto split = Run(dir, spec);
+    auto split = RunSteps(dir, spec);
     ASSERT_TRUE(split.ok()) << split.status();
     ASSERT_EQ(*split, *one) << GetParam().arch << " with " << n << " stages";
   }
@@ -149,11 +149,11 @@ TEST_P(StageSplitTest, ChunkedPrefillMatchesOneChunk) {
   const std::string dir = TinyModel(GetParam().arch, GetParam().quant);
   RunSpec whole;
   whole.prompt = Prompt(12);
-  auto a = Run(dir, whole);
+  auto a = RunSteps(dir, whole);
   ASSERT_TRUE(a.ok()) << a.status();
   RunSpec chunked = whole;
   chunked.chunk = 5;
-  auto b = Run(dir, chunked);
+  auto b = RunSteps(dir, chunked);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_EQ(a->size(), b->size());
   EXPECT_LT(Nmse(b->data(), a->data(), a->size()), 1e-6);
@@ -167,12 +167,12 @@ TEST_P(StageSplitTest, DecodePathAgreesWithPrefillPath) {
   RunSpec prefill;
   prefill.prompt = prompt;
   prefill.act = cpu::ActDType::kF32;
-  auto full = Run(dir, prefill);
+  auto full = RunSteps(dir, prefill);
   ASSERT_TRUE(full.ok()) << full.status();
   RunSpec decode = prefill;
   decode.prompt.pop_back();
   decode.decode = {prompt.back()};
-  auto dec = Run(dir, decode);
+  auto dec = RunSteps(dir, decode);
   ASSERT_TRUE(dec.ok()) << dec.status();
   ASSERT_EQ(full->size(), dec->size());
   const int64_t vocab = full->size() / prompt.size();
@@ -204,10 +204,10 @@ TEST(IndexShare, SharedLayerAtStageStartNeedsTheCarry) {
   RunSpec spec;
   spec.prompt = Prompt(12);
   spec.decode = {5};
-  auto one = Run(dir, spec);
+  auto one = RunSteps(dir, spec);
   ASSERT_TRUE(one.ok()) << one.status();
   spec.ranges = {{0, shared}, {shared, -1}};
-  auto split = Run(dir, spec);
+  auto split = RunSteps(dir, spec);
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_EQ(*split, *one);
   // ...and a stage fed without the top-k indices refuses instead of running dense.
