@@ -135,34 +135,6 @@ class FieldReader {
 };
 
 // --- MLX quantization block ----------------------------------------------------------
-// kernels/quant.cc owns ParseQuantMode/DefaultQuantSpec/ValidateQuantSpec; these private
-// copies keep config parsing independent of the kernels' build.
-
-std::optional<QuantMode> QuantModeFromName(absl::string_view name) {
-  if (name == "affine") return QuantMode::kAffine;
-  if (name == "mxfp4") return QuantMode::kMxfp4;
-  if (name == "mxfp8") return QuantMode::kMxfp8;
-  if (name == "nvfp4") return QuantMode::kNvfp4;
-  return std::nullopt;
-}
-
-// mlx_lm.convert's (group_size, bits) per mode.
-QuantSpec ModeDefaults(QuantMode mode) {
-  switch (mode) {
-    case QuantMode::kMxfp4: return {mode, 4, 32};
-    case QuantMode::kMxfp8: return {mode, 8, 32};
-    case QuantMode::kNvfp4: return {mode, 4, 16};
-    default: return {QuantMode::kAffine, 4, 64};
-  }
-}
-
-bool IsValidSpec(const QuantSpec& s) {
-  if (s.mode != QuantMode::kAffine) return s == ModeDefaults(s.mode);  // fp modes are fixed
-  const bool bits_ok =
-      s.bits == 2 || s.bits == 3 || s.bits == 4 || s.bits == 5 || s.bits == 6 || s.bits == 8;
-  const bool group_ok = s.group_size == 32 || s.group_size == 64 || s.group_size == 128;
-  return bits_ok && group_ok;
-}
 
 // {"group_size", "bits", "mode"}; a missing mode is affine (as in mlx's to_quantized, which
 // is what per-module overrides are passed to), missing sizes take the mode's defaults.
@@ -173,20 +145,20 @@ absl::StatusOr<QuantSpec> ParseSpecObject(const json& obj, absl::string_view sou
   std::string mode_name = "affine";
   r.String("mode", &mode_name);
   RING_RETURN_IF_ERROR(r.status());
-  std::optional<QuantMode> mode = QuantModeFromName(mode_name);
-  if (!mode) {
+  absl::StatusOr<QuantMode> mode = ParseQuantMode(mode_name);
+  if (!mode.ok() || *mode == QuantMode::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": field '", path, ".mode' is \"",
                                                    mode_name,
                                                    "\"; expected affine, mxfp4, mxfp8 or nvfp4"));
   }
-  QuantSpec spec = ModeDefaults(*mode);
+  QuantSpec spec = DefaultQuantSpec(*mode);
   int64_t group = spec.group_size, bits = spec.bits;
   r.Int("group_size", &group);
   r.Int("bits", &bits);
   RING_RETURN_IF_ERROR(r.status());
   spec.group_size = static_cast<int>(std::clamp<int64_t>(group, -1, 1 << 20));
   spec.bits = static_cast<int>(std::clamp<int64_t>(bits, -1, 64));
-  if (!IsValidSpec(spec)) {
+  if (!ValidateQuantSpec(spec).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": field '", path, "' asks for ", mode_name, " with group_size ",
                      group, " and bits ", bits, ", which MLX does not support"));
@@ -215,7 +187,7 @@ absl::Status ParseQuantization(const json& root, absl::string_view source, Quant
                          "\" is not an MLX format; convert the checkpoint with mlx_lm.convert"));
       }
       q->present = true;
-      q->default_spec = ModeDefaults(*QuantModeFromName(method));
+      q->default_spec = DefaultQuantSpec(*ParseQuantMode(method));
       return absl::OkStatus();
     }
   }
