@@ -93,6 +93,26 @@ float E4M3ToFloat(uint8_t v) {
   return sign * std::ldexp(1.f + mant / 8.f, exp - 7);
 }
 
+uint8_t FloatToE4M3(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const float a = std::fabs(f);
+  if (!(a <= 448.0f)) return sign | 0x7e;  // NaN, inf and overflow saturate
+  if (a < 0.015625f) {                      // below 2^-6: subnormal, unit 2^-9
+    // a * 512 is exact; ties go to even. 8 units is the smallest normal (0x08).
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  uint32_t ua;
+  std::memcpy(&ua, &a, 4);
+  const int exp = static_cast<int>((ua >> 23) & 0xffu) - 127;  // -6..8
+  const uint32_t mant = ua & 0x7fffffu;
+  uint32_t code = (static_cast<uint32_t>(exp + 7) << 3) | (mant >> 20);
+  const uint32_t rem = mant & 0xfffffu;
+  if (rem > 0x80000u || (rem == 0x80000u && (code & 1u))) ++code;  // carry is fine
+  return sign | static_cast<uint8_t>(code);
+}
+
 float E8M0ToFloat(uint8_t v) {
   if (v == 255) return INFINITY;
   return std::ldexp(1.f, static_cast<int>(v) - 127);

@@ -52,6 +52,9 @@ inline float RoundF16(float f) { return F16ToFloat(FloatToF16(f)); }
 
 // FP8 E4M3 (OCP "fn": no inf, 0x7f/0xff NaN, max 448) -> fp32.
 float E4M3ToFloat(uint8_t v);
+// fp32 -> FP8 E4M3 as MLX's to_fp8 does it: round to nearest even, saturating to +-448;
+// inf and NaN also saturate (NaN keeps its sign bit), so 0x7f/0xff are never produced.
+uint8_t FloatToE4M3(float f);
 // E8M0 scale byte (mxfp4/mxfp8): 2^(v-127). v == 0 gives 2^-127 (MLX's bf16 subnormal);
 // v == 255 gives +inf as on MLX's CPU backend.
 float E8M0ToFloat(uint8_t v);

@@ -1,0 +1,632 @@
+// File: kernels/cpu/quant_kernels.cc
+//
+// CPU kernels behind kernels/quant.h: scalar group decoders (the reference every vector
+// path is tested against) and the quantized matmuls.
+//
+// Vector unpackers (x86 AVX2+FMA+F16C; any other target uses the scalar decoders):
+//   word-lane (affine 1/2/8-bit): 8 consecutive uint32 words sit one per lane; code t of
+//     every word is (v >> bits*t) & mask, so a chunk of 8 words yields 32/bits vectors
+//     with two integer ops and one int->float conversion each. Lane j of vector t is
+//     element epw*j + t of the chunk, hence xp[8t + j] = x[epw*j + t].
+//   nibble (affine 4-bit, mxfp4, nvfp4): the 32 bytes of a chunk are split into low and
+//     high nibbles (elements 2i and 2i+1); fp4 codes go through a 16-entry byte table of
+//     2*E2M1 (integers -12..12, the 1/2 is applied to the final sum), then 8-byte slices
+//     widen to int32 and float. Vector k < 4 holds elements 16k + 2j, k >= 4 holds
+//     16(k-4) + 2j + 1, so each vector lies inside one group for group sizes >= 16.
+//   fp8 (mxfp8): an E4M3 byte b maps to the fp16 bit pattern ((b & 0x80) << 8) |
+//     ((b & 0x7f) << 7), whose value is exactly e4m3(b) / 256 (subnormals included), and
+//     F16C converts 8 of those per instruction; the factor 256 is folded into the permuted
+//     x. The NaN codes 0x7f/0xff come out as +-480 here (MLX gives NaN); mx.quantize never
+//     writes them (to_fp8 saturates), and Dequantize still decodes them to NaN.
+#include "kernels/cpu/quant_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define RING_QUANT_AVX2 1
+#else
+#define RING_QUANT_AVX2 0
+#endif
+
+namespace ring::cpu {
+namespace {
+
+constexpr float kFp4Lut[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+struct Tables {
+  float e4m3[256];
+  float e8m0[256];
+  Tables() {
+    for (int i = 0; i < 256; ++i) {
+      e4m3[i] = E4M3ToFloat(static_cast<uint8_t>(i));
+      e8m0[i] = E8M0ToFloat(static_cast<uint8_t>(i));
+    }
+  }
+};
+const Tables& GetTables() {
+  static const Tables t;
+  return t;
+}
+
+inline float LoadFloat(const uint8_t* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, base + 4 * i, 4);
+      return f;
+    }
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, base + 2 * i, 2);
+      return Bf16ToFloat(h);
+    }
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, base + 2 * i, 2);
+      return F16ToFloat(h);
+    }
+    default:
+      return 0.0f;
+  }
+}
+
+// Unpacks `n` (a multiple of the pack size) codes of `bits` bits starting at a pack
+// boundary of the LSB-first bit stream `p`.
+void UnpackCodes(const uint8_t* p, int bits, int64_t n, float* out) {
+  switch (bits) {
+    case 1:
+    case 2:
+    case 4:
+    case 8: {
+      const uint32_t mask = (1u << bits) - 1;
+      const int per_byte = 8 / bits;
+      for (int64_t i = 0; i < n / per_byte; ++i) {
+        uint32_t v = p[i];
+        for (int t = 0; t < per_byte; ++t) {
+          out[i * per_byte + t] = static_cast<float>(v & mask);
+          v >>= bits;
+        }
+      }
+      return;
+    }
+    case 3:  // 8 codes per 3 bytes
+      for (int64_t i = 0; i < n / 8; ++i) {
+        const uint32_t v = p[3 * i] | (p[3 * i + 1] << 8) | (p[3 * i + 2] << 16);
+        for (int t = 0; t < 8; ++t) out[8 * i + t] = static_cast<float>((v >> (3 * t)) & 7u);
+      }
+      return;
+    case 5:  // 8 codes per 5 bytes
+      for (int64_t i = 0; i < n / 8; ++i) {
+        uint64_t v = 0;
+        for (int k = 0; k < 5; ++k) v |= static_cast<uint64_t>(p[5 * i + k]) << (8 * k);
+        for (int t = 0; t < 8; ++t) out[8 * i + t] = static_cast<float>((v >> (5 * t)) & 31u);
+      }
+      return;
+    case 6:  // 4 codes per 3 bytes
+      for (int64_t i = 0; i < n / 4; ++i) {
+        const uint32_t v = p[3 * i] | (p[3 * i + 1] << 8) | (p[3 * i + 2] << 16);
+        for (int t = 0; t < 4; ++t) out[4 * i + t] = static_cast<float>((v >> (6 * t)) & 63u);
+      }
+      return;
+    default:
+      return;
+  }
+}
+
+float DotScalar(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+#if RING_QUANT_AVX2
+inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+float Dot(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  return HSum(_mm256_add_ps(s0, s1)) + DotScalar(a + i, b + i, n - i);
+}
+// y[i] += a * x[i]
+void Axpy(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+#else
+float Dot(const float* a, const float* b, int64_t n) { return DotScalar(a, b, n); }
+void Axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+#endif
+
+// ---- kNone -------------------------------------------------------------------------
+
+// Row r of a float weight as fp32.
+void LoadDenseRow(const QSlice& s, int64_t r, float* out) {
+  const uint8_t* p = s.row(r);
+  switch (s.w_dtype) {
+    case DType::kF32:
+      std::memcpy(out, p, s.cols * 4);
+      return;
+    case DType::kBF16:
+    case DType::kF16: {
+      int64_t i = 0;
+#if RING_QUANT_AVX2
+      for (; i + 8 <= s.cols; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+        __m256 f;
+        if (s.w_dtype == DType::kBF16) {
+          f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        } else {
+          f = _mm256_cvtph_ps(h);
+        }
+        _mm256_storeu_ps(out + i, f);
+      }
+#endif
+      for (; i < s.cols; ++i) out[i] = LoadFloat(p, s.w_dtype, i);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void DenseMatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
+  ParallelFor(s.rows, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(s.w_dtype == DType::kF32 ? 0 : s.cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* wr;
+      if (s.w_dtype == DType::kF32) {
+        wr = reinterpret_cast<const float*>(s.row(r));
+      } else {
+        LoadDenseRow(s, r, buf.data());
+        wr = buf.data();
+      }
+      for (int64_t i = 0; i < m; ++i) y[i * s.rows + r] = Dot(x + i * s.cols, wr, s.cols);
+    }
+  });
+}
+
+// ---- quantized, transpose=true ---------------------------------------------------------
+
+enum class FastKind { kNone, kWordLane, kNibble, kFp8 };
+
+struct FastPlan {
+  FastKind kind = FastKind::kNone;
+  int64_t chunk_elems = 0;  // logical elements per 32-byte chunk
+  float post_scale = 1.0f;  // applied to the fast part of each dot product
+};
+
+FastPlan MakePlan(const QuantSpec& spec) {
+  FastPlan p;
+#if RING_QUANT_AVX2
+  switch (spec.mode) {
+    case QuantMode::kAffine:
+      if (spec.bits == 4) {
+        p.kind = FastKind::kNibble;
+        p.chunk_elems = 64;
+      } else if (spec.bits == 1 || spec.bits == 2 || spec.bits == 8) {
+        p.kind = FastKind::kWordLane;
+        p.chunk_elems = 8 * 32 / spec.bits;
+      }
+      break;
+    case QuantMode::kMxfp4:
+    case QuantMode::kNvfp4:
+      p.kind = FastKind::kNibble;
+      p.chunk_elems = 64;
+      p.post_scale = 0.5f;  // the byte table holds 2 * E2M1
+      break;
+    case QuantMode::kMxfp8:
+      p.kind = FastKind::kFp8;
+      p.chunk_elems = 32;
+      break;
+    default:
+      break;
+  }
+#endif
+  return p;
+}
+
+// Permutes x[0, n) (n a multiple of chunk_elems) into the lane order of the plan.
+void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp) {
+  for (int64_t c = 0; c < n; c += p.chunk_elems) {
+    const float* xc = x + c;
+    float* o = xp + c;
+    switch (p.kind) {
+      case FastKind::kWordLane: {
+        const int epw = 32 / bits;
+        for (int t = 0; t < epw; ++t)
+          for (int j = 0; j < 8; ++j) o[8 * t + j] = xc[epw * j + t];
+        break;
+      }
+      case FastKind::kNibble:
+        for (int k = 0; k < 8; ++k)
+          for (int j = 0; j < 8; ++j) o[8 * k + j] = xc[k < 4 ? 16 * k + 2 * j : 16 * (k - 4) + 2 * j + 1];
+        break;
+      case FastKind::kFp8:
+        for (int k = 0; k < 4; ++k)
+          for (int j = 0; j < 8; ++j)
+            o[8 * k + j] = 256.0f * xc[k < 2 ? 16 * k + 2 * j : 16 * (k - 2) + 2 * j + 1];
+        break;
+      case FastKind::kNone:
+        break;
+    }
+  }
+}
+
+#if RING_QUANT_AVX2
+
+// Word-lane kernel, MB rows of x at once. xp[i] is the permuted x of row i; sc holds the
+// fp32 group scales of this weight row (padded by 8); wpg = words per group.
+template <int kBits, int MB>
+void WordLaneRow(const uint32_t* w, int64_t nchunks, const float* const* xp, const float* sc,
+                 int wpg, float* out) {
+  constexpr int kEpw = 32 / kBits;
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>((1u << kBits) - 1));
+  // Lane j of a chunk belongs to group j / wpg of the chunk when wpg < 8.
+  const __m256i lane_group = _mm256_setr_epi32(0, 1 / std::max(wpg, 1), 2 / std::max(wpg, 1),
+                                               3 / std::max(wpg, 1), 4 / std::max(wpg, 1),
+                                               5 / std::max(wpg, 1), 6 / std::max(wpg, 1),
+                                               7 / std::max(wpg, 1));
+  __m256 y[MB];
+  for (int i = 0; i < MB; ++i) y[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
+    __m256 acc[MB];
+#pragma GCC unroll 32
+    for (int t = 0; t < kEpw; ++t) {
+      __m256i qi = t == 0 ? v : _mm256_srli_epi32(v, kBits * t);
+      if (kBits * (t + 1) < 32) qi = _mm256_and_si256(qi, mask);
+      const __m256 qf = _mm256_cvtepi32_ps(qi);
+      for (int i = 0; i < MB; ++i) {
+        const __m256 xv = _mm256_loadu_ps(xp[i] + c * 8 * kEpw + 8 * t);
+        acc[i] = t == 0 ? _mm256_mul_ps(xv, qf) : _mm256_fmadd_ps(xv, qf, acc[i]);
+      }
+    }
+    __m256 sv;
+    if (wpg >= 8) {
+      sv = _mm256_set1_ps(sc[(8 * c) / wpg]);
+    } else {
+      sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + (8 * c) / wpg), lane_group);
+    }
+    for (int i = 0; i < MB; ++i) y[i] = _mm256_fmadd_ps(sv, acc[i], y[i]);
+  }
+  for (int i = 0; i < MB; ++i) out[i] = HSum(y[i]);
+}
+
+// Nibble kernel (4-bit codes), group size kG in {16, 32, 64, 128}.
+template <bool kFp4, int kG, int MB>
+void NibbleRow(const uint8_t* w, int64_t nchunks, const float* const* xp, const float* sc,
+               float* out) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  alignas(32) uint8_t buf[64];
+  // Vectors k and k+4 cover the same 16 elements; a group spans kSpan of those pairs.
+  constexpr int kSpan = kG >= 64 ? 4 : kG / 16;
+  constexpr int kSlots = 4 / kSpan;
+  __m256 y[MB];
+  for (int i = 0; i < MB; ++i) y[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
+    __m256i lo = _mm256_and_si256(v, low4);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if (kFp4) {
+      lo = _mm256_shuffle_epi8(table, lo);
+      hi = _mm256_shuffle_epi8(table, hi);
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(buf), lo);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32), hi);
+    const float* xc[MB];
+    for (int i = 0; i < MB; ++i) xc[i] = xp[i] + 64 * c;
+#pragma GCC unroll 4
+    for (int slot = 0; slot < kSlots; ++slot) {
+      __m256 acc[MB];
+#pragma GCC unroll 8
+      for (int n = 0; n < 2 * kSpan; ++n) {
+        const int k = n < kSpan ? slot * kSpan + n : slot * kSpan + (n - kSpan) + 4;
+        const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 8 * k));
+        const __m256 e = _mm256_cvtepi32_ps(kFp4 ? _mm256_cvtepi8_epi32(b8) : _mm256_cvtepu8_epi32(b8));
+        for (int i = 0; i < MB; ++i) {
+          const __m256 xv = _mm256_load_ps(xc[i] + 8 * k);
+          acc[i] = n == 0 ? _mm256_mul_ps(xv, e) : _mm256_fmadd_ps(xv, e, acc[i]);
+        }
+      }
+      const int64_t gi = kG >= 64 ? (64 * c) / kG : c * kSlots + slot;
+      const __m256 sv = _mm256_set1_ps(sc[gi]);
+      for (int i = 0; i < MB; ++i) y[i] = _mm256_fmadd_ps(sv, acc[i], y[i]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) out[i] = HSum(y[i]);
+}
+
+// mxfp8 kernel: 32 E4M3 bytes per chunk, one group (32) per chunk.
+template <int MB>
+void Fp8Row(const uint8_t* w, int64_t nchunks, const float* const* xp, const float* sc, float* out) {
+  const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
+  const __m256i mag = _mm256_set1_epi16(0x3f80);
+  __m256 y[MB];
+  for (int i = 0; i < MB; ++i) y[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 8), sign),
+                                       _mm256_and_si256(_mm256_slli_epi16(v, 7), mag));
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(v, sign),
+                                       _mm256_and_si256(_mm256_srli_epi16(v, 1), mag));
+    const __m256 e[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
+                         _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)),
+                         _mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
+                         _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1))};
+    const __m256 sv = _mm256_set1_ps(sc[c]);
+    for (int i = 0; i < MB; ++i) {
+      const float* xc = xp[i] + 32 * c;
+      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(xc), e[0]);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 8), e[1], acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 16), e[2], acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 24), e[3], acc);
+      y[i] = _mm256_fmadd_ps(sv, acc, y[i]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) out[i] = HSum(y[i]);
+}
+
+template <int MB>
+void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t nchunks,
+               const float* const* xp, const float* sc, float* out) {
+  const uint8_t* w = s.row(r);
+  const int g = s.spec.group_size;
+  const int bits = s.spec.bits;
+  switch (p.kind) {
+    case FastKind::kWordLane: {
+      const uint32_t* wu = reinterpret_cast<const uint32_t*>(w);
+      const int wpg = g * bits / 32;
+      if (bits == 1) return WordLaneRow<1, MB>(wu, nchunks, xp, sc, wpg, out);
+      if (bits == 2) return WordLaneRow<2, MB>(wu, nchunks, xp, sc, wpg, out);
+      return WordLaneRow<8, MB>(wu, nchunks, xp, sc, wpg, out);
+    }
+    case FastKind::kNibble: {
+      const bool fp4 = s.spec.mode != QuantMode::kAffine;
+      if (fp4) {
+        if (g == 16) return NibbleRow<true, 16, MB>(w, nchunks, xp, sc, out);
+        return NibbleRow<true, 32, MB>(w, nchunks, xp, sc, out);
+      }
+      if (g == 32) return NibbleRow<false, 32, MB>(w, nchunks, xp, sc, out);
+      if (g == 64) return NibbleRow<false, 64, MB>(w, nchunks, xp, sc, out);
+      return NibbleRow<false, 128, MB>(w, nchunks, xp, sc, out);
+    }
+    case FastKind::kFp8:
+      return Fp8Row<MB>(w, nchunks, xp, sc, out);
+    case FastKind::kNone:
+      break;
+  }
+  for (int i = 0; i < MB; ++i) out[i] = 0.0f;
+}
+
+void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t nchunks, int mb,
+             const float* const* xp, const float* sc, float* out) {
+  switch (mb) {
+    case 1: return FastRowMB<1>(p, s, r, nchunks, xp, sc, out);
+    case 2: return FastRowMB<2>(p, s, r, nchunks, xp, sc, out);
+    case 3: return FastRowMB<3>(p, s, r, nchunks, xp, sc, out);
+    default: return FastRowMB<4>(p, s, r, nchunks, xp, sc, out);
+  }
+}
+#else
+void FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int mb, const float* const*,
+             const float*, float* out) {
+  for (int i = 0; i < mb; ++i) out[i] = 0.0f;
+}
+#endif
+
+constexpr int kMaxMB = 4;
+
+}  // namespace
+
+QSlice MakeQSlice(const QuantWeight& w, int64_t b) {
+  QSlice s;
+  s.spec = w.spec;
+  s.rows = w.rows();
+  s.cols = w.cols();
+  s.w_dtype = w.weight.dtype;
+  if (w.spec.mode == QuantMode::kNone) {
+    s.w_row_bytes = s.cols * DTypeSize(w.weight.dtype);
+    s.w = static_cast<const uint8_t*>(w.weight.data) + b * s.rows * s.w_row_bytes;
+    return s;
+  }
+  s.groups = s.cols / w.spec.group_size;
+  s.w_row_bytes = w.weight.dim(-1) * 4;
+  s.w = static_cast<const uint8_t*>(w.weight.data) + b * s.rows * s.w_row_bytes;
+  s.s_dtype = w.scales.dtype;
+  const int64_t s_slice_bytes = s.rows * s.groups * DTypeSize(s.s_dtype);
+  s.scales = static_cast<const uint8_t*>(w.scales.data) + b * s_slice_bytes;
+  if (w.spec.mode == QuantMode::kAffine) {
+    s.biases = static_cast<const uint8_t*>(w.biases.data) + b * s_slice_bytes;
+  }
+  if (w.spec.mode == QuantMode::kNvfp4 && w.global_scale != 0.0f) {
+    s.global_mult = w.global_scale / 2688.0f;  // 448 * 6, as MLX divides in fp32
+  }
+  return s;
+}
+
+void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* scale,
+                   float* bias) {
+  const int64_t n = g1 - g0;
+  const int64_t off = r * s.groups + g0;
+  switch (s.spec.mode) {
+    case QuantMode::kAffine:
+      for (int64_t g = 0; g < n; ++g) {
+        scale[g] = LoadFloat(s.scales, s.s_dtype, off + g);
+        bias[g] = LoadFloat(s.biases, s.s_dtype, off + g);
+      }
+      return;
+    case QuantMode::kMxfp4:
+    case QuantMode::kMxfp8: {
+      const float* t = GetTables().e8m0;
+      for (int64_t g = 0; g < n; ++g) scale[g] = t[s.scales[off + g]];
+      return;
+    }
+    case QuantMode::kNvfp4: {
+      const float* t = GetTables().e4m3;
+      for (int64_t g = 0; g < n; ++g) {
+        scale[g] = s.global_mult != 0.0f ? t[s.scales[off + g]] * s.global_mult : t[s.scales[off + g]];
+      }
+      return;
+    }
+    case QuantMode::kNone:
+      return;
+  }
+}
+
+void DecodeGroup(const QSlice& s, int64_t r, int64_t g, float* out) {
+  const int gs = s.spec.group_size;
+  const uint8_t* p = s.row(r) + g * gs * s.spec.bits / 8;
+  switch (s.spec.mode) {
+    case QuantMode::kAffine:
+      UnpackCodes(p, s.spec.bits, gs, out);
+      return;
+    case QuantMode::kMxfp4:
+    case QuantMode::kNvfp4:
+      for (int i = 0; i < gs / 2; ++i) {
+        out[2 * i] = kFp4Lut[p[i] & 0xf];
+        out[2 * i + 1] = kFp4Lut[p[i] >> 4];
+      }
+      return;
+    case QuantMode::kMxfp8: {
+      const float* t = GetTables().e4m3;
+      for (int i = 0; i < gs; ++i) out[i] = t[p[i]];
+      return;
+    }
+    case QuantMode::kNone:
+      return;
+  }
+}
+
+void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
+  if (m <= 0 || s.rows <= 0) return;
+  if (s.spec.mode == QuantMode::kNone) return DenseMatmulT(x, m, s, y);
+  const int64_t K = s.cols;
+  const int64_t N = s.rows;
+  const int gs = s.spec.group_size;
+  const bool affine = s.spec.mode == QuantMode::kAffine;
+
+  const FastPlan plan = MakePlan(s.spec);
+  // The vector kernels cover whole chunks; what remains is always whole groups.
+  const int64_t nchunks = plan.kind == FastKind::kNone ? 0 : K / plan.chunk_elems;
+  const int64_t fast_elems = nchunks * plan.chunk_elems;
+  const int64_t fast_groups = fast_elems / gs;
+
+  // Per call: x permuted into lane order, and sum(x) per group for the affine bias term.
+  // 32-byte alignment for the aligned loads in NibbleRow (fast_elems is a multiple of 8).
+  struct alignas(32) F8 {
+    float v[8];
+  };
+  std::vector<F8> xp_store(static_cast<size_t>((m * fast_elems + 7) / 8));
+  float* xp = reinterpret_cast<float*>(xp_store.data());
+  for (int64_t i = 0; i < m; ++i) PermuteX(plan, s.spec.bits, x + i * K, fast_elems, xp + i * fast_elems);
+  std::vector<float> xsum(affine ? m * s.groups : 0);
+  if (affine) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t g = 0; g < s.groups; ++g) {
+        float acc = 0.0f;
+        for (int j = 0; j < gs; ++j) acc += x[i * K + g * gs + j];
+        xsum[i * s.groups + g] = acc;
+      }
+  }
+
+  ParallelFor(N, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> sc(s.groups + 8, 0.0f), bi(affine ? s.groups : 0), dec(gs);
+    for (int64_t r = r0; r < r1; ++r) {
+      LoadRowScales(s, r, 0, s.groups, sc.data(), bi.data());
+      for (int64_t i0 = 0; i0 < m; i0 += kMaxMB) {
+        const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, m - i0));
+        float acc[kMaxMB] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (nchunks > 0) {
+          const float* xps[kMaxMB];
+          for (int i = 0; i < mb; ++i) xps[i] = xp + (i0 + i) * fast_elems;
+          FastRow(plan, s, r, nchunks, mb, xps, sc.data(), acc);
+          for (int i = 0; i < mb; ++i) acc[i] *= plan.post_scale;
+        }
+        for (int64_t g = fast_groups; g < s.groups; ++g) {
+          DecodeGroup(s, r, g, dec.data());
+          for (int i = 0; i < mb; ++i) acc[i] += sc[g] * Dot(dec.data(), x + (i0 + i) * K + g * gs, gs);
+        }
+        for (int i = 0; i < mb; ++i) {
+          if (affine) acc[i] += Dot(bi.data(), xsum.data() + (i0 + i) * s.groups, s.groups);
+          y[(i0 + i) * N + r] = acc[i];
+        }
+      }
+    }
+  });
+}
+
+void MatmulN(const float* x, int64_t m, const QSlice& s, float* y) {
+  if (m <= 0 || s.cols <= 0) return;
+  const int64_t R = s.rows;  // reduction length
+  const int64_t C = s.cols;
+  if (s.spec.mode == QuantMode::kNone) {
+    // Column blocks in parallel; every thread streams all rows of its block.
+    ParallelFor((C + 63) / 64, 1, [&](int64_t b0, int64_t b1) {
+      const int64_t c0 = b0 * 64, c1 = std::min(C, b1 * 64);
+      std::vector<float> row(C);
+      for (int64_t i = 0; i < m; ++i) std::fill(y + i * C + c0, y + i * C + c1, 0.0f);
+      for (int64_t r = 0; r < R; ++r) {
+        LoadDenseRow(s, r, row.data());
+        for (int64_t i = 0; i < m; ++i) Axpy(x[i * R + r], row.data() + c0, y + i * C + c0, c1 - c0);
+      }
+    });
+    return;
+  }
+  const int gs = s.spec.group_size;
+  const bool affine = s.spec.mode == QuantMode::kAffine;
+  // Blocks of whole groups; each thread owns y[:, block] and sum_r x[:, r] * bias[r, g].
+  const int64_t groups_per_block = std::max<int64_t>(1, 256 / gs);
+  const int64_t nblocks = (s.groups + groups_per_block - 1) / groups_per_block;
+  ParallelFor(nblocks, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t g0 = b0 * groups_per_block, g1 = std::min(s.groups, b1 * groups_per_block);
+    const int64_t c0 = g0 * gs, c1 = g1 * gs;
+    std::vector<float> sc(g1 - g0), bi(affine ? g1 - g0 : 0), dec(gs);
+    std::vector<float> bsum(affine ? m * (g1 - g0) : 0, 0.0f);
+    for (int64_t i = 0; i < m; ++i) std::fill(y + i * C + c0, y + i * C + c1, 0.0f);
+    for (int64_t r = 0; r < R; ++r) {
+      LoadRowScales(s, r, g0, g1, sc.data(), bi.data());
+      for (int64_t g = g0; g < g1; ++g) {
+        DecodeGroup(s, r, g, dec.data());
+        for (int64_t i = 0; i < m; ++i) {
+          const float xr = x[i * R + r];
+          Axpy(xr * sc[g - g0], dec.data(), y + i * C + g * gs, gs);
+          if (affine) bsum[i * (g1 - g0) + (g - g0)] += xr * bi[g - g0];
+        }
+      }
+    }
+    if (affine) {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t g = g0; g < g1; ++g) {
+          const float b = bsum[i * (g1 - g0) + (g - g0)];
+          float* yg = y + i * C + g * gs;
+          for (int j = 0; j < gs; ++j) yg[j] += b;
+        }
+    }
+  });
+}
+
+}  // namespace ring::cpu
