@@ -45,7 +45,7 @@ struct WeightView {
   int64_t row_words;   // words per logical row
   int64_t scale_cols;  // scale entries per row
   int group_shift;     // affine: log2(group / 32)
-  float gs_factor;     // nvfp4: global_scale / (448 * 6), 1 when absent
+  float gs_factor;     // nvfp4: global_scale / (448 * 6), 0 when absent
 };
 
 struct QmmParams {
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32) QmmSimtKernel(QmmParams p) {
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) wv[r][e] = F::Elem(raw[r], 8 * w + e, sc[r]);
+        for (int e = 0; e < 8; ++e) wv[r][e] = qdec::MatElem<F>(raw[r], 8 * w + e, sc[r]);
 #pragma unroll
       for (int mm = 0; mm < MB; ++mm) {
         if (mm < mt) {
@@ -435,19 +435,28 @@ __global__ void __launch_bounds__(kSimtWarps * 32) QmmSimtKernel(QmmParams p) {
 }
 
 // Elements 8w..8w+7 of a chunk, w only known at run time (transpose=false, embedding).
-template <class F>
+// kMat: the matmul's weight value (MatElem) rather than the dequantized one (Elem).
+template <class F, bool kMat>
+__device__ __forceinline__ float ElemOf(const uint32_t* raw, int e, const typename F::Scale& sc) {
+  if constexpr (kMat) {
+    return qdec::MatElem<F>(raw, e, sc);
+  } else {
+    return F::Elem(raw, e, sc);
+  }
+}
+template <class F, bool kMat>
 __device__ __forceinline__ void DecodeWord(const uint32_t* raw, int w, const typename F::Scale& sc,
                                            float v[8]) {
   switch (w) {
-#define RING_DECODE_CASE(W)                                            \
-  case W:                                                              \
-    _Pragma("unroll") for (int e = 0; e < 8; ++e) v[e] = F::Elem(raw, 8 * W + e, sc); \
+#define RING_DECODE_CASE(W)                                                              \
+  case W:                                                                                \
+    _Pragma("unroll") for (int e = 0; e < 8; ++e) v[e] = ElemOf<F, kMat>(raw, 8 * W + e, sc); \
     break;
     RING_DECODE_CASE(0)
     RING_DECODE_CASE(1)
     RING_DECODE_CASE(2)
     default:
-      _Pragma("unroll") for (int e = 0; e < 8; ++e) v[e] = F::Elem(raw, 24 + e, sc);
+      _Pragma("unroll") for (int e = 0; e < 8; ++e) v[e] = ElemOf<F, kMat>(raw, 24 + e, sc);
       break;
 #undef RING_DECODE_CASE
   }
@@ -488,7 +497,7 @@ __global__ void __launch_bounds__(kNCols * kNSlices) QmmNKernel(QmmParams p) {
       LoadRaw<KW, false>(RowPtr(p.w, b, r) + chunk * KW, raw);
       const typename F::Scale sc = ScaleLoader<F>::Load(p.w, ScaleRow(p.w, b, r), chunk);
       float v[8];
-      DecodeWord<F>(raw, w, sc, v);
+      DecodeWord<F, true>(raw, w, sc, v);
 #pragma unroll
       for (int mm = 0; mm < kNTok; ++mm) {
         if (mm < mt) {
@@ -534,7 +543,7 @@ __global__ void EmbedKernel(WeightView v, const int32_t* ids, void* out, int out
   } else {
     uint32_t raw[KW];
     LoadRaw<KW, false>(RowPtr(v, 0, id) + chunk * KW, raw);
-    DecodeWord<F>(raw, w, ScaleLoader<F>::Load(v, ScaleRow(v, 0, id), chunk), val);
+    DecodeWord<F, false>(raw, w, ScaleLoader<F>::Load(v, ScaleRow(v, 0, id), chunk), val);
   }
   const int64_t o = tok * v.cols + chunk * kChunk + 8 * w;
   if (out_bf16) {
@@ -649,9 +658,10 @@ WeightView MakeView(const DeviceQuantWeight& w) {
   if (w.spec.mode == QuantMode::kAffine) {
     for (int g = w.spec.group_size / kChunk; g > 1; g >>= 1) ++v.group_shift;
   }
-  v.gs_factor = (w.spec.mode == QuantMode::kNvfp4 && w.global_scale > 0.f)
-                    ? w.global_scale / (448.f * 6.f)
-                    : 1.f;
+  // As the CPU reference: fp32(global_scale / 2688); 0 marks "no global scale".
+  v.gs_factor = (w.spec.mode == QuantMode::kNvfp4 && w.global_scale != 0.f)
+                    ? w.global_scale / 2688.0f
+                    : 0.f;
   return v;
 }
 
@@ -744,6 +754,12 @@ absl::StatusOr<QmmParams> MakeParams(const DeviceQuantWeight& w, const QMatmulAr
 }
 
 enum class Family { kSimt, kTc };
+
+// bf16_exact: the format's values are bf16 (F::kBf16Exact) for this weight; nvfp4 with a
+// global scale is not (its dequantized values stay fp32).
+bool Bf16Exact(bool format_exact, const DeviceQuantWeight& w) {
+  return format_exact && !(w.spec.mode == QuantMode::kNvfp4 && w.global_scale != 0.f);
+}
 
 absl::StatusOr<Family> PickFamily(bool bf16_exact, const QMatmulArgs& a) {
   const bool eligible = bf16_exact && a.x_dtype == DType::kBF16;
@@ -858,7 +874,7 @@ absl::StatusOr<QmmPath> ResolveQmmPath(const DeviceQuantWeight& w, const QMatmul
   QmmPath out = QmmPath::kSimt;
   RING_RETURN_IF_ERROR(WithFormat(w, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
-    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(F::kBf16Exact, a));
+    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), a));
     out = fam == Family::kTc ? QmmPath::kTensorCore : QmmPath::kSimt;
     return absl::OkStatus();
   }));
@@ -869,7 +885,7 @@ absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStre
   return WithFormat(w, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
     RING_ASSIGN_OR_RETURN(const QmmParams p, MakeParams(w, a, w.cols, w.rows));
-    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(F::kBf16Exact, a));
+    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), a));
     return LaunchT<F>(p, a.problems, fam, stream);
   });
 }
@@ -922,6 +938,7 @@ absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& 
   RING_RETURN_IF_ERROR(WithFormat(w, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
     if constexpr (F::kBf16Exact) {
+      if (!Bf16Exact(true, w)) return absl::OkStatus();
       RING_ASSIGN_OR_RETURN(DeviceBuffer counter, DeviceBuffer::Allocate(sizeof(unsigned long long)));
       RING_RETURN_IF_ERROR(counter.Zero());
       FastDecodeCheckKernel<F><<<256, 256>>>(MakeView(w), counter.as<unsigned long long>());

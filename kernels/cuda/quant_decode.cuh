@@ -16,13 +16,17 @@
 //   Scale                  per-chunk scale data; ZeroScale() decodes everything to 0
 //   Elem(raw, e, sc)       element e (0..31) of the chunk as fp32, exactly what the CPU
 //                          reference (kernels/quant.h Dequantize) returns
+//   MatElem (optional)     the weight value of the CPU reference's QMatmulT where it
+//                          differs from Elem (affine: fp32 scale*q + bias, unrounded)
 //   Pairs(raw, W, sc, out) elements (8W+j, 8W+j+4), j = 0..3, as 4 packed bf16x2 words:
 //                          the operand order of the tensor-core kernels (see qgemv.cu).
 //                          Defaults to Elem + round-to-bf16; 4-bit formats have bit tricks.
 //
-// Arithmetic contract for affine (mx.dequantize in the scale dtype T): w = T(T(s*q) + b),
-// each operation rounded to T; fp32 scales use one fma. fp modes: the product is exact in
-// fp32 and rounded to bf16 (MLX's output dtype for fp modes).
+// Arithmetic contract (kernels/quant.h): dequantized affine values are T(T(s*q) + b), each
+// op rounded to the scales dtype T (two fp32 roundings for fp32 scales); fp modes: the
+// product is exact in fp32 and rounded to bf16 (MLX's output dtype), except nvfp4 with a
+// global scale, which stays fp32. The SIMT matmuls use MatElem (unrounded affine weights,
+// as QMatmulT); the tensor-core path necessarily uses bf16 weights, i.e. Elem.
 #ifndef RINGSERVE_KERNELS_CUDA_QUANT_DECODE_CUH_
 #define RINGSERVE_KERNELS_CUDA_QUANT_DECODE_CUH_
 
@@ -172,6 +176,17 @@ RING_HD uint32_t ExtractCode(const uint32_t* raw, int e) {
   return q & ((1u << kBits) - 1u);
 }
 
+// The weight value a matmul uses: F::MatElem where the format defines one (affine),
+// else the dequantized value (identical for fp modes and plain matrices).
+template <class F>
+RING_HD float MatElem(const uint32_t* raw, int e, const typename F::Scale& sc) {
+  if constexpr (requires { F::MatElem(raw, e, sc); }) {
+    return F::MatElem(raw, e, sc);
+  } else {
+    return F::Elem(raw, e, sc);
+  }
+}
+
 template <class F>
 RING_HD void GenericPairs(const uint32_t* raw, int w, const typename F::Scale& sc, uint32_t out[4]) {
 #pragma unroll
@@ -195,7 +210,16 @@ struct ScaleF32 {
   using Storage = float;
   static constexpr bool kIsBf16 = false;
   RING_HD static float Load(float v) { return v; }
-  RING_HD static float Affine(float q, float s, float b) { return Fma(s, q, b); }
+  // Two fp32 roundings, never an FMA (kernels/quant.cc); the product goes through double
+  // on the host so no contraction can fuse it (exact: 24-bit scale times 8-bit code).
+  RING_HD static float Affine(float q, float s, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(__fmul_rn(s, q), b);
+#else
+    const float p = static_cast<float>(static_cast<double>(s) * q);
+    return p + b;
+#endif
+  }
 };
 
 // ---- formats ------------------------------------------------------------------------------
@@ -221,6 +245,11 @@ struct Affine {
   }
   RING_HD static float Elem(const uint32_t* raw, int e, const Scale& sc) {
     return ST::Affine(static_cast<float>(ExtractCode<kBits>(raw, e)), sc.s, sc.b);
+  }
+  // The matmul's weight (kernels/quant.h QMatmulT): scale * q + bias in fp32, not rounded
+  // to the scales dtype (MLX's quantized_matmul on fp32 activations).
+  RING_HD static float MatElem(const uint32_t* raw, int e, const Scale& sc) {
+    return Fma(sc.s, static_cast<float>(ExtractCode<kBits>(raw, e)), sc.b);
   }
   RING_HD static void Pairs(const uint32_t* raw, int w, const Scale& sc, uint32_t out[4]) {
     if constexpr (kBits == 4 && ST::kIsBf16) {
@@ -276,15 +305,22 @@ struct Nvfp4 {
   static constexpr int kBits = 4;
   static constexpr int kWords = 4;
   static constexpr bool kBf16Exact = true;
+  // kBf16Exact holds without a global scale only; the host excludes nvfp4 with a global
+  // scale from the tensor-core path at run time.
   struct Scale {
-    float s0, s1;  // e4m3(scale) * global factor of elements 0..15 and 16..31
+    float s0, s1;  // e4m3(scale) [* fp32(global / 2688)] of elements 0..15 and 16..31
+    bool global;   // with a global scale the values stay fp32 (mx.dequantize returns fp32)
   };
-  RING_HD static Scale ZeroScale() { return Scale{0.f, 0.f}; }
+  RING_HD static Scale ZeroScale() { return Scale{0.f, 0.f, false}; }
+  // gs_factor = fp32(global_scale / 2688), or 0 when the weight has no global scale.
   RING_HD static Scale MakeScale(uint32_t two_bytes, float gs_factor) {
-    return Scale{E4M3ToF32(two_bytes) * gs_factor, E4M3ToF32(two_bytes >> 8) * gs_factor};
+    const float a = E4M3ToF32(two_bytes), b = E4M3ToF32(two_bytes >> 8);
+    if (gs_factor == 0.f) return Scale{a, b, false};
+    return Scale{a * gs_factor, b * gs_factor, true};
   }
   RING_HD static float Elem(const uint32_t* raw, int e, const Scale& sc) {
-    return RoundToBf16(Fp4ToF32(ExtractCode<4>(raw, e)) * (e < 16 ? sc.s0 : sc.s1));
+    const float v = Fp4ToF32(ExtractCode<4>(raw, e)) * (e < 16 ? sc.s0 : sc.s1);
+    return sc.global ? v : RoundToBf16(v);
   }
   RING_HD static void Pairs(const uint32_t* raw, int w, const Scale& sc, uint32_t out[4]) {
     GenericPairs<Nvfp4>(raw, w, sc, out);
