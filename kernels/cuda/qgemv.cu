@@ -198,11 +198,17 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1,
 // ---- tensor-core kernel --------------------------------------------------------------
 constexpr int kMaxTcThreads = 512;
 
+// GEMM blocks are 4 warps, so they may use up to 255 registers per thread.
+constexpr int kGemmThreads = 128;
+
 template <class F, int WR, int NT, bool kGemv>
-__global__ void __launch_bounds__(kMaxTcThreads) QmmTcKernel(QmmParams p, int warps_k) {
+__global__ void __launch_bounds__(kGemv ? kMaxTcThreads : kGemmThreads)
+    QmmTcKernel(QmmParams p, int warps_k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  // Chunks in flight per lane: ~32 registers of raw weights.
-  constexpr int U = kGemv ? (16 / (WR * F::kWords) > 0 ? 16 / (WR * F::kWords) : 1) : 1;
+  // Chunks in flight per lane: ~32 registers of raw weights, at most 4 chunks (more only
+  // spills for the narrow formats; ptxas -v shows none at these settings for 4-bit).
+  constexpr int kU = 16 / (WR * F::kWords);
+  constexpr int U = kGemv ? (kU < 1 ? 1 : (kU > 4 ? 4 : kU)) : 1;
   constexpr int KW = F::kWords;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -292,6 +298,9 @@ __global__ void __launch_bounds__(kMaxTcThreads) QmmTcKernel(QmmParams p, int wa
           F::Pairs(raw[u][wr][0], w, sc[u][wr][0], a[wr][0]);
           F::Pairs(raw[u][wr][1], w, sc[u][wr][1], a[wr][1]);
         }
+        // Decoding may branch per lane (e.g. mxfp4's rare slow scales); mma.sync.aligned
+        // needs the whole warp converged.
+        __syncwarp();
 #pragma unroll
         for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
@@ -809,7 +818,8 @@ absl::Status LaunchT(const QmmParams& p, int64_t problems, Family fam, cudaStrea
                         static_cast<unsigned>((p.m + 8 * NT * kWarpsTok - 1) / (8 * NT * kWarpsTok)),
                         static_cast<unsigned>(problems));
         if (grid.y > 65535) return absl::InvalidArgumentError("too many activation rows");
-        QmmTcKernel<F, WR, NT, false><<<grid, kWarpsTok * 32, 0, stream>>>(p, 1);
+        static_assert(kWarpsTok * 32 == kGemmThreads);
+        QmmTcKernel<F, WR, NT, false><<<grid, kGemmThreads, 0, stream>>>(p, 1);
       }
       RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       return absl::OkStatus();
