@@ -1,0 +1,345 @@
+// GPU GEMV benchmark: measures the device's read bandwidth, then our quantized GEMV at
+// batch 1/2/4/8 on the GLM-5.2 and Qwen3-8B shapes, as bytes read per second and as a
+// fraction of that measured bandwidth (the M2/M3 metrics of the performance anchors), plus
+// cuBLAS bf16 GEMV on the same shapes for a per-weight-element speed ratio.
+//
+//   gpu_gemv_bench [--quick] [--no-cublas] [--iters N]
+//
+// Timing: CUDA events around back-to-back launches; each launch reads a different copy of
+// the weights (copies rotate until they span >= 4x the L2), so no iteration hits in L2.
+// Bytes counted: packed weights + scales (+ biases) + activations. Weights are random bits
+// with realistic scales: the kernels' speed does not depend on the values.
+// cuBLAS is loaded with dlopen (libcublas.so.13), so the binary has no link-time
+// dependency on it and runs where it is absent (the column then reads n/a).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <functional>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/qgemv.cuh"
+
+namespace ring::cuda {
+namespace {
+
+#define BENCH_CHECK(expr)                                                        \
+  do {                                                                           \
+    const absl::Status bench_s_ = (expr);                                        \
+    if (!bench_s_.ok()) {                                                        \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, bench_s_.ToString().c_str()); \
+      std::exit(1);                                                              \
+    }                                                                            \
+  } while (0)
+
+absl::Status CudaOk(cudaError_t e) {
+  RING_CUDA_RETURN_IF_ERROR(e);
+  return absl::OkStatus();
+}
+
+template <typename T>
+T Must(absl::StatusOr<T> v) {
+  BENCH_CHECK(v.status());
+  return *std::move(v);
+}
+
+__device__ __forceinline__ uint32_t Hash(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9e3779b97f4a7c15ull + seed;
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  return static_cast<uint32_t>(x >> 16);
+}
+__global__ void FillRandom(uint32_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = Hash(i, seed);
+  }
+}
+// E8M0 bytes around 2^-7..2^0, the range of real weight groups.
+__global__ void FillE8M0(uint8_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<uint8_t>(120 + Hash(i, seed) % 8);
+  }
+}
+// bf16 values base * (1 + u/2), u in [0,1).
+__global__ void FillBf16(uint16_t* p, int64_t n, uint32_t seed, float base) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = base * (1.f + 0.5f * (Hash(i, seed) & 0xffff) / 65536.f);
+    p[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+  }
+}
+
+// Read-only streaming probe: every byte read once with 16-byte loads, reduced so the loads
+// cannot be dropped.
+__global__ void ReadProbe(const uint4* p, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+float TimeMs(cudaStream_t s, int iters, const std::function<void(int)>& launch) {
+  cudaEvent_t a, b;
+  BENCH_CHECK(CudaOk(cudaEventCreate(&a)));
+  BENCH_CHECK(CudaOk(cudaEventCreate(&b)));
+  launch(0);  // warm-up
+  BENCH_CHECK(CudaOk(cudaStreamSynchronize(s)));
+  BENCH_CHECK(CudaOk(cudaEventRecord(a, s)));
+  for (int i = 0; i < iters; ++i) launch(i);
+  BENCH_CHECK(CudaOk(cudaEventRecord(b, s)));
+  BENCH_CHECK(CudaOk(cudaEventSynchronize(b)));
+  float ms = 0;
+  BENCH_CHECK(CudaOk(cudaEventElapsedTime(&ms, a, b)));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / iters;
+}
+
+double ProbeReadBandwidth(const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t bytes = int64_t{2} << 30;
+  DeviceBuffer buf = Must(DeviceBuffer::Allocate(bytes));
+  DeviceBuffer sink = Must(DeviceBuffer::Allocate(4));
+  FillRandom<<<1024, 256, 0, s>>>(buf.as<uint32_t>(), bytes / 4, 1);
+  BENCH_CHECK(CudaOk(cudaGetLastError()));
+  const int64_t n = bytes / 16;
+  double best = 0;
+  for (int blocks_per_sm : {4, 8, 16}) {
+    const unsigned grid = static_cast<unsigned>(dev.sm_count * blocks_per_sm);
+    for (int rep = 0; rep < 5; ++rep) {
+      const float ms = TimeMs(s, 3, [&](int) {
+        ReadProbe<<<grid, 512, 0, s>>>(buf.as<uint4>(), n, sink.as<uint32_t>());
+      });
+      best = std::max(best, bytes / (ms * 1e-3) / 1e9);
+    }
+  }
+  // Device-to-device copy (read + write bytes) as a second reference point.
+  DeviceBuffer dst = Must(DeviceBuffer::Allocate(bytes / 2));
+  const float ms = TimeMs(s, 5, [&](int) {
+    cudaMemcpyAsync(dst.data(), buf.data(), bytes / 2, cudaMemcpyDeviceToDevice, s);
+  });
+  std::printf("bandwidth probe: read-only %.0f GB/s (best of 15 over 2 GiB); D2D copy %.0f GB/s (read+write)\n",
+              best, bytes / (ms * 1e-3) / 1e9);
+  return best;
+}
+
+// ---- cuBLAS through dlopen -----------------------------------------------------------------
+struct Cublas {
+  void* lib = nullptr;
+  cublasHandle_t h = nullptr;
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // The C entry point (cublas_api.h also declares a C++ overload with the legacy signature).
+  using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                      int, int, const void*, const void*, cudaDataType, int,
+                                      const void*, cudaDataType, int, const void*, void*,
+                                      cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  GemmExFn gemm_ex = nullptr;
+  bool ok() const { return h != nullptr; }
+  void Load(cudaStream_t s) {
+    for (const char* name : {"libcublas.so.13", "libcublas.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+    }
+    if (!lib) {
+      std::printf("cuBLAS: not found (%s); comparison skipped\n", dlerror());
+      return;
+    }
+    create = reinterpret_cast<decltype(create)>(dlsym(lib, "cublasCreate_v2"));
+    set_stream = reinterpret_cast<decltype(set_stream)>(dlsym(lib, "cublasSetStream_v2"));
+    gemm_ex = reinterpret_cast<decltype(gemm_ex)>(dlsym(lib, "cublasGemmEx"));
+    if (!create || !set_stream || !gemm_ex || create(&h) != CUBLAS_STATUS_SUCCESS) {
+      std::printf("cuBLAS: symbols or handle unavailable; comparison skipped\n");
+      h = nullptr;
+      return;
+    }
+    set_stream(h, s);
+  }
+};
+
+struct Shape {
+  const char* model;
+  const char* name;
+  int64_t rows, cols;
+};
+
+struct Weights {
+  std::vector<DeviceBuffer> w, s, b;
+  std::vector<DeviceQuantWeight> views;
+  int64_t bytes = 0;  // per copy: weights + scales + biases
+};
+
+Weights MakeWeights(const Shape& sh, QuantSpec spec, int64_t l2_bytes, cudaStream_t st) {
+  Weights r;
+  const int64_t wbytes = spec.mode == QuantMode::kNone ? sh.rows * sh.cols * 2
+                                                       : sh.rows * sh.cols * spec.bits / 8;
+  const int64_t groups = spec.mode == QuantMode::kNone ? 0 : sh.rows * sh.cols / spec.group_size;
+  const int64_t sbytes = spec.mode == QuantMode::kAffine ? groups * 2 : groups;
+  const int64_t bbytes = spec.mode == QuantMode::kAffine ? groups * 2 : 0;
+  r.bytes = wbytes + sbytes + bbytes;
+  const int copies = static_cast<int>(std::clamp<int64_t>((4 * l2_bytes + r.bytes - 1) / r.bytes, 1, 64));
+  for (int c = 0; c < copies; ++c) {
+    DeviceQuantWeight v;
+    v.spec = spec;
+    v.dtype = spec.mode == QuantMode::kNone ? DType::kBF16 : DType::kU32;
+    v.scale_dtype = spec.mode == QuantMode::kAffine ? DType::kBF16 : DType::kU8;
+    v.rows = sh.rows;
+    v.cols = sh.cols;
+    r.w.push_back(Must(DeviceBuffer::Allocate(wbytes)));
+    if (spec.mode == QuantMode::kNone) {
+      FillBf16<<<1024, 256, 0, st>>>(r.w.back().as<uint16_t>(), wbytes / 2, c, 0.01f);
+    } else {
+      FillRandom<<<1024, 256, 0, st>>>(r.w.back().as<uint32_t>(), wbytes / 4, 100 + c);
+    }
+    v.weight = r.w.back().data();
+    if (sbytes > 0) {
+      r.s.push_back(Must(DeviceBuffer::Allocate(sbytes)));
+      if (spec.mode == QuantMode::kAffine) {
+        FillBf16<<<1024, 256, 0, st>>>(r.s.back().as<uint16_t>(), groups, 200 + c, 0.002f);
+      } else {
+        FillE8M0<<<1024, 256, 0, st>>>(r.s.back().as<uint8_t>(), groups, 200 + c);
+      }
+      v.scales = r.s.back().data();
+    }
+    if (bbytes > 0) {
+      r.b.push_back(Must(DeviceBuffer::Allocate(bbytes)));
+      FillBf16<<<1024, 256, 0, st>>>(r.b.back().as<uint16_t>(), groups, 300 + c, -0.016f);
+      v.biases = r.b.back().data();
+    }
+    r.views.push_back(v);
+  }
+  BENCH_CHECK(CudaOk(cudaGetLastError()));
+  BENCH_CHECK(CudaOk(cudaStreamSynchronize(st)));
+  return r;
+}
+
+std::string ModeName(QuantSpec s) {
+  switch (s.mode) {
+    case QuantMode::kMxfp4: return "mxfp4";
+    case QuantMode::kAffine: return "affine4 g64 bf16";
+    default: return "bf16";
+  }
+}
+
+int Main(int argc, char** argv) {
+  bool quick = false, use_cublas = true;
+  int iters = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--no-cublas")) use_cublas = false;
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+  }
+  absl::StatusOr<int> n = DeviceCount();
+  if (!n.ok() || *n == 0) {
+    std::printf("no CUDA device: %s\n", n.ok() ? "none visible" : n.status().ToString().c_str());
+    return 0;
+  }
+  const DeviceInfo dev = Must(QueryDevice(0));
+  std::printf("%s\n", dev.ToString().c_str());
+  cudaStream_t st;
+  BENCH_CHECK(CudaOk(cudaStreamCreate(&st)));
+  const double probe = ProbeReadBandwidth(dev, st);
+  Cublas cublas;
+  if (use_cublas) cublas.Load(st);
+
+  std::vector<Shape> shapes = {
+      {"GLM-5.2", "q_a_proj", 2048, 6144},      {"GLM-5.2", "q_b_proj", 16384, 2048},
+      {"GLM-5.2", "kv_a_proj", 576, 6144},      {"GLM-5.2", "o_proj", 6144, 16384},
+      {"GLM-5.2", "expert gate/up", 2048, 6144}, {"GLM-5.2", "expert down", 6144, 2048},
+      {"GLM-5.2", "dense gate_up", 24576, 6144}, {"GLM-5.2", "lm_head", 154880, 6144},
+      {"Qwen3-8B", "q/o_proj", 4096, 4096},     {"Qwen3-8B", "gate/up", 12288, 4096},
+      {"Qwen3-8B", "down", 4096, 12288},
+  };
+  if (quick) shapes = {shapes[1], shapes[3], shapes[9]};
+  const QuantSpec modes[] = {{QuantMode::kMxfp4, 4, 32}, {QuantMode::kAffine, 4, 64}};
+
+  DeviceBuffer x = Must(DeviceBuffer::Allocate(8 * 16384 * 2 + 16));
+  FillBf16<<<64, 256, 0, st>>>(x.as<uint16_t>(), 8 * 16384, 7, 0.5f);
+  DeviceBuffer y = Must(DeviceBuffer::Allocate(8 * 154880 * 4));
+  DeviceBuffer y16 = Must(DeviceBuffer::Allocate(8 * 154880 * 2));
+
+  std::printf("\n| %-8s | %-15s | %-13s | %-16s | %-4s | %-2s | %9s | %8s | %6s | %8s | %11s | %9s |\n", "model",
+              "matrix", "rows x cols", "mode", "path", "M", "us", "GB/s", "%probe", "t(M)/t(1)",
+              "cuBLAS bf16", "speed/elt");
+  for (const Shape& sh : shapes) {
+    // cuBLAS bf16 reference time per M (weights bf16: 2 bytes per element).
+    std::vector<float> cublas_us(9, 0.f);
+    if (cublas.ok()) {
+      Weights wb = MakeWeights(sh, QuantSpec{QuantMode::kNone, 0, 0}, dev.l2_bytes, st);
+      for (int m : {1, 2, 4, 8}) {
+        const float alpha = 1.f, beta = 0.f;
+        const float ms = TimeMs(st, iters, [&](int i) {
+          const DeviceQuantWeight& v = wb.views[i % wb.views.size()];
+          // Column-major view: W is K x N (lda = K); y (N x M) = W^T x.
+          cublas.gemm_ex(cublas.h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(sh.rows), m,
+                         static_cast<int>(sh.cols), &alpha, v.weight, CUDA_R_16BF,
+                         static_cast<int>(sh.cols), x.data(), CUDA_R_16BF,
+                         static_cast<int>(sh.cols), &beta, y.data(), CUDA_R_32F,
+                         static_cast<int>(sh.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
+        cublas_us[m] = ms * 1e3f;
+      }
+    }
+    for (QuantSpec spec : modes) {
+      Weights w = MakeWeights(sh, spec, dev.l2_bytes, st);
+      struct Run {
+        QmmPath path;
+        DType xd;
+        std::vector<int> ms;
+      };
+      const Run runs[] = {{QmmPath::kAuto, DType::kBF16, {1, 2, 4, 8}},
+                          {QmmPath::kSimt, DType::kF32, {1, 8}}};
+      for (const Run& run : runs) {
+        float t1 = 0;
+        for (int m : run.ms) {
+          QMatmulArgs a;
+          a.x = x.data();
+          a.x_dtype = run.xd;
+          a.m = m;
+          a.y = y.as<float>();
+          a.path = run.path;
+          const QmmPath used = Must(ResolveQmmPath(w.views[0], a));
+          const float ms = TimeMs(st, iters, [&](int i) {
+            BENCH_CHECK(QMatmulT(w.views[i % w.views.size()], a, st));
+          });
+          const float us = ms * 1e3f;
+          if (m == 1) t1 = us;
+          const double bytes = static_cast<double>(w.bytes) + static_cast<double>(m) * sh.cols * (run.xd == DType::kBF16 ? 2 : 4);
+          const double gbs = bytes / (us * 1e-6) / 1e9;
+          char cub[32] = "n/a", ratio[32] = "n/a";
+          if (cublas.ok() && run.xd == DType::kBF16) {
+            std::snprintf(cub, sizeof(cub), "%.1f us", cublas_us[m]);
+            // Same element count on both sides, so time per weight element compares directly.
+            std::snprintf(ratio, sizeof(ratio), "%.2fx", cublas_us[m] / us);
+          }
+          std::printf("| %-8s | %-15s | %6ldx%-6ld | %-16s | %-4s | %2d | %9.1f | %8.0f | %5.1f%% | %8.2f | %11s | %9s |\n",
+                      sh.model, sh.name, static_cast<long>(sh.rows), static_cast<long>(sh.cols),
+                      ModeName(spec).c_str(), QmmPathName(used), m, us, gbs, 100.0 * gbs / probe,
+                      us / t1, cub, ratio);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));
+  std::printf("\nTargets (performance anchors M2/M3): >= 80%% of the probe on matrices >= 16 MB at M=1; "
+              "t(8)/t(1) <= 1.3.\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace ring::cuda
+
+int main(int argc, char** argv) { return ring::cuda::Main(argc, argv); }

@@ -1,0 +1,123 @@
+#include "kernels/cuda/device.h"
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace ring::cuda {
+namespace internal {
+absl::Status ProbeLoadedCode(int* ptx_cc, int* binary_cc);  // arch_probe.cu
+std::vector<int> CompiledArchList();                         // arch_probe.cu
+}  // namespace internal
+
+namespace {
+std::string VersionString(int v) { return absl::StrFormat("%d.%d", v / 1000, (v % 1000) / 10); }
+}  // namespace
+
+std::string DeviceInfo::ToString() const {
+  return absl::StrFormat(
+      "GPU %d: %s, sm_%d, %d SMs, %.1f GiB total / %.1f GiB free, L2 %.0f MiB, "
+      "mem bus %d bit @ %d MHz, driver %s, runtime %s, loaded code sm_%d (from compute_%d), "
+      "binary archs [%s]",
+      ordinal, name, cc, sm_count, mem_total / 1073741824.0, mem_free / 1073741824.0,
+      l2_bytes / 1048576.0, mem_bus_bits, mem_clock_khz / 1000, VersionString(driver_version),
+      VersionString(runtime_version), binary_cc, code_cc, CompiledArchsString());
+}
+
+absl::StatusOr<int> DeviceCount() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaErrorNoDevice) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  if (e == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CUDA driver too old or missing: driver supports CUDA %s, this binary needs runtime %s",
+        driver == 0 ? std::string("none") : VersionString(driver), VersionString(runtime)));
+  }
+  RING_CUDA_RETURN_IF_ERROR(e);
+  return n;
+}
+
+absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
+  absl::StatusOr<int> count = DeviceCount();
+  if (!count.ok()) return count.status();
+  if (*count == 0) return absl::FailedPreconditionError("no CUDA device visible");
+  if (ordinal < 0 || ordinal >= *count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GPU ordinal %d out of range (%d visible)", ordinal, *count));
+  }
+  DeviceInfo d;
+  d.ordinal = ordinal;
+  cudaDeviceProp prop{};
+  RING_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  d.name = prop.name;
+  d.cc = prop.major * 10 + prop.minor;
+  d.sm_count = prop.multiProcessorCount;
+  d.l2_bytes = prop.l2CacheSize;
+  d.smem_per_block_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  d.mem_bus_bits = prop.memoryBusWidth;
+  // CUDA 13 dropped the clock fields from cudaDeviceProp; the attributes still exist.
+  if (cudaDeviceGetAttribute(&d.clock_khz, cudaDevAttrClockRate, ordinal) != cudaSuccess) {
+    d.clock_khz = 0;
+  }
+  if (cudaDeviceGetAttribute(&d.mem_clock_khz, cudaDevAttrMemoryClockRate, ordinal) !=
+      cudaSuccess) {
+    d.mem_clock_khz = 0;
+  }
+  cudaGetLastError();
+  RING_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&d.driver_version));
+  RING_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&d.runtime_version));
+
+  int prev = 0;
+  RING_CUDA_RETURN_IF_ERROR(cudaGetDevice(&prev));
+  RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  size_t free_b = 0, total_b = 0;
+  absl::Status st = [&]() -> absl::Status {
+    RING_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+    return internal::ProbeLoadedCode(&d.code_cc, &d.binary_cc);
+  }();
+  RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(prev));
+  if (!st.ok()) {
+    if (st.code() == absl::StatusCode::kFailedPrecondition) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "this binary has no code for %s (sm_%d); it was built for [%s]: %s", d.name, d.cc,
+          CompiledArchsString(), st.message()));
+    }
+    return st;
+  }
+  d.mem_free = static_cast<int64_t>(free_b);
+  d.mem_total = static_cast<int64_t>(total_b);
+  return d;
+}
+
+std::vector<int> CompiledArchs() { return internal::CompiledArchList(); }
+
+std::string CompiledArchsString() { return absl::StrJoin(CompiledArchs(), ","); }
+
+absl::StatusOr<const DeviceInfo*> CurrentDevice() {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache = new std::map<int, std::unique_ptr<DeviceInfo>>();
+  int ordinal = 0;
+  RING_CUDA_RETURN_IF_ERROR(cudaGetDevice(&ordinal));
+  absl::MutexLock lock(&mu);
+  auto it = cache->find(ordinal);
+  if (it != cache->end()) return it->second.get();
+  absl::StatusOr<DeviceInfo> info = QueryDevice(ordinal);
+  if (!info.ok()) return info.status();
+  auto [pos, inserted] = cache->emplace(ordinal, std::make_unique<DeviceInfo>(*std::move(info)));
+  return pos->second.get();
+}
+
+}  // namespace ring::cuda

@@ -1,0 +1,93 @@
+// File: kernels/cuda/device.h
+//
+// What GPU we are on, what code this binary carries for it, and the single place where a
+// kernel variant is chosen by compute capability.
+//
+//   RING_ASSIGN_OR_RETURN(DeviceInfo dev, QueryDevice(0));
+//   auto path = SelectArchVariant<GemmPath>(dev, {{80, kAnyCc, GemmPath::kMma}},
+//                                           GemmPath::kSimt);
+//
+// Dispatch rule (SelectArchVariant): a variant {min_cc, max_cc, value} is taken when
+//   (1) the device's compute capability lies in [min_cc, max_cc], and
+//   (2) the device code that was actually loaded for this device was compiled for an
+//       architecture >= min_cc, i.e. the `#if __CUDA_ARCH__ >= min_cc*10` branch holding the
+//       variant exists in it. The loaded code's architecture is read from a probe kernel
+//       (cudaFuncGetAttributes().ptxVersion), so a device served by JIT from older PTX
+//       (e.g. a future GPU running compute_90 PTX) correctly falls back.
+// Variants are tried in order (list the most specific first); if none qualifies the
+// portable value is returned. Every op with more than one kernel routes through this.
+//
+// Thread-safety: all functions are thread-safe. Compute capabilities are written as
+// 10*major + minor (H200 = 90, B200 = 100, RTX 5090 = 120, GB10 = 121).
+#ifndef RINGSERVE_KERNELS_CUDA_DEVICE_H_
+#define RINGSERVE_KERNELS_CUDA_DEVICE_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ring::cuda {
+
+inline constexpr int kAnyCc = 1 << 20;
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int cc = 0;                 // 10*major + minor
+  int sm_count = 0;
+  int64_t mem_total = 0;      // bytes
+  int64_t mem_free = 0;       // bytes, at query time
+  int64_t l2_bytes = 0;
+  int64_t smem_per_block_optin = 0;
+  int clock_khz = 0;          // SM clock; 0 where the driver does not report it
+  int mem_clock_khz = 0;
+  int mem_bus_bits = 0;
+  int driver_version = 0;     // e.g. 13000
+  int runtime_version = 0;
+  // Architecture of the device code loaded for this device (10*major+minor of the PTX it
+  // was compiled from) and of the machine code actually running (after any JIT).
+  int code_cc = 0;
+  int binary_cc = 0;
+
+  std::string ToString() const;
+};
+
+// Number of visible devices. OK(0) when the machine simply has none; FailedPrecondition
+// with the driver and runtime versions when a driver is present but too old.
+absl::StatusOr<int> DeviceCount();
+
+// Properties of device `ordinal` (also probes which code the binary runs on it).
+absl::StatusOr<DeviceInfo> QueryDevice(int ordinal);
+
+// Architectures this binary was compiled for (nvcc's __CUDA_ARCH_LIST__, as 10*major+minor).
+std::vector<int> CompiledArchs();
+std::string CompiledArchsString();  // e.g. "90,120"
+
+template <typename T>
+struct ArchVariant {
+  int min_cc;
+  int max_cc;
+  T value;
+};
+
+// The dispatch helper described in the file comment.
+template <typename T>
+T SelectArchVariant(const DeviceInfo& dev, std::initializer_list<ArchVariant<T>> variants,
+                    T portable) {
+  for (const ArchVariant<T>& v : variants) {
+    if (dev.cc >= v.min_cc && dev.cc <= v.max_cc && dev.code_cc >= v.min_cc) return v.value;
+  }
+  return portable;
+}
+
+// Cached QueryDevice of the current device (cudaGetDevice), refreshed when the current
+// device changes. Cheap enough to call on every op launch.
+absl::StatusOr<const DeviceInfo*> CurrentDevice();
+
+}  // namespace ring::cuda
+
+#endif  // RINGSERVE_KERNELS_CUDA_DEVICE_H_

@@ -1,0 +1,240 @@
+// File: kernels/cuda/elementwise.cu
+//
+// Kernels behind elementwise.cuh. Loads and stores go through Load()/Store() so one kernel
+// body serves F32 and BF16 storage; the dtype switch is warp-uniform. Reductions (norms)
+// use one block per row: per-thread partial sums, warp butterflies, then the per-warp
+// partials summed in warp order, so results are deterministic run to run.
+#include "kernels/cuda/elementwise.cuh"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/quant_decode.cuh"
+
+namespace ring::cuda {
+namespace {
+
+// Element i of a float-typed device array as fp32.
+__device__ __forceinline__ float Load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16: return qdec::Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return qdec::F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+__device__ __forceinline__ void Store(void* p, DType t, int64_t i, float v) {
+  if (t == DType::kBF16) {
+    static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v));
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+__device__ __forceinline__ float DevRoundAct(float v, cpu::ActDType t) {
+  switch (t) {
+    case cpu::ActDType::kBF16: return qdec::RoundToBf16(v);
+    case cpu::ActDType::kF16: return qdec::RoundToF16(v);
+    default: return v;
+  }
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < nwarps; ++w) s += scratch[w];
+  return s;
+}
+
+__global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
+                              DevMutArray out) {
+  __shared__ float scratch[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = Load(x.data, x.dtype, base + i);
+    ss = fmaf(v, v, ss);
+  }
+  ss = BlockSum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float y = DevRoundAct(Load(x.data, x.dtype, base + i) * inv, rt);
+    if (w.data != nullptr) y = DevRoundAct(y * Load(w.data, w.dtype, i), rt);
+    Store(out.data, out.dtype, base + i, y);
+  }
+}
+
+__global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b, float eps,
+                                cpu::ActDType rt, DevMutArray out) {
+  __shared__ float scratch[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) s += Load(x.data, x.dtype, base + i);
+  const float mean = BlockSum(s, scratch) / static_cast<float>(dim);
+  float v = 0.f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float d = Load(x.data, x.dtype, base + i) - mean;
+    v = fmaf(d, d, v);
+  }
+  const float var = BlockSum(v, scratch) / static_cast<float>(dim);
+  const float inv = 1.0f / sqrtf(var + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float y = DevRoundAct((Load(x.data, x.dtype, base + i) - mean) * inv, rt);
+    if (w.data != nullptr) y = DevRoundAct(y * Load(w.data, w.dtype, i), rt);
+    if (b.data != nullptr) y = DevRoundAct(y + Load(b.data, b.dtype, i), rt);
+    Store(out.data, out.dtype, base + i, y);
+  }
+}
+
+// One thread per (token, head, pair).
+__global__ void RopeKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
+                           int64_t stride, int64_t half, int traditional, const float* inv_freq,
+                           int64_t offset, cpu::ActDType rt) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= tokens * heads * half) return;
+  const int64_t i = idx % half;
+  const int64_t h = (idx / half) % heads;
+  const int64_t tok = idx / (half * heads);
+  const float theta = static_cast<float>(offset + tok) * inv_freq[i];
+  float sn, cs;
+  sincosf(theta, &sn, &cs);
+  cs = DevRoundAct(cs, rt);
+  sn = DevRoundAct(sn, rt);
+  const int64_t base = tok * stride + h * head_dim;
+  const int64_t a = base + (traditional ? 2 * i : i);
+  const int64_t b = base + (traditional ? 2 * i + 1 : i + half);
+  const float x1 = Load(x.data, x.dtype, a), x2 = Load(x.data, x.dtype, b);
+  Store(x.data, x.dtype, a, DevRoundAct(DevRoundAct(x1 * cs, rt) - DevRoundAct(x2 * sn, rt), rt));
+  Store(x.data, x.dtype, b, DevRoundAct(DevRoundAct(x1 * sn, rt) + DevRoundAct(x2 * cs, rt), rt));
+}
+
+__global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
+                             DevMutArray out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = Load(gate.data, gate.dtype, i);
+    const float sig = DevRoundAct(1.f / (1.f + DevRoundAct(expf(-g), rt)), rt);
+    const float silu = DevRoundAct(g * sig, rt);
+    Store(out.data, out.dtype, i, DevRoundAct(silu * Load(up.data, up.dtype, i), rt));
+  }
+}
+
+__global__ void AddKernel(DevArray a, DevArray b, int64_t n, cpu::ActDType rt, DevMutArray out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    Store(out.data, out.dtype, i,
+          DevRoundAct(Load(a.data, a.dtype, i) + Load(b.data, b.dtype, i), rt));
+  }
+}
+
+absl::Status CheckAct(DevArray a, const char* what, bool optional = false) {
+  if (a.data == nullptr) {
+    return optional ? absl::OkStatus()
+                    : absl::InvalidArgumentError(absl::StrCat(what, " is null"));
+  }
+  if (a.dtype != DType::kF32 && a.dtype != DType::kBF16 && a.dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be F32, BF16 or F16"));
+  }
+  return absl::OkStatus();
+}
+absl::Status CheckOut(DevMutArray a) {
+  if (a.data == nullptr) return absl::InvalidArgumentError("output is null");
+  if (a.dtype != DType::kF32 && a.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("output must be F32 or BF16");
+  }
+  return absl::OkStatus();
+}
+
+// A block per row: up to 1024 threads, about 4 elements each.
+unsigned RowThreads(int64_t dim) {
+  const int64_t t = std::clamp<int64_t>((dim / 4 + 31) / 32 * 32, 32, 1024);
+  return static_cast<unsigned>(t);
+}
+unsigned FlatBlocks(int64_t n, int threads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535));
+}
+
+#define RING_EW_CHECK(expr)                      \
+  do {                                           \
+    const absl::Status ring_ew_s_ = (expr);      \
+    if (!ring_ew_s_.ok()) return ring_ew_s_;     \
+  } while (0)
+
+}  // namespace
+
+absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, float eps,
+                     cpu::ActDType round, DevMutArray out, cudaStream_t stream) {
+  RING_EW_CHECK(CheckAct(x, "x"));
+  RING_EW_CHECK(CheckAct(weight, "weight", /*optional=*/true));
+  RING_EW_CHECK(CheckOut(out));
+  if (rows <= 0 || dim <= 0) return absl::OkStatus();
+  if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
+  RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(x, dim, weight, eps,
+                                                                             round, out);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status LayerNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, DevArray bias,
+                       float eps, cpu::ActDType round, DevMutArray out, cudaStream_t stream) {
+  RING_EW_CHECK(CheckAct(x, "x"));
+  RING_EW_CHECK(CheckAct(weight, "weight", true));
+  RING_EW_CHECK(CheckAct(bias, "bias", true));
+  RING_EW_CHECK(CheckOut(out));
+  if (rows <= 0 || dim <= 0) return absl::OkStatus();
+  if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
+  LayerNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(
+      x, dim, weight, bias, eps, round, out);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
+                  int64_t stride, int64_t dims, bool traditional, const float* inv_freq,
+                  int64_t offset, cpu::ActDType round, cudaStream_t stream) {
+  RING_EW_CHECK(CheckOut(x));
+  if (inv_freq == nullptr) return absl::InvalidArgumentError("inv_freq is null");
+  if (dims % 2 != 0 || dims > head_dim || stride < heads * head_dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rope: dims %d, head_dim %d, heads %d, stride %d inconsistent", dims, head_dim, heads,
+        stride));
+  }
+  const int64_t n = tokens * heads * (dims / 2);
+  if (n <= 0) return absl::OkStatus();
+  const int threads = 256;
+  const int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 0x7fffffff) return absl::InvalidArgumentError("rope too large");
+  RopeKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+      x, tokens, heads, head_dim, stride, dims / 2, traditional, inv_freq, offset, round);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,
+                    DevMutArray out, cudaStream_t stream) {
+  RING_EW_CHECK(CheckAct(gate, "gate"));
+  RING_EW_CHECK(CheckAct(up, "up"));
+  RING_EW_CHECK(CheckOut(out));
+  if (n <= 0) return absl::OkStatus();
+  SwiGluKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(gate, up, n, round, out);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status Add(DevArray a, DevArray b, int64_t n, cpu::ActDType round, DevMutArray out,
+                 cudaStream_t stream) {
+  RING_EW_CHECK(CheckAct(a, "a"));
+  RING_EW_CHECK(CheckAct(b, "b"));
+  RING_EW_CHECK(CheckOut(out));
+  if (n <= 0) return absl::OkStatus();
+  AddKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(a, b, n, round, out);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace ring::cuda

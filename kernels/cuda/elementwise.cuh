@@ -1,0 +1,62 @@
+// File: kernels/cuda/elementwise.cuh
+//
+// Norms, RoPE, SwiGLU and residual add on the GPU, mirroring kernels/cpu/ops.h operation
+// for operation: fp32 arithmetic, and rounding to the activation dtype `round` at exactly
+// the points where the CPU reference calls RoundAct (which is where MLX materialises a
+// bf16 value). Activations may be stored as F32 (holding rounded values, like the CPU
+// engine) or BF16; a BF16 output is the rounded value itself. Weights of norms (F32, F16
+// or BF16) are the checkpoint's tensors on the device.
+//
+// Differences from the CPU reference are limited to fp32 summation order in reductions
+// (norms) and the last ulp of expf/sinf/cosf, which is what the harness tolerances cover.
+// All functions are asynchronous on `stream`.
+#ifndef RINGSERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
+#define RINGSERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/dtype.h"
+
+namespace ring::cuda {
+
+// A device array and its element type (F32 or BF16 for activations).
+struct DevArray {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+struct DevMutArray {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// cpu::RmsNorm: per row y = round(x * rsqrt(mean(x^2) + eps)), then round(y * w) when a
+// weight is given (weight.data == nullptr: plain normalisation).
+absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, float eps,
+                     cpu::ActDType round, DevMutArray out, cudaStream_t stream);
+
+// cpu::LayerNorm: two-pass mean/variance in fp32, round, * w (round), + b (round).
+absl::Status LayerNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, DevArray bias,
+                       float eps, cpu::ActDType round, DevMutArray out, cudaStream_t stream);
+
+// cpu::Rope, in place on x [tokens, heads, head_dim] with `stride` elements between tokens.
+// inv_freq: device fp32 [dims/2]. Angles (offset + t) * inv_freq[i] in fp32; cos/sin and
+// the rotation rounded to `round` (MLX's CPU rope, measured bit-exact by the CPU reference).
+absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
+                  int64_t stride, int64_t dims, bool traditional, const float* inv_freq,
+                  int64_t offset, cpu::ActDType round, cudaStream_t stream);
+
+// cpu::SwiGlu: out = round(round(silu(gate)) * up), sigmoid rounding as the reference.
+absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,
+                    DevMutArray out, cudaStream_t stream);
+
+// cpu::Add: out = round(a + b).
+absl::Status Add(DevArray a, DevArray b, int64_t n, cpu::ActDType round, DevMutArray out,
+                 cudaStream_t stream);
+
+}  // namespace ring::cuda
+
+#endif  // RINGSERVE_KERNELS_CUDA_ELEMENTWISE_CUH_

@@ -1,0 +1,106 @@
+// File: kernels/cuda/qgemv.cuh
+//
+// Quantized matmuls on MLX-layout weights with fused dequantization (weights are never
+// materialised in float): decode GEMV (M = 1..8 activation rows), prefill GEMM (M large),
+// stacked weights (batch index), MoE gather (per-problem expert ids), transpose=false, and
+// the embedding-row gather. Every MLX mode: mxfp4, nvfp4 (+ global scale), mxfp8, affine
+// bits {2,3,4,5,6,8} x group {32,64,128} with bf16/fp16/fp32 scales, unquantized
+// bf16/fp16/fp32.
+//
+// Two kernel families, chosen by ResolveQmmPath (through SelectArchVariant, device.h):
+//   kTensorCore  bf16 mma.sync (sm_80+). Used when x is bf16 and the format's dequantized
+//                values are exact bf16 (fp modes, affine with bf16 scales, bf16 weights).
+//                Products are then exact; only the fp32 summation order differs from the
+//                CPU reference. Streams 16-byte weight loads, M = 1..8 costs one pass.
+//   kSimt        fp32 CUDA-core FMA, exact dequantization for every format and x in fp32
+//                or bf16: the portable path and the reference-accurate one.
+//
+// Shapes and layout: W is [batch, rows, cols] (logical; packed per kernels/quant.h), the
+// quantized axis is `cols`, which must be a multiple of 32. x and y are row-major.
+//   QMatmulT (transpose=true, nn.Linear): y[p][m, rows] = x[p][m, cols] @ W_b(p)^T
+//   QMatmulN (transpose=false):           y[p][m, cols] = x[p][m, rows] @ W_b(p)
+// Accumulation is fp32; y is fp32, optionally rounded to bf16 values (cpu::RoundAct).
+// Alignment: x must be 16-byte aligned with ldx a multiple of 8 elements (bf16) or 4 (fp32).
+// All functions are asynchronous on `stream` and return a Status for invalid arguments or
+// launch failures; kernel-side faults surface at the next synchronising call.
+#ifndef RINGSERVE_KERNELS_CUDA_QGEMV_CUH_
+#define RINGSERVE_KERNELS_CUDA_QGEMV_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/dtype.h"
+#include "kernels/quant.h"
+
+namespace ring::cuda {
+
+// A weight resident on the device, laid out exactly as the checkpoint stores it.
+struct DeviceQuantWeight {
+  QuantSpec spec;                  // mode kNone: a plain float matrix
+  DType dtype = DType::kU32;       // kNone: F32/F16/BF16 elements; quantized: U32 words
+  DType scale_dtype = DType::kU8;  // affine: F16/BF16/F32 (biases too); fp modes: U8
+  const void* weight = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  float global_scale = 0.f;        // nvfp4 only; 0 = absent
+  int64_t batch = 1, rows = 0, cols = 0;
+};
+
+// A device copy of a host QuantWeight that owns its buffers (tests, bench, loaders).
+struct OwnedDeviceWeight {
+  DeviceQuantWeight view;
+  DeviceBuffer weight, scales, biases;
+};
+absl::StatusOr<OwnedDeviceWeight> UploadQuantWeight(const QuantWeight& w);
+
+enum class QmmPath : uint8_t { kAuto, kSimt, kTensorCore };
+const char* QmmPathName(QmmPath p);
+
+struct QMatmulArgs {
+  const void* x = nullptr;
+  DType x_dtype = DType::kF32;  // F32 or BF16
+  int64_t m = 1;                // activation rows per problem
+  int64_t ldx = 0;              // elements between x rows; 0 = dense
+  float* y = nullptr;
+  int64_t ldy = 0;              // elements between y rows; 0 = dense
+  // `problems` independent matmuls in one launch. Problem p multiplies by slice
+  //   b(p) = expert_ids ? expert_ids[p] : (batch == 1 ? 0 : batch_begin + p),
+  // reads x at x + (p / x_problem_div) * x_problem_stride and writes y at
+  // y + p * y_problem_stride (strides in elements). MoE decode: problems = tokens*k,
+  // expert_ids = the router's choices, x_problem_div = k (gate/up share the token's row)
+  // or 1 (down: one row per slot). An id outside [0, batch) yields NaN rows, never a read
+  // out of bounds.
+  int64_t problems = 1;
+  const int32_t* expert_ids = nullptr;  // device memory, [problems]
+  int64_t batch_begin = 0;
+  int64_t x_problem_stride = 0;
+  int64_t x_problem_div = 1;
+  int64_t y_problem_stride = 0;
+  bool round_bf16 = false;
+  QmmPath path = QmmPath::kAuto;  // force a family (tests, bench)
+};
+
+absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream);
+absl::Status QMatmulN(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream);
+
+// The family QMatmulT will run for these arguments on the current device (InvalidArgument
+// when a forced kTensorCore is not applicable).
+absl::StatusOr<QmmPath> ResolveQmmPath(const DeviceQuantWeight& w, const QMatmulArgs& a);
+
+// Embedding lookup: out[t, :] = dequant(W[ids[t], :]) for t < n, W a 2-D weight
+// [vocab, hidden]; out is F32 or BF16 [n, hidden]. Out-of-range ids give NaN rows.
+absl::Status EmbedRows(const DeviceQuantWeight& w, const int32_t* ids, int64_t n, void* out,
+                       DType out_dtype, cudaStream_t stream);
+
+// Test hook: decodes every chunk of batch slice 0 through the tensor-core fast path and the
+// exact path on the device and returns how many packed bf16 pairs differ (0 expected).
+// Applies to formats with exact bf16 values; others return 0.
+absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& w);
+
+}  // namespace ring::cuda
+
+#endif  // RINGSERVE_KERNELS_CUDA_QGEMV_CUH_
