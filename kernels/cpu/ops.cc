@@ -63,11 +63,9 @@ void Rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t str
     for (int64_t tok = t0; tok < t1; ++tok) {
       const float pos = static_cast<float>(offset + tok);
       for (int64_t i = 0; i < half; ++i) {
-        // MLX's CPU rope takes fp32 angles but casts cos/sin to the activation dtype and
-        // does the rotation in that dtype (each product and sum rounded); measured bit-exact.
         const float theta = pos * inv_freq[i];
-        cs[i] = RoundAct(std::cos(theta), t);
-        sn[i] = RoundAct(std::sin(theta), t);
+        cs[i] = std::cos(theta);
+        sn[i] = std::sin(theta);
       }
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + tok * stride + h * head_dim;
@@ -75,8 +73,8 @@ void Rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t str
           const int64_t a = traditional ? 2 * i : i;
           const int64_t b = traditional ? 2 * i + 1 : i + half;
           const float x1 = v[a], x2 = v[b];
-          v[a] = RoundAct(RoundAct(x1 * cs[i], t) - RoundAct(x2 * sn[i], t), t);
-          v[b] = RoundAct(RoundAct(x1 * sn[i], t) + RoundAct(x2 * cs[i], t), t);
+          v[a] = RoundAct(x1 * cs[i] - x2 * sn[i], t);
+          v[b] = RoundAct(x1 * sn[i] + x2 * cs[i], t);
         }
       }
     }
@@ -90,7 +88,7 @@ void Attention(const AttentionArgs& a, ActDType t, float* out) {
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t h = w / a.L, i = w % a.L, kh = h / group;
       const float* qi = a.q + i * a.q_stride + h * a.dk;
-      for (int64_t d = 0; d < a.dk; ++d) q[d] = RoundAct(qi[d] * a.scale, t);
+      for (int64_t d = 0; d < a.dk; ++d) q[d] = qi[d] * a.scale;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < a.S; ++j) {
         if (a.causal_offset >= 0 && j > a.causal_offset + i) {
@@ -100,8 +98,7 @@ void Attention(const AttentionArgs& a, ActDType t, float* out) {
         const float* kj = a.k + j * a.k_stride + kh * a.dk;
         float dot = 0.f;
         for (int64_t d = 0; d < a.dk; ++d) dot += q[d] * kj[d];
-        dot = RoundAct(dot, t);
-        if (a.add_mask) dot = RoundAct(dot + a.add_mask[(h * a.L + i) * a.S + j], t);
+        if (a.add_mask) dot += a.add_mask[(h * a.L + i) * a.S + j];
         s[j] = dot;
         mx = std::max(mx, dot);
       }
@@ -113,7 +110,7 @@ void Attention(const AttentionArgs& a, ActDType t, float* out) {
       const float inv = 1.f / sum;
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < a.S; ++j) {
-        const float p = RoundAct(s[j] * inv, t);
+        const float p = s[j] * inv;
         if (p == 0.f) continue;
         const float* vj = a.v + j * a.v_stride + kh * a.dv;
         for (int64_t d = 0; d < a.dv; ++d) acc[d] += p * vj[d];

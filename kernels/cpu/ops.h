@@ -1,9 +1,10 @@
 // File: kernels/cpu/ops.h
 //
 // The CPU reference ops: fp32 arithmetic with fp32 accumulation on fp32 buffers, plus
-// explicit rounding to the model's activation dtype at exactly the points where MLX
-// materialises an activation in that dtype (bf16 for mlx-community checkpoints). The
-// rounding is what lets the reference agree with mlx-lm to ~1e-6 NMSE instead of ~1e-4.
+// explicit rounding to the model's activation dtype wherever MLX materialises an activation
+// in that dtype (bf16 for mlx-community checkpoints). Fused primitives (RoPE, attention,
+// quantized matmul) compute in fp32 and round once, as MLX's GPU kernels do; elementwise
+// ops round after every op, as MLX does on every backend.
 //
 // Layouts are token-major: a [T, H, D] activation is T rows of H*D floats.
 // All functions are reentrant and parallelise internally with cpu::ParallelFor.
@@ -40,13 +41,15 @@ void LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& weig
 // RoPE as mx.fast.rope: x is [T, heads, head_dim] (row stride `stride` floats between
 // tokens, heads contiguous with stride head_dim); the first `dims` features of every head
 // rotate by angle (offset + t) * inv_freq[i] (i < dims/2), interleaved pairs (2i, 2i+1)
-// when traditional, else (i, i + dims/2). Angles in fp32; cos/sin and the rotation in t.
+// when traditional, else (i, i + dims/2). Computed in fp32, rounded once to t
+// (the GPU kernels' numerics; MLX's CPU backend rounds cos/sin and each product to bf16).
 void Rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t stride,
           int64_t dims, bool traditional, const std::vector<float>& inv_freq, int64_t offset,
           ActDType t);
 
-// Attention core as mx.fast.scaled_dot_product_attention's reference path:
-//   q' = round(q * scale); s = round(q' @ k^T); masked; p = round(softmax_fp32(s)); o = round(p @ v)
+// Attention core with fused-kernel numerics: fp32 throughout (scaled scores, additive mask,
+// softmax, p @ v), one rounding of the output to t. (MLX's unfused CPU fallback rounds the
+// scaled q, the scores and the probabilities to bf16; its Metal/CUDA kernels do not.)
 // q [L, Hq, Dk] (row stride q_stride), k [S, Hkv, Dk] (k_stride), v [S, Hkv, Dv] (v_stride),
 // out [L, Hq, Dv] contiguous. Hq % Hkv == 0 (GQA). Masks (any combination):
 //   add_mask: [Hq, L, S] float added to the scores (then rounded) — MLA's pe_scores;

@@ -103,14 +103,12 @@ __global__ void RopeKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t
   const float theta = static_cast<float>(offset + tok) * inv_freq[i];
   float sn, cs;
   sincosf(theta, &sn, &cs);
-  cs = DevRoundAct(cs, rt);
-  sn = DevRoundAct(sn, rt);
   const int64_t base = tok * stride + h * head_dim;
   const int64_t a = base + (traditional ? 2 * i : i);
   const int64_t b = base + (traditional ? 2 * i + 1 : i + half);
   const float x1 = Load(x.data, x.dtype, a), x2 = Load(x.data, x.dtype, b);
-  Store(x.data, x.dtype, a, DevRoundAct(DevRoundAct(x1 * cs, rt) - DevRoundAct(x2 * sn, rt), rt));
-  Store(x.data, x.dtype, b, DevRoundAct(DevRoundAct(x1 * sn, rt) + DevRoundAct(x2 * cs, rt), rt));
+  Store(x.data, x.dtype, a, DevRoundAct(x1 * cs - x2 * sn, rt));
+  Store(x.data, x.dtype, b, DevRoundAct(x1 * sn + x2 * cs, rt));
 }
 
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
