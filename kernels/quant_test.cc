@@ -559,6 +559,19 @@ TEST(QMatmul, MatchesReferenceForEveryFormat) {
   }
 }
 
+TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
+  // With m > 1 the kernels walk K in tiles of ~24 KiB of x and rows in blocks of 8; long
+  // rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
+  uint32_t seed = 300;
+  for (QuantSpec spec : {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
+                         QuantSpec{QuantMode::kNvfp4, 4, 16}, QuantSpec{QuantMode::kMxfp8, 8, 32},
+                         QuantSpec{QuantMode::kAffine, 8, 128}, QuantSpec{QuantMode::kAffine, 2, 32}}) {
+    SCOPED_TRACE(spec.ToString());
+    Owned o = MakeQuant(spec, DType::kBF16, 1, 19, 128 * 37, seed++);
+    for (int64_t m : {1, 2, 5, 8}) CheckMatmuls(o.q, m, seed++);
+  }
+}
+
 TEST(QMatmul, NvFp4GlobalScaleAndUnquantized) {
   Owned n = MakeQuant({QuantMode::kNvfp4, 4, 16}, DType::kBF16, 1, 13, 256, 7, 3.7f);
   EXPECT_EQ(DequantizeDType(n.q), DType::kF32);

@@ -3,21 +3,23 @@
 // CPU kernels behind kernels/quant.h: scalar group decoders (the reference every vector
 // path is tested against) and the quantized matmuls.
 //
-// Vector unpackers (x86 AVX2+FMA+F16C; any other target uses the scalar decoders):
-//   word-lane (affine 1/2/8-bit): 8 consecutive uint32 words sit one per lane; code t of
-//     every word is (v >> bits*t) & mask, so a chunk of 8 words yields 32/bits vectors
-//     with two integer ops and one int->float conversion each. Lane j of vector t is
-//     element epw*j + t of the chunk, hence xp[8t + j] = x[epw*j + t].
-//   nibble (affine 4-bit, mxfp4, nvfp4): the 32 bytes of a chunk are split into low and
-//     high nibbles (elements 2i and 2i+1); fp4 codes go through a 16-entry byte table of
-//     2*E2M1 (integers -12..12, the 1/2 is applied to the final sum), then 8-byte slices
-//     widen to int32 and float. Vector k < 4 holds elements 16k + 2j, k >= 4 holds
-//     16(k-4) + 2j + 1, so each vector lies inside one group for group sizes >= 16.
-//   fp8 (mxfp8): an E4M3 byte b maps to the fp16 bit pattern ((b & 0x80) << 8) |
-//     ((b & 0x7f) << 7), whose value is exactly e4m3(b) / 256 (subnormals included), and
-//     F16C converts 8 of those per instruction; the factor 256 is folded into the permuted
-//     x. The NaN codes 0x7f/0xff come out as +-480 here (MLX gives NaN); mx.quantize never
-//     writes them (to_fp8 saturates), and Dequantize still decodes them to NaN.
+// Vector unpackers (x86 AVX2+FMA+F16C; other targets use the scalar decoders, which every
+// vector path is tested against). All work on 32-byte chunks (8 uint32 words) and put
+// word j of the chunk in lane j, so a lane's group is known per chunk and x is permuted
+// (and pre-scaled) once per call to the order the unpacker produces:
+//   affine 1/2/4/8-bit: code t of each word (t < 32/bits - 1) is isolated in place with an
+//     AND and converted as q * 2^(bits*t), x carrying 2^-(bits*t); the top code is shifted
+//     down. One integer op, one conversion and one FMA per 8 weights.
+//   mxfp4/nvfp4: low and high nibbles index a 16-byte table of 2*E2M1 (signed bytes); a byte
+//     shuffle then moves byte p of every word to the word's top byte, so the int32 is
+//     2*E2M1*2^24, and 2^-25 is applied to the finished sum.
+//   mxfp8: an E4M3 byte b becomes the fp16 pattern ((b & 0x80) << 8) | ((b & 0x7f) << 7),
+//     whose value is exactly e4m3(b) / 256 (subnormals included), converted by F16C; the 256
+//     rides on x. The NaN codes 0x7f/0xff come out as +-480 here (MLX gives NaN); mx.quantize
+//     never writes them (to_fp8 saturates) and Dequantize still decodes them to NaN.
+// Scaling x or the sum by powers of two is exact unless |x| < 2^-100 or |x * scale| > 2^100.
+// Affine groups compute scale * sum(x * q) + bias * sum(x), sum(x) per group once per call.
+// One row of x uses two accumulator chains; up to 4 rows of x share each decoded vector.
 #include "kernels/cpu/quant_kernels.h"
 
 #include <algorithm>
@@ -306,7 +308,8 @@ struct LaneScales {
 // converted as q * 2^(bits*t) (x carries the 2^-(bits*t)); the top code is shifted down.
 // MB rows of x at once; with one row, even and odd codes use two accumulators.
 template <int kBits, int MB>
-__attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t nchunks, const float* const* xp, const float* sc,
+__attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_t c1, const float* const* xp,
+                                           const float* sc,
                  const LaneScales& ls, float* out) {
   constexpr int kEpw = 32 / kBits;
   constexpr int kChains = MB == 1 ? 2 : 1;
@@ -315,7 +318,7 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t nchunks, c
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nchunks; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
     __m256 acc[MB][kChains];
 #pragma GCC unroll 32
@@ -348,7 +351,7 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t nchunks, c
 // 2 * E2M1 (signed), then a byte shuffle moves byte p of every word to its top byte and
 // zeroes the rest, so the int32 is 2 * E2M1 * 2^24 (undone by the plan's post_scale).
 template <int MB>
-__attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t nchunks, const float* const* xp, const float* sc,
+__attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1, const float* const* xp, const float* sc,
             const LaneScales& ls, float* out) {
   constexpr int kChains = MB == 1 ? 2 : 1;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
@@ -365,7 +368,7 @@ __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t nchunks, const f
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nchunks; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
     const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
@@ -398,7 +401,8 @@ __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t nchunks, const f
 
 // mxfp8 kernel: 32 E4M3 bytes per chunk, one group (32) per chunk.
 template <int MB>
-__attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t nchunks, const float* const* xp, const float* sc, float* out) {
+__attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1, const float* const* xp, const float* sc,
+                                      float* out) {
   const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
   const __m256i mag = _mm256_set1_epi16(0x3f80);
   constexpr int kChains = MB == 1 ? 2 : 1;
@@ -406,7 +410,7 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t nchunks, const f
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nchunks; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 8), sign),
                                        _mm256_and_si256(_mm256_slli_epi16(v, 7), mag));
@@ -441,7 +445,7 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t nchunks, const f
 }
 
 template <int MB>
-void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t nchunks,
+void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1,
                const float* const* xp, const float* sc, float* out) {
   const uint8_t* w = s.row(r);
   const LaneScales ls(s.spec.group_size * s.spec.bits / 32);
@@ -449,33 +453,33 @@ void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t nchunks,
     case FastKind::kWordLane: {
       const uint32_t* wu = reinterpret_cast<const uint32_t*>(w);
       switch (s.spec.bits) {
-        case 1: return WordLaneRow<1, MB>(wu, nchunks, xp, sc, ls, out);
-        case 2: return WordLaneRow<2, MB>(wu, nchunks, xp, sc, ls, out);
-        case 4: return WordLaneRow<4, MB>(wu, nchunks, xp, sc, ls, out);
-        default: return WordLaneRow<8, MB>(wu, nchunks, xp, sc, ls, out);
+        case 1: return WordLaneRow<1, MB>(wu, c0, c1, xp, sc, ls, out);
+        case 2: return WordLaneRow<2, MB>(wu, c0, c1, xp, sc, ls, out);
+        case 4: return WordLaneRow<4, MB>(wu, c0, c1, xp, sc, ls, out);
+        default: return WordLaneRow<8, MB>(wu, c0, c1, xp, sc, ls, out);
       }
     }
     case FastKind::kFp4:
-      return Fp4Row<MB>(w, nchunks, xp, sc, ls, out);
+      return Fp4Row<MB>(w, c0, c1, xp, sc, ls, out);
     case FastKind::kFp8:
-      return Fp8Row<MB>(w, nchunks, xp, sc, out);
+      return Fp8Row<MB>(w, c0, c1, xp, sc, out);
     case FastKind::kNone:
       break;
   }
   for (int i = 0; i < MB; ++i) out[i] = 0.0f;
 }
 
-void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t nchunks, int mb,
+void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
              const float* const* xp, const float* sc, float* out) {
   switch (mb) {
-    case 1: return FastRowMB<1>(p, s, r, nchunks, xp, sc, out);
-    case 2: return FastRowMB<2>(p, s, r, nchunks, xp, sc, out);
-    case 3: return FastRowMB<3>(p, s, r, nchunks, xp, sc, out);
-    default: return FastRowMB<4>(p, s, r, nchunks, xp, sc, out);
+    case 1: return FastRowMB<1>(p, s, r, c0, c1, xp, sc, out);
+    case 2: return FastRowMB<2>(p, s, r, c0, c1, xp, sc, out);
+    case 3: return FastRowMB<3>(p, s, r, c0, c1, xp, sc, out);
+    default: return FastRowMB<4>(p, s, r, c0, c1, xp, sc, out);
   }
 }
 #else
-void FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int mb, const float* const*,
+void FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int64_t, int mb, const float* const*,
              const float*, float* out) {
   for (int i = 0; i < mb; ++i) out[i] = 0.0f;
 }
@@ -579,12 +583,8 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
   const int64_t fast_groups = fast_elems / gs;
 
   // Per call: x permuted into lane order, and sum(x) per group for the affine bias term.
-  // 32-byte alignment for the aligned loads in NibbleRow (fast_elems is a multiple of 8).
-  struct alignas(32) F8 {
-    float v[8];
-  };
-  std::vector<F8> xp_store(static_cast<size_t>((m * fast_elems + 7) / 8));
-  float* xp = reinterpret_cast<float*>(xp_store.data());
+  std::vector<float> xp_store(m * fast_elems);
+  float* xp = xp_store.data();
   for (int64_t i = 0; i < m; ++i) PermuteX(plan, s.spec.bits, x + i * K, fast_elems, xp + i * fast_elems);
   std::vector<float> xsum(affine ? m * s.groups : 0);
   if (affine) {
@@ -596,26 +596,49 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
       }
   }
 
+  // x tiles must stay in L1 while they are reused: with m > 1 rows of x, rows of W are
+  // processed in blocks of kRowBlock, one K-tile of ~24 KiB of permuted x at a time.
+  int64_t tile_chunks = nchunks;
+  if (m > 1 && nchunks > 0) {
+    const int64_t per_chunk = m * plan.chunk_elems * 4;
+    tile_chunks = std::max<int64_t>(1, (24 << 10) / per_chunk);
+  }
+  constexpr int64_t kRowBlock = 8;
+  const int64_t sstride = s.groups + 8;  // scales padded for 8-wide loads
+
   ParallelFor(N, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> sc(s.groups + 8, 0.0f), bi(affine ? s.groups : 0), dec(gs);
-    for (int64_t r = r0; r < r1; ++r) {
-      LoadRowScales(s, r, 0, s.groups, sc.data(), bi.data());
-      for (int64_t i0 = 0; i0 < m; i0 += kMaxMB) {
-        const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, m - i0));
-        float acc[kMaxMB] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (nchunks > 0) {
-          const float* xps[kMaxMB];
-          for (int i = 0; i < mb; ++i) xps[i] = xp + (i0 + i) * fast_elems;
-          FastRow(plan, s, r, nchunks, mb, xps, sc.data(), acc);
-          for (int i = 0; i < mb; ++i) acc[i] *= plan.post_scale;
+    std::vector<float> sc(kRowBlock * sstride, 0.0f), bi(affine ? kRowBlock * s.groups : 0), dec(gs);
+    std::vector<float> acc(kRowBlock * m);
+    for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
+      const int64_t re = std::min(r1, rb + kRowBlock);
+      for (int64_t r = rb; r < re; ++r) {
+        LoadRowScales(s, r, 0, s.groups, sc.data() + (r - rb) * sstride, bi.data() + (r - rb) * s.groups);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t c0 = 0; c0 < nchunks; c0 += tile_chunks) {
+        const int64_t c1 = std::min(nchunks, c0 + tile_chunks);
+        for (int64_t r = rb; r < re; ++r) {
+          for (int64_t i0 = 0; i0 < m; i0 += kMaxMB) {
+            const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, m - i0));
+            const float* xps[kMaxMB];
+            for (int i = 0; i < mb; ++i) xps[i] = xp + (i0 + i) * fast_elems;
+            float part[kMaxMB];
+            FastRow(plan, s, r, c0, c1, mb, xps, sc.data() + (r - rb) * sstride, part);
+            for (int i = 0; i < mb; ++i) acc[(r - rb) * m + i0 + i] += part[i];
+          }
         }
+      }
+      for (int64_t r = rb; r < re; ++r) {
+        float* a = acc.data() + (r - rb) * m;
+        const float* scr = sc.data() + (r - rb) * sstride;
+        for (int64_t i = 0; i < m; ++i) a[i] *= plan.post_scale;
         for (int64_t g = fast_groups; g < s.groups; ++g) {
           DecodeGroup(s, r, g, dec.data());
-          for (int i = 0; i < mb; ++i) acc[i] += sc[g] * Dot(dec.data(), x + (i0 + i) * K + g * gs, gs);
+          for (int64_t i = 0; i < m; ++i) a[i] += scr[g] * Dot(dec.data(), x + i * K + g * gs, gs);
         }
-        for (int i = 0; i < mb; ++i) {
-          if (affine) acc[i] += Dot(bi.data(), xsum.data() + (i0 + i) * s.groups, s.groups);
-          y[(i0 + i) * N + r] = acc[i];
+        for (int64_t i = 0; i < m; ++i) {
+          if (affine) a[i] += Dot(bi.data() + (r - rb) * s.groups, xsum.data() + i * s.groups, s.groups);
+          y[i * N + r] = a[i];
         }
       }
     }
