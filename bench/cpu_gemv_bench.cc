@@ -107,7 +107,7 @@ struct Copy {
   std::vector<uint32_t> w;
   std::vector<uint16_t> s16;  // affine bf16 scales / biases
   std::vector<uint16_t> b16;
-  std::vector<uint8_t> s8;    // mxfp4 E8M0 scales
+  std::vector<uint8_t> s8;  // mxfp4 E8M0 scales
   ring::QuantWeight qw;
 };
 
@@ -208,7 +208,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("best memory read bandwidth over the run (ratios use it): %.2f GB/s\n\n", bw / 1e9);
-  std::printf("| shape (N x K) | model use | format | weight MiB/call | us/call | GB/s | / bandwidth |\n");
+  std::printf(
+      "| shape (N x K) | model use | format | weight MiB/call | us/call | GB/s | / bandwidth |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|\n");
   for (const Result& r : results) {
     std::printf("| %s | %s | %s | %.2f | %.1f | %.2f | %.2f |\n", r.shape.c_str(), r.what.c_str(),

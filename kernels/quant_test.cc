@@ -4,6 +4,8 @@
 // shape validation, encode/decode properties, the vector matmul kernels against a scalar
 // double-precision reference built from the group decoders, batch (stacked) indexing, and
 // the bf16/fp16/e4m3/e8m0 conversions. MLX parity itself is kernels/quant_mlx_test.cc.
+#include "kernels/quant.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,7 +15,6 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/quant_kernels.h"
 #include "kernels/dtype.h"
-#include "kernels/quant.h"
 
 namespace ring {
 namespace {
@@ -56,9 +57,9 @@ TEST(DType, FloatToF16RoundsToNearestEven) {
   EXPECT_EQ(FloatToF16(65519.99f), 0x7bff);
   EXPECT_EQ(FloatToF16(65520.0f), 0x7c00);  // tie between max and 2^16: even -> inf
   EXPECT_EQ(FloatToF16(0x1p-24f), 0x0001);
-  EXPECT_EQ(FloatToF16(0x1p-25f), 0x0000);          // tie with 0 -> even (0)
-  EXPECT_EQ(FloatToF16(0x1.8p-24f), 0x0002);        // tie 1 vs 2 units -> 2
-  EXPECT_EQ(FloatToF16(1.0f + 0x1p-11f), 0x3c00);   // tie -> even mantissa
+  EXPECT_EQ(FloatToF16(0x1p-25f), 0x0000);         // tie with 0 -> even (0)
+  EXPECT_EQ(FloatToF16(0x1.8p-24f), 0x0002);       // tie 1 vs 2 units -> 2
+  EXPECT_EQ(FloatToF16(1.0f + 0x1p-11f), 0x3c00);  // tie -> even mantissa
   EXPECT_EQ(FloatToF16(1.0f + 0x3p-11f), 0x3c02);
   EXPECT_EQ(FloatToF16(-0.0f), 0x8000);
 #if defined(__FLT16_MAX__)
@@ -131,7 +132,8 @@ TEST(DType, FloatToE4M3RoundsAndSaturatesLikeMlx) {
   // Every other value: the nearest code by brute force (ties to even code).
   std::mt19937 rng(3);
   for (int i = 0; i < 100000; ++i) {
-    const float f = std::ldexp(static_cast<float>(rng() % 1000000) / 1e6f, static_cast<int>(rng() % 24) - 14);
+    const float f =
+        std::ldexp(static_cast<float>(rng() % 1000000) / 1e6f, static_cast<int>(rng() % 24) - 14);
     int best = 0;
     for (int c = 1; c < 0x7f; ++c) {
       const double d = std::fabs(E4M3Formula(c) - f), db = std::fabs(E4M3Formula(best) - f);
@@ -149,7 +151,8 @@ TEST(DType, E8M0EdgeCases) {
   EXPECT_EQ(E8M0ToFloat(254), 0x1p127f);
   EXPECT_TRUE(std::isinf(E8M0ToFloat(255)));
   for (int v = 0; v < 255; ++v) {  // every finite scale is exact in bf16
-    EXPECT_EQ(RoundBf16(E8M0ToFloat(static_cast<uint8_t>(v))), E8M0ToFloat(static_cast<uint8_t>(v)));
+    EXPECT_EQ(RoundBf16(E8M0ToFloat(static_cast<uint8_t>(v))),
+              E8M0ToFloat(static_cast<uint8_t>(v)));
   }
 }
 
@@ -172,7 +175,8 @@ TEST(QuantSpec, AcceptsExactlyWhatMlxAccepts) {
   EXPECT_FALSE(ValidateQuantSpec({QuantMode::kNvfp4, 4, 32}).ok());
   EXPECT_TRUE(ValidateQuantSpec({QuantMode::kNone, 0, 0}).ok());
   EXPECT_FALSE(ValidateQuantSpec({QuantMode::kNone, 16, 0}).ok());
-  for (QuantMode m : {QuantMode::kAffine, QuantMode::kMxfp4, QuantMode::kMxfp8, QuantMode::kNvfp4}) {
+  for (QuantMode m :
+       {QuantMode::kAffine, QuantMode::kMxfp4, QuantMode::kMxfp8, QuantMode::kNvfp4}) {
     EXPECT_TRUE(ValidateQuantSpec(DefaultQuantSpec(m)).ok()) << QuantModeName(m);
     EXPECT_EQ(ParseQuantMode(QuantModeName(m)).value(), m);
   }
@@ -214,7 +218,8 @@ Owned MakeQuant(QuantSpec spec, DType sdt, int64_t batch, int64_t rows, int64_t 
       o.q.weight = {DType::kF32, shape(cols), o.dense_f32.data()};
     } else {
       o.dense_16.resize(n);
-      for (auto& v : o.dense_16) v = sdt == DType::kBF16 ? FloatToBf16(nd(rng)) : FloatToF16(nd(rng));
+      for (auto& v : o.dense_16)
+        v = sdt == DType::kBF16 ? FloatToBf16(nd(rng)) : FloatToF16(nd(rng));
       o.q.weight = {sdt, shape(cols), o.dense_16.data()};
     }
     return o;
@@ -397,7 +402,8 @@ std::vector<FormatCase> AllFormats() {
   std::vector<FormatCase> out;
   for (int bits : {1, 2, 3, 4, 5, 6, 8})
     for (int g : {32, 64, 128})
-      for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) out.push_back({{QuantMode::kAffine, bits, g}, t});
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
+        out.push_back({{QuantMode::kAffine, bits, g}, t});
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     out.push_back({{QuantMode::kMxfp4, 4, 32}, t});
     out.push_back({{QuantMode::kMxfp8, 8, 32}, t});
@@ -408,20 +414,24 @@ std::vector<FormatCase> AllFormats() {
 
 TEST(Quantize, RoundTripErrorIsAtMostOneStep) {
   for (const FormatCase& f : AllFormats()) {
-    if (f.spec.mode == QuantMode::kAffine && f.sdt != DType::kF32) continue;  // step bound needs exact scales
+    if (f.spec.mode == QuantMode::kAffine && f.sdt != DType::kF32)
+      continue;  // step bound needs exact scales
     SCOPED_TRACE(f.spec.ToString() + " " + DTypeName(f.sdt));
     const int64_t rows = 7, cols = 384;
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> w(rows * cols);
-    for (auto& v : w) v = f.sdt == DType::kF32 ? nd(rng) : (f.sdt == DType::kBF16 ? RoundBf16(nd(rng)) : RoundF16(nd(rng)));
+    for (auto& v : w)
+      v = f.sdt == DType::kF32 ? nd(rng)
+                               : (f.sdt == DType::kBF16 ? RoundBf16(nd(rng)) : RoundF16(nd(rng)));
     auto q = Quantize(w.data(), rows, cols, f.spec, f.sdt);
     ASSERT_TRUE(q.ok());
     QuantWeight qw;
     qw.spec = f.spec;
     qw.weight = {DType::kU32, {rows, cols * f.spec.bits / 32}, q->weight.data()};
     qw.scales = {q->scale_dtype, {rows, cols / f.spec.group_size}, q->scales.data()};
-    if (f.spec.mode == QuantMode::kAffine) qw.biases = {q->scale_dtype, qw.scales.shape, q->biases.data()};
+    if (f.spec.mode == QuantMode::kAffine)
+      qw.biases = {q->scale_dtype, qw.scales.shape, q->biases.data()};
     ASSERT_TRUE(ValidateQuantWeight(qw).ok());
     const std::vector<float> d = Dequantize(qw);
     const int gs = f.spec.group_size;
@@ -529,7 +539,8 @@ void CheckMatmuls(const QuantWeight& w, int64_t m, uint32_t seed) {
           ref += x[i * C + k] * W[r * C + k];
           den += std::fabs(x[i * C + k]) * A[r * C + k];
         }
-        ASSERT_NEAR(y[i * R + r], ref, 1e-5 * den + 1e-30) << "T b=" << b << " m=" << i << " r=" << r;
+        ASSERT_NEAR(y[i * R + r], ref, 1e-5 * den + 1e-30)
+            << "T b=" << b << " m=" << i << " r=" << r;
       }
     // transpose=false: y[m, C] = x[m, R] W
     std::vector<float> xn(m * R), yn(m * C, NAN);
@@ -542,7 +553,8 @@ void CheckMatmuls(const QuantWeight& w, int64_t m, uint32_t seed) {
           ref += xn[i * R + r] * W[r * C + c];
           den += std::fabs(xn[i * R + r]) * A[r * C + c];
         }
-        ASSERT_NEAR(yn[i * C + c], ref, 1e-5 * den + 1e-30) << "N b=" << b << " m=" << i << " c=" << c;
+        ASSERT_NEAR(yn[i * C + c], ref, 1e-5 * den + 1e-30)
+            << "N b=" << b << " m=" << i << " c=" << c;
       }
   }
 }
@@ -563,9 +575,10 @@ TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
   // With m > 1 the kernels walk K in tiles of ~24 KiB of x and rows in blocks of 8; long
   // rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
   uint32_t seed = 300;
-  for (QuantSpec spec : {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
-                         QuantSpec{QuantMode::kNvfp4, 4, 16}, QuantSpec{QuantMode::kMxfp8, 8, 32},
-                         QuantSpec{QuantMode::kAffine, 8, 128}, QuantSpec{QuantMode::kAffine, 2, 32}}) {
+  for (QuantSpec spec :
+       {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
+        QuantSpec{QuantMode::kNvfp4, 4, 16}, QuantSpec{QuantMode::kMxfp8, 8, 32},
+        QuantSpec{QuantMode::kAffine, 8, 128}, QuantSpec{QuantMode::kAffine, 2, 32}}) {
     SCOPED_TRACE(spec.ToString());
     Owned o = MakeQuant(spec, DType::kBF16, 1, 19, 128 * 37, seed++);
     for (int64_t m : {1, 2, 5, 8}) CheckMatmuls(o.q, m, seed++);
@@ -588,8 +601,9 @@ TEST(QMatmul, NvFp4GlobalScaleAndUnquantized) {
 
 TEST(QMatmul, StackedSlicesAreIndependent) {
   // Batch slice b of a stacked weight must equal the same matrix quantized alone.
-  for (QuantSpec spec : {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
-                         QuantSpec{QuantMode::kAffine, 3, 32}, QuantSpec{QuantMode::kMxfp8, 8, 32}}) {
+  for (QuantSpec spec :
+       {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
+        QuantSpec{QuantMode::kAffine, 3, 32}, QuantSpec{QuantMode::kMxfp8, 8, 32}}) {
     SCOPED_TRACE(spec.ToString());
     Owned stack = MakeQuant(spec, DType::kBF16, 4, 6, 128, 21);
     EXPECT_EQ(stack.q.batch(), 4);

@@ -161,7 +161,8 @@ float Dot(const float* a, const float* b, int64_t n) {
     s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  for (; i + 8 <= n; i += 8)
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
   return HSum(_mm256_add_ps(s0, s1)) + DotScalar(a + i, b + i, n - i);
 }
 // y[i] += a * x[i]
@@ -308,9 +309,9 @@ struct LaneScales {
 // converted as q * 2^(bits*t) (x carries the 2^-(bits*t)); the top code is shifted down.
 // MB rows of x at once; with one row, even and odd codes use two accumulators.
 template <int kBits, int MB>
-__attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_t c1, const float* const* xp,
-                                           const float* sc,
-                 const LaneScales& ls, float* out) {
+__attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_t c1,
+                                           const float* const* xp, const float* sc,
+                                           const LaneScales& ls, float* out) {
   constexpr int kEpw = 32 / kBits;
   constexpr int kChains = MB == 1 ? 2 : 1;
   constexpr uint32_t kMask = (1u << kBits) - 1;
@@ -323,9 +324,10 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
     __m256 acc[MB][kChains];
 #pragma GCC unroll 32
     for (int t = 0; t < kEpw; ++t) {
-      const __m256i qi = t < kEpw - 1
-                             ? _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(kMask << (kBits * t))))
-                             : _mm256_srli_epi32(v, 32 - kBits);
+      const __m256i qi =
+          t < kEpw - 1
+              ? _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(kMask << (kBits * t))))
+              : _mm256_srli_epi32(v, 32 - kBits);
       const __m256 qf = _mm256_cvtepi32_ps(qi);
       const int h = t % kChains;
 #pragma GCC unroll 4
@@ -351,19 +353,21 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
 // 2 * E2M1 (signed), then a byte shuffle moves byte p of every word to its top byte and
 // zeroes the rest, so the int32 is 2 * E2M1 * 2^24 (undone by the plan's post_scale).
 template <int MB>
-__attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1, const float* const* xp, const float* sc,
-            const LaneScales& ls, float* out) {
+__attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
+                                      const float* const* xp, const float* sc, const LaneScales& ls,
+                                      float* out) {
   constexpr int kChains = MB == 1 ? 2 : 1;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // to_top[p]: byte p of every dword to byte 3, the other bytes zeroed (index 0x80).
   __m256i to_top[4];
   for (int p = 0; p < 4; ++p) {
     const int z = static_cast<int>(0x00808080u | (static_cast<uint32_t>(p) << 24));
-    to_top[p] = _mm256_add_epi32(_mm256_set1_epi32(z), _mm256_setr_epi32(0, 4 << 24, 8 << 24, 12 << 24,
-                                                                          0, 4 << 24, 8 << 24, 12 << 24));
+    to_top[p] = _mm256_add_epi32(
+        _mm256_set1_epi32(z),
+        _mm256_setr_epi32(0, 4 << 24, 8 << 24, 12 << 24, 0, 4 << 24, 8 << 24, 12 << 24));
   }
-  const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
+                                         1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   __m256 y[MB][kChains];
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
@@ -401,8 +405,8 @@ __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1, 
 
 // mxfp8 kernel: 32 E4M3 bytes per chunk, one group (32) per chunk.
 template <int MB>
-__attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1, const float* const* xp, const float* sc,
-                                      float* out) {
+__attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
+                                      const float* const* xp, const float* sc, float* out) {
   const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
   const __m256i mag = _mm256_set1_epi16(0x3f80);
   constexpr int kChains = MB == 1 ? 2 : 1;
@@ -414,8 +418,8 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1, 
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 8), sign),
                                        _mm256_and_si256(_mm256_slli_epi16(v, 7), mag));
-    const __m256i hi = _mm256_or_si256(_mm256_and_si256(v, sign),
-                                       _mm256_and_si256(_mm256_srli_epi16(v, 1), mag));
+    const __m256i hi =
+        _mm256_or_si256(_mm256_and_si256(v, sign), _mm256_and_si256(_mm256_srli_epi16(v, 1), mag));
     const __m256 e[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
                          _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)),
                          _mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
@@ -453,10 +457,14 @@ void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_
     case FastKind::kWordLane: {
       const uint32_t* wu = reinterpret_cast<const uint32_t*>(w);
       switch (s.spec.bits) {
-        case 1: return WordLaneRow<1, MB>(wu, c0, c1, xp, sc, ls, out);
-        case 2: return WordLaneRow<2, MB>(wu, c0, c1, xp, sc, ls, out);
-        case 4: return WordLaneRow<4, MB>(wu, c0, c1, xp, sc, ls, out);
-        default: return WordLaneRow<8, MB>(wu, c0, c1, xp, sc, ls, out);
+        case 1:
+          return WordLaneRow<1, MB>(wu, c0, c1, xp, sc, ls, out);
+        case 2:
+          return WordLaneRow<2, MB>(wu, c0, c1, xp, sc, ls, out);
+        case 4:
+          return WordLaneRow<4, MB>(wu, c0, c1, xp, sc, ls, out);
+        default:
+          return WordLaneRow<8, MB>(wu, c0, c1, xp, sc, ls, out);
       }
     }
     case FastKind::kFp4:
@@ -472,10 +480,14 @@ void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_
 void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
              const float* const* xp, const float* sc, float* out) {
   switch (mb) {
-    case 1: return FastRowMB<1>(p, s, r, c0, c1, xp, sc, out);
-    case 2: return FastRowMB<2>(p, s, r, c0, c1, xp, sc, out);
-    case 3: return FastRowMB<3>(p, s, r, c0, c1, xp, sc, out);
-    default: return FastRowMB<4>(p, s, r, c0, c1, xp, sc, out);
+    case 1:
+      return FastRowMB<1>(p, s, r, c0, c1, xp, sc, out);
+    case 2:
+      return FastRowMB<2>(p, s, r, c0, c1, xp, sc, out);
+    case 3:
+      return FastRowMB<3>(p, s, r, c0, c1, xp, sc, out);
+    default:
+      return FastRowMB<4>(p, s, r, c0, c1, xp, sc, out);
   }
 }
 #else
@@ -515,8 +527,7 @@ QSlice MakeQSlice(const QuantWeight& w, int64_t b) {
   return s;
 }
 
-void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* scale,
-                   float* bias) {
+void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* scale, float* bias) {
   const int64_t n = g1 - g0;
   const int64_t off = r * s.groups + g0;
   switch (s.spec.mode) {
@@ -535,7 +546,8 @@ void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* sc
     case QuantMode::kNvfp4: {
       const float* t = GetTables().e4m3;
       for (int64_t g = 0; g < n; ++g) {
-        scale[g] = s.global_mult != 0.0f ? t[s.scales[off + g]] * s.global_mult : t[s.scales[off + g]];
+        scale[g] =
+            s.global_mult != 0.0f ? t[s.scales[off + g]] * s.global_mult : t[s.scales[off + g]];
       }
       return;
     }
@@ -585,7 +597,8 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
   // Per call: x permuted into lane order, and sum(x) per group for the affine bias term.
   std::vector<float> xp_store(m * fast_elems);
   float* xp = xp_store.data();
-  for (int64_t i = 0; i < m; ++i) PermuteX(plan, s.spec.bits, x + i * K, fast_elems, xp + i * fast_elems);
+  for (int64_t i = 0; i < m; ++i)
+    PermuteX(plan, s.spec.bits, x + i * K, fast_elems, xp + i * fast_elems);
   std::vector<float> xsum(affine ? m * s.groups : 0);
   if (affine) {
     for (int64_t i = 0; i < m; ++i)
@@ -607,12 +620,14 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
   const int64_t sstride = s.groups + 8;  // scales padded for 8-wide loads
 
   ParallelFor(N, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> sc(kRowBlock * sstride, 0.0f), bi(affine ? kRowBlock * s.groups : 0), dec(gs);
+    std::vector<float> sc(kRowBlock * sstride, 0.0f), bi(affine ? kRowBlock * s.groups : 0),
+        dec(gs);
     std::vector<float> acc(kRowBlock * m);
     for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
       const int64_t re = std::min(r1, rb + kRowBlock);
       for (int64_t r = rb; r < re; ++r) {
-        LoadRowScales(s, r, 0, s.groups, sc.data() + (r - rb) * sstride, bi.data() + (r - rb) * s.groups);
+        LoadRowScales(s, r, 0, s.groups, sc.data() + (r - rb) * sstride,
+                      bi.data() + (r - rb) * s.groups);
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t c0 = 0; c0 < nchunks; c0 += tile_chunks) {
@@ -637,7 +652,8 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
           for (int64_t i = 0; i < m; ++i) a[i] += scr[g] * Dot(dec.data(), x + i * K + g * gs, gs);
         }
         for (int64_t i = 0; i < m; ++i) {
-          if (affine) a[i] += Dot(bi.data() + (r - rb) * s.groups, xsum.data() + i * s.groups, s.groups);
+          if (affine)
+            a[i] += Dot(bi.data() + (r - rb) * s.groups, xsum.data() + i * s.groups, s.groups);
           y[i * N + r] = a[i];
         }
       }
@@ -657,7 +673,8 @@ void MatmulN(const float* x, int64_t m, const QSlice& s, float* y) {
       for (int64_t i = 0; i < m; ++i) std::fill(y + i * C + c0, y + i * C + c1, 0.0f);
       for (int64_t r = 0; r < R; ++r) {
         LoadDenseRow(s, r, row.data());
-        for (int64_t i = 0; i < m; ++i) Axpy(x[i * R + r], row.data() + c0, y + i * C + c0, c1 - c0);
+        for (int64_t i = 0; i < m; ++i)
+          Axpy(x[i * R + r], row.data() + c0, y + i * C + c0, c1 - c0);
       }
     });
     return;
