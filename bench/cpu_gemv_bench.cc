@@ -13,8 +13,11 @@
 //    to the probed bandwidth, all measured in this one run.
 // On a shared machine other processes steal cycles and bandwidth at random, so probe and
 // GEMV passes are interleaved (one probe before every pass) and each reports its best; the
-// ratio divides by the best probe of the whole run, which can only understate it.
+// ratio divides by the best probe of the whole run, which can only understate it. The
+// "CPU share" column is the process CPU time over wall time x threads during the best
+// pass: below 1.0 other processes held the cores part of the time.
 // --quick shrinks the buffers (for smoke runs; the numbers then include cache hits).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +38,13 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU seconds (user + system) this process has used so far.
+double ProcessCpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 int64_t LastLevelCacheBytes() {
@@ -170,7 +180,7 @@ int main(int argc, char** argv) {
 
   struct Result {
     std::string shape, what, format;
-    double mib, us, gbs;
+    double mib, us, gbs, cpu_share;
   };
   std::vector<Result> results;
   for (const ShapeRow& sh : shapes) {
@@ -195,25 +205,32 @@ int main(int argc, char** argv) {
       for (auto& v : x) v = static_cast<float>(static_cast<int64_t>(Next() % 2001) - 1000) * 1e-3f;
       for (auto& c : copies) ring::QMatmulT(x.data(), 1, c.qw, 0, y.data());  // warm up
       const int passes = quick ? 3 : 8;
-      double best = 1e30;
+      double best = 1e30, best_share = 0;
       for (int p = 0; p < passes; ++p) {
         bw = std::max(bw, ProbeBandwidth(probe_buf, 1));
+        const double cpu0 = ProcessCpuSeconds();
         const auto t0 = Clock::now();
         for (auto& c : copies) ring::QMatmulT(x.data(), 1, c.qw, 0, y.data());
-        best = std::min(best, Seconds(t0, Clock::now()) / ncopies);
+        const double wall = Seconds(t0, Clock::now());
+        if (wall / ncopies < best) {
+          best = wall / ncopies;
+          best_share = (ProcessCpuSeconds() - cpu0) / (wall * threads);
+        }
       }
       results.push_back({std::to_string(sh.rows) + " x " + std::to_string(sh.cols), sh.what, f.name,
-                         bytes / 1048576.0, best * 1e6, bytes / best / 1e9});
+                         bytes / 1048576.0, best * 1e6, bytes / best / 1e9, best_share});
       std::fprintf(stderr, "  %s %s done\n", results.back().shape.c_str(), f.name);
     }
   }
   std::printf("best memory read bandwidth over the run (ratios use it): %.2f GB/s\n\n", bw / 1e9);
   std::printf(
-      "| shape (N x K) | model use | format | weight MiB/call | us/call | GB/s | / bandwidth |\n");
-  std::printf("|---|---|---|---:|---:|---:|---:|\n");
+      "| shape (N x K) | model use | format | weight MiB/call | us/call | GB/s | / bandwidth | "
+      "CPU share |\n");
+  std::printf("|---|---|---|---:|---:|---:|---:|---:|\n");
   for (const Result& r : results) {
-    std::printf("| %s | %s | %s | %.2f | %.1f | %.2f | %.2f |\n", r.shape.c_str(), r.what.c_str(),
-                r.format.c_str(), r.mib, r.us, r.gbs, r.gbs * 1e9 / bw);
+    std::printf("| %s | %s | %s | %.2f | %.1f | %.2f | %.2f | %.2f |\n", r.shape.c_str(),
+                r.what.c_str(), r.format.c_str(), r.mib, r.us, r.gbs, r.gbs * 1e9 / bw,
+                r.cpu_share);
   }
   return 0;
 }
