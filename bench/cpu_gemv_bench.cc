@@ -11,6 +11,8 @@
 //    cycle through the copies, so every call streams its weights from DRAM.
 // 3. Prints weight bytes per call (packed words + scales + biases), GB/s, and the ratio
 //    to the probed bandwidth, all measured in this one run.
+// 4. A second table keeps one 1024 x 4096 matrix resident in cache and times M = 1, 2, 4, 8
+//    rows of x: the kernels' compute ceiling, separate from DRAM.
 // On a shared machine other processes steal cycles and bandwidth at random, so probe and
 // GEMV passes are interleaved (one probe before every pass) and each reports its best; the
 // ratio divides by the best probe of the whole run, which can only understate it. The
@@ -231,6 +233,34 @@ int main(int argc, char** argv) {
     std::printf("| %s | %s | %s | %.2f | %.1f | %.2f | %.2f | %.2f |\n", r.shape.c_str(),
                 r.what.c_str(), r.format.c_str(), r.mib, r.us, r.gbs, r.gbs * 1e9 / bw,
                 r.cpu_share);
+  }
+
+  // Compute ceiling: one matrix resident in cache (1 MiB per thread), M = 1..8.
+  std::printf("\nweights resident in cache (1024 x 4096, %d threads):\n\n", threads);
+  std::printf("| format | M | us/call | weight GB/s | GFLOP/s | CPU share |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|\n");
+  for (const Format& f : formats) {
+    Copy c;
+    MakeCopy(f, 1024, 4096, &c);
+    const int64_t bytes = WeightBytes(c.qw);
+    for (int m : {1, 2, 4, 8}) {
+      std::vector<float> x(m * 4096), y(m * 1024);
+      for (auto& v : x) v = static_cast<float>(static_cast<int64_t>(Next() % 2001) - 1000) * 1e-3f;
+      const int reps = 20;
+      double best = 1e30, best_share = 0;
+      for (int p = 0; p < (quick ? 3 : 10); ++p) {
+        const double cpu0 = ProcessCpuSeconds();
+        const auto t0 = Clock::now();
+        for (int r = 0; r < reps; ++r) ring::QMatmulT(x.data(), m, c.qw, 0, y.data());
+        const double wall = Seconds(t0, Clock::now());
+        if (wall / reps < best) {
+          best = wall / reps;
+          best_share = (ProcessCpuSeconds() - cpu0) / (wall * threads);
+        }
+      }
+      std::printf("| %s | %d | %.1f | %.2f | %.1f | %.2f |\n", f.name, m, best * 1e6,
+                  bytes / best / 1e9, 2.0 * m * 1024 * 4096 / best / 1e9, best_share);
+    }
   }
   return 0;
 }
