@@ -600,7 +600,6 @@ absl::Status WriteParam(const PlannedParam& pp, uint64_t seed, CheckpointWriter&
     }
   });
   RING_RETURN_IF_ERROR(err);
-  const std::string module = p.module();
   RING_RETURN_IF_ERROR(writer.Add(pp.tensors[0].name, DType::kU32, pp.tensors[0].shape,
                                   std::move(wbytes)));
   RING_RETURN_IF_ERROR(writer.Add(scales_t.name, scales_t.dtype, scales_t.shape,
