@@ -327,6 +327,7 @@ absl::StatusOr<InspectReport> InspectCheckpoint(const std::string& dir) {
       const std::string dn = DTypeName(t->dtype);
       if (std::find(dtypes.begin(), dtypes.end(), dn) == dtypes.end()) dtypes.push_back(dn);
     }
+    std::sort(dtypes.begin(), dtypes.end());
     std::string storage, shape;
     const bool quantized = has_scales && weight && weight->dtype == DType::kU32;
     auto exp = expected.find(module);

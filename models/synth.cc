@@ -75,9 +75,13 @@ void GenerateValues(const ModelParam& p, uint64_t key, uint64_t first, int64_t n
       cached = idx >> 1;
       NormalPair(key, cached, z);
     }
-    // The cast to float before the add keeps the compiler from fusing into an FMA, so the
-    // result is the same with and without FMA contraction.
-    const float v = p.mean + static_cast<float>(p.std * z[idx & 1]);
+    float v = static_cast<float>(p.std * z[idx & 1]);
+    if (p.mean != 0.0f) {
+      // Through a volatile, so that no compiler fuses the multiply and the add into an FMA
+      // (GCC contracts even across the float cast): the bytes must not depend on the build.
+      volatile float scaled = v;
+      v = p.mean + scaled;
+    }
     out[i] = bf16 ? RoundBf16(v) : v;
   }
 }
@@ -596,7 +600,6 @@ absl::Status WriteParam(const PlannedParam& pp, uint64_t seed, CheckpointWriter&
     }
   });
   RING_RETURN_IF_ERROR(err);
-  const std::string module = p.module();
   RING_RETURN_IF_ERROR(writer.Add(pp.tensors[0].name, DType::kU32, pp.tensors[0].shape,
                                   std::move(wbytes)));
   RING_RETURN_IF_ERROR(writer.Add(scales_t.name, scales_t.dtype, scales_t.shape,
@@ -683,8 +686,10 @@ std::vector<ModelParam> ModelParams(const ModelConfig& c) {
   };
   const int64_t h = c.hidden_size;
 
+  // Embeddings at 1/sqrt(hidden), as in real checkpoints: tied heads then give logits of
+  // order 1, and RMSNorm rescales the layer inputs anyway.
   out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, DType::kBF16, true, -1,
-                 0.0f, 1.0f});
+                 0.0f, inv_sqrt(h)});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     if (IsDeepseekFamily(c.model_type)) {

@@ -26,8 +26,9 @@
 //
 // Values are N(mean, std) from a counter-based generator (splitmix64 + Box-Muller), a pure
 // function of (seed, tensor name, element index), so the bytes do not depend on the
-// thread count or the platform. std = 1/sqrt(fan_in) for projections, 1 for embeddings,
-// norms are 1 + N(0, 0.02), biases (LayerNorm, e_score_correction_bias) N(0, 0.02).
+// thread count or the platform. std = 1/sqrt(fan_in) for projections and the router,
+// 1/sqrt(hidden) for embeddings, norms are 1 + N(0, 0.02), biases (LayerNorm,
+// e_score_correction_bias) N(0, 0.02).
 //
 // Generation is tensor by tensor (rows in parallel with cpu::ParallelFor, quantized in
 // blocks), handing each tensor to CheckpointWriter, so memory stays bounded by one tensor

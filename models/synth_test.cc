@@ -487,7 +487,7 @@ std::string CaseName(const ::testing::TestParamInfo<FamilyCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    AllFamilies, SynthFamilyTest,
+    Synth, SynthFamilyTest,
     ::testing::Values(
         FamilyCase{"glm_moe_dsa", kMxfp4}, FamilyCase{"glm_moe_dsa", kAffine4},
         FamilyCase{"glm_moe_dsa", kBf16}, FamilyCase{"glm_moe_dsa", {QuantMode::kNvfp4, 4, 16}},

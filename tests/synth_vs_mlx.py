@@ -53,9 +53,16 @@ CASES = [
 
 
 class NoIndexer(nn.Module):
-    """The indexer slot of an IndexShare "shared" layer: no weights, dense attention."""
+    """The indexer slot of an IndexShare "shared" layer: no weights, dense attention.
+
+    mlx-lm's attention still ties its KV cache to the indexer cache, so that one gets
+    empty (zero-width) keys appended.
+    """
 
     def __call__(self, x, qr, mask, cache=None):
+        if cache is not None:
+            empty = mx.zeros((x.shape[0], 1, x.shape[1], 0), dtype=x.dtype)
+            cache.update_and_fetch(empty, empty)
         return None
 
 
@@ -173,7 +180,7 @@ def check_values(ours, cfg, arch):
         weights.update(mx.load(str(f)))
     q = cfg.get("quantization")
     h = cfg["hidden_size"]
-    names = [("model.embed_tokens.weight", 0.0, 1.0), ("model.norm.weight", 1.0, 0.02),
+    names = [("model.embed_tokens.weight", 0.0, 1 / math.sqrt(h)), ("model.norm.weight", 1.0, 0.02),
              ("model.layers.1.post_attention_layernorm.weight", 1.0, 0.02)]
     if arch.startswith("qwen3"):
         names.append(("model.layers.1.self_attn.q_proj.weight", 0.0, 1 / math.sqrt(h)))
@@ -245,6 +252,8 @@ def run_case(ringctl, work, arch, qargs, quant):
     model, _ = load_model(ours, strict=True, get_model_classes=get_classes)
     loaded = dict(tree_flatten(model.parameters()))
     assert set(loaded) == set(a), "mlx-lm parameter names differ from the checkpoint"
+    if quant is None:
+        model.set_dtype(mx.float32)  # MLX's CPU gather_mm (unquantized experts) is fp32-only
     tokens = mx.array([[(7 * i + 3) % 600 for i in range(24)]])  # > tiny index_topk (16)
     logits = model(tokens).astype(mx.float32)
     mx.eval(logits)
