@@ -41,9 +41,12 @@ constexpr float kFp4Lut[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, 
 // Rounds an fp32 value to `t` (F32, F16 or BF16) and back, as MLX's casts do.
 inline float RoundTo(float v, DType t) {
   switch (t) {
-    case DType::kBF16: return RoundBf16(v);
-    case DType::kF16: return RoundF16(v);
-    default: return v;
+    case DType::kBF16:
+      return RoundBf16(v);
+    case DType::kF16:
+      return RoundF16(v);
+    default:
+      return v;
   }
 }
 
@@ -97,8 +100,8 @@ inline uint32_t NearestFp4(float v, DType t) {
   return best;
 }
 
-void QuantizeAffineGroup(const float* w, int gs, int bits, DType t, uint8_t* stream,
-                         int64_t first, uint8_t* scale_out, uint8_t* bias_out) {
+void QuantizeAffineGroup(const float* w, int gs, int bits, DType t, uint8_t* stream, int64_t first,
+                         uint8_t* scale_out, uint8_t* bias_out) {
   const float n_bins = static_cast<float>((1 << bits) - 1);
   const float eps = 1e-7f;
   // std::max/std::min with the running value first: NaN inputs are skipped as in MLX.
@@ -135,8 +138,7 @@ void QuantizeAffineGroup(const float* w, int gs, int bits, DType t, uint8_t* str
 }
 
 // mxfp4 / mxfp8 group; returns the E8M0 byte.
-uint8_t QuantizeMxGroup(const float* w, int gs, int bits, DType t, uint8_t* stream,
-                        int64_t first) {
+uint8_t QuantizeMxGroup(const float* w, int gs, int bits, DType t, uint8_t* stream, int64_t first) {
   const float maxval = bits == 4 ? 6.0f : 448.0f;
   float amax = 0.0f;
   bool finite = true;
@@ -203,11 +205,16 @@ uint8_t QuantizeNvfp4Group(const float* w, DType t, float global_scale, uint8_t*
 
 const char* QuantModeName(QuantMode m) {
   switch (m) {
-    case QuantMode::kNone: return "none";
-    case QuantMode::kAffine: return "affine";
-    case QuantMode::kMxfp4: return "mxfp4";
-    case QuantMode::kMxfp8: return "mxfp8";
-    case QuantMode::kNvfp4: return "nvfp4";
+    case QuantMode::kNone:
+      return "none";
+    case QuantMode::kAffine:
+      return "affine";
+    case QuantMode::kMxfp4:
+      return "mxfp4";
+    case QuantMode::kMxfp8:
+      return "mxfp8";
+    case QuantMode::kNvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -244,13 +251,16 @@ absl::Status ValidateQuantSpec(const QuantSpec& spec) {
       }
       return absl::OkStatus();
     case QuantMode::kMxfp4:
-      if (spec.group_size != 32 || spec.bits != 4) return bad("mxfp4 requires group size 32, 4 bits");
+      if (spec.group_size != 32 || spec.bits != 4)
+        return bad("mxfp4 requires group size 32, 4 bits");
       return absl::OkStatus();
     case QuantMode::kMxfp8:
-      if (spec.group_size != 32 || spec.bits != 8) return bad("mxfp8 requires group size 32, 8 bits");
+      if (spec.group_size != 32 || spec.bits != 8)
+        return bad("mxfp8 requires group size 32, 8 bits");
       return absl::OkStatus();
     case QuantMode::kNvfp4:
-      if (spec.group_size != 16 || spec.bits != 4) return bad("nvfp4 requires group size 16, 4 bits");
+      if (spec.group_size != 16 || spec.bits != 4)
+        return bad("nvfp4 requires group size 16, 4 bits");
       return absl::OkStatus();
   }
   return bad("unknown mode");
@@ -258,11 +268,16 @@ absl::Status ValidateQuantSpec(const QuantSpec& spec) {
 
 QuantSpec DefaultQuantSpec(QuantMode mode) {
   switch (mode) {
-    case QuantMode::kAffine: return {mode, 4, 64};
-    case QuantMode::kMxfp4: return {mode, 4, 32};
-    case QuantMode::kMxfp8: return {mode, 8, 32};
-    case QuantMode::kNvfp4: return {mode, 4, 16};
-    case QuantMode::kNone: break;
+    case QuantMode::kAffine:
+      return {mode, 4, 64};
+    case QuantMode::kMxfp4:
+      return {mode, 4, 32};
+    case QuantMode::kMxfp8:
+      return {mode, 8, 32};
+    case QuantMode::kNvfp4:
+      return {mode, 4, 16};
+    case QuantMode::kNone:
+      break;
   }
   return {QuantMode::kNone, 0, 0};
 }
@@ -288,15 +303,18 @@ absl::Status ValidateQuantWeight(const QuantWeight& w) {
   };
   if (absl::Status st = ValidateQuantSpec(w.spec); !st.ok()) return bad(st.message());
   if (!w.weight.present()) return bad("weight data missing");
-  if (w.weight.rank() < 2) return bad(absl::StrCat("weight must be at least 2-D, got ", ShapeToString(w.weight.shape)));
+  if (w.weight.rank() < 2)
+    return bad(absl::StrCat("weight must be at least 2-D, got ", ShapeToString(w.weight.shape)));
   for (int64_t d : w.weight.shape) {
     if (d < 0) return bad(absl::StrCat("negative dim in ", ShapeToString(w.weight.shape)));
   }
   if (w.spec.mode == QuantMode::kNone) {
     if (!IsScaleFloat(w.weight.dtype)) {
-      return bad(absl::StrCat("unquantized weight must be F32/F16/BF16, got ", DTypeName(w.weight.dtype)));
+      return bad(
+          absl::StrCat("unquantized weight must be F32/F16/BF16, got ", DTypeName(w.weight.dtype)));
     }
-    if (w.scales.present() || w.biases.present()) return bad("unquantized weight has scales/biases");
+    if (w.scales.present() || w.biases.present())
+      return bad("unquantized weight has scales/biases");
     if (w.global_scale != 0.0f) return bad("global_scale set on an unquantized weight");
     return absl::OkStatus();
   }
@@ -310,8 +328,8 @@ absl::Status ValidateQuantWeight(const QuantWeight& w) {
   }
   const int64_t cols = words * 32 / bits;
   if (cols == 0 || cols % w.spec.group_size != 0) {
-    return bad(absl::StrCat("logical row length ", cols, " is not a positive multiple of group size ",
-                            w.spec.group_size));
+    return bad(absl::StrCat("logical row length ", cols,
+                            " is not a positive multiple of group size ", w.spec.group_size));
   }
   if (!w.scales.present()) return bad("scales missing");
   Shape want = w.weight.shape;
@@ -322,7 +340,8 @@ absl::Status ValidateQuantWeight(const QuantWeight& w) {
   }
   if (w.spec.mode == QuantMode::kAffine) {
     if (!IsScaleFloat(w.scales.dtype)) {
-      return bad(absl::StrCat("affine scales must be F32/F16/BF16, got ", DTypeName(w.scales.dtype)));
+      return bad(
+          absl::StrCat("affine scales must be F32/F16/BF16, got ", DTypeName(w.scales.dtype)));
     }
     if (!w.biases.present()) return bad("affine biases missing");
     if (w.biases.dtype != w.scales.dtype) {
@@ -349,10 +368,14 @@ absl::Status ValidateQuantWeight(const QuantWeight& w) {
 
 DType DequantizeDType(const QuantWeight& w) {
   switch (w.spec.mode) {
-    case QuantMode::kNone: return w.weight.dtype;
-    case QuantMode::kAffine: return w.scales.dtype;
-    case QuantMode::kNvfp4: return w.global_scale != 0.0f ? DType::kF32 : DType::kBF16;
-    default: return DType::kBF16;
+    case QuantMode::kNone:
+      return w.weight.dtype;
+    case QuantMode::kAffine:
+      return w.scales.dtype;
+    case QuantMode::kNvfp4:
+      return w.global_scale != 0.0f ? DType::kF32 : DType::kBF16;
+    default:
+      return DType::kBF16;
   }
 }
 

@@ -31,7 +31,9 @@
 //   * QMatmulT/QMatmulN use the weight values MLX's quantized_matmul uses for fp32
 //     activations (affine: scale * q + bias in fp32, NOT rounded to the scales dtype; fp
 //     modes: element * scale, exact), accumulate in fp32 and return fp32. They match MLX's
-//     fp32 quantized_matmul to fp32 rounding. MLX's CPU backend computes bf16 activations in
+//     fp32 quantized_matmul to fp32 rounding (the vector kernels rescale x and partial sums
+//     by powers of two, exact while |x| >= 2^-100 and |x * scale| <= 2^100; the summation
+//     order differs from MLX's). MLX's CPU backend computes bf16 activations in
 //     bf16 arithmetic (every product and partial sum rounded to bf16); callers that need
 //     that exact behaviour must emulate it, these kernels deliberately do not.
 // Thread-safety: all functions are reentrant; matmuls use cpu::ParallelFor internally.

@@ -63,7 +63,8 @@ class StFile {
       return false;
     }
     uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes_[i])) << (8 * i);
+    for (int i = 0; i < 8; ++i)
+      n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes_[i])) << (8 * i);
     if (8 + n > bytes_.size()) {
       *err = path + ": header length past end of file";
       return false;
@@ -85,7 +86,8 @@ class StFile {
       const size_t b = e.at("data_offsets").at(0).get<size_t>();
       const size_t en = e.at("data_offsets").at(1).get<size_t>();
       Shape shape = e.at("shape").get<Shape>();
-      if (en < b || en > data_len || static_cast<int64_t>(en - b) != NumElements(shape) * DTypeSize(*dt)) {
+      if (en < b || en > data_len ||
+          static_cast<int64_t>(en - b) != NumElements(shape) * DTypeSize(*dt)) {
         *err = path + ": bad offsets for " + name;
         return false;
       }
@@ -138,13 +140,13 @@ const Fixtures* GetFixtures() {
   return fx;
 }
 
-#define REQUIRE_FIXTURES()                                                                    \
-  const Fixtures* fx = GetFixtures();                                                         \
-  if (fx->dir.empty()) {                                                                      \
-    GTEST_SKIP() << "RING_QUANT_FIXTURES is not set; run `ctest -R quant_mlx_parity` (it "   \
-                    "generates the MLX fixtures) or point it at the output of "              \
-                    "tests/oracle/quant_fixtures.py";                                        \
-  }                                                                                           \
+#define REQUIRE_FIXTURES()                                                                 \
+  const Fixtures* fx = GetFixtures();                                                      \
+  if (fx->dir.empty()) {                                                                   \
+    GTEST_SKIP() << "RING_QUANT_FIXTURES is not set; run `ctest -R quant_mlx_parity` (it " \
+                    "generates the MLX fixtures) or point it at the output of "            \
+                    "tests/oracle/quant_fixtures.py";                                      \
+  }                                                                                        \
   ASSERT_TRUE(fx->error.empty()) << fx->error
 
 // ---- helpers --------------------------------------------------------------------------------
@@ -230,7 +232,8 @@ Pieces GetPieces(const QuantWeight& w, int64_t b) {
       cpu::DecodeGroup(s, r, g, p.code.data() + r * s.cols + g * s.spec.group_size);
       for (int j = 0; j < s.spec.group_size; ++j) {
         p.scale[r * s.cols + g * s.spec.group_size + j] = sc[g];
-        if (s.spec.mode == QuantMode::kAffine) p.bias[r * s.cols + g * s.spec.group_size + j] = bi[g];
+        if (s.spec.mode == QuantMode::kAffine)
+          p.bias[r * s.cols + g * s.spec.group_size + j] = bi[g];
       }
     }
   }
@@ -304,8 +307,8 @@ void EmulateMlxBf16(const std::vector<float>& x, int64_t m, const QuantWeight& w
 }
 
 // Counts and reports elements with |ours - ref| > tol.
-int CompareTol(const std::string& what, const std::vector<float>& ours, const std::vector<float>& ref,
-               const std::vector<double>& tol) {
+int CompareTol(const std::string& what, const std::vector<float>& ours,
+               const std::vector<float>& ref, const std::vector<double>& tol) {
   int bad = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = std::fabs(static_cast<double>(ours[i]) - ref[i]);
@@ -359,10 +362,12 @@ TEST(QuantMlx, DequantizeIsBitExact) {
       ASSERT_EQ(ours.size(), ref.size());
       int bad = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
-        const bool same = Bits(ours[i]) == Bits(ref[i]) || (std::isnan(ours[i]) && std::isnan(ref[i]));
+        const bool same =
+            Bits(ours[i]) == Bits(ref[i]) || (std::isnan(ours[i]) && std::isnan(ref[i]));
         if (!same && bad++ < 3) {
-          ADD_FAILURE() << "element " << i << ": ours " << ours[i] << " (0x" << std::hex << Bits(ours[i])
-                        << ") mlx " << ref[i] << " (0x" << Bits(ref[i]) << std::dec << ")";
+          ADD_FAILURE() << "element " << i << ": ours " << ours[i] << " (0x" << std::hex
+                        << Bits(ours[i]) << ") mlx " << ref[i] << " (0x" << Bits(ref[i]) << std::dec
+                        << ")";
         }
       }
       EXPECT_EQ(bad, 0);
@@ -412,7 +417,8 @@ TEST(QuantMlx, QuantizeIsByteIdentical) {
         ASSERT_EQ(q->biases.size(), bi.nbytes);
         for (size_t i = 0; i < q->biases.size(); ++i) {
           if (q->biases[i] != bi.data[i] && bad++ < 9) {
-            ADD_FAILURE() << "bias byte " << i << ": ours " << int(q->biases[i]) << " mlx " << int(bi.data[i]);
+            ADD_FAILURE() << "bias byte " << i << ": ours " << int(q->biases[i]) << " mlx "
+                          << int(bi.data[i]);
           }
         }
       }
@@ -469,7 +475,8 @@ void CheckMatmul(const Fixtures& fx, bool transpose) {
       int bad = 0;
       for (size_t i = 0; i < emu.size(); ++i) {
         if (Bits(emu[i]) != Bits(ybf[i]) && bad++ < 3) {
-          ADD_FAILURE() << "bf16 emulation element " << i << ": emulated " << emu[i] << " mlx " << ybf[i];
+          ADD_FAILURE() << "bf16 emulation element " << i << ": emulated " << emu[i] << " mlx "
+                        << ybf[i];
         }
       }
       EXPECT_EQ(bad, 0) << "MLX's bf16 arithmetic is not what the emulation assumes";

@@ -3,21 +3,23 @@
 // CPU kernels behind kernels/quant.h: scalar group decoders (the reference every vector
 // path is tested against) and the quantized matmuls.
 //
-// Vector unpackers (x86 AVX2+FMA+F16C; any other target uses the scalar decoders):
-//   word-lane (affine 1/2/8-bit): 8 consecutive uint32 words sit one per lane; code t of
-//     every word is (v >> bits*t) & mask, so a chunk of 8 words yields 32/bits vectors
-//     with two integer ops and one int->float conversion each. Lane j of vector t is
-//     element epw*j + t of the chunk, hence xp[8t + j] = x[epw*j + t].
-//   nibble (affine 4-bit, mxfp4, nvfp4): the 32 bytes of a chunk are split into low and
-//     high nibbles (elements 2i and 2i+1); fp4 codes go through a 16-entry byte table of
-//     2*E2M1 (integers -12..12, the 1/2 is applied to the final sum), then 8-byte slices
-//     widen to int32 and float. Vector k < 4 holds elements 16k + 2j, k >= 4 holds
-//     16(k-4) + 2j + 1, so each vector lies inside one group for group sizes >= 16.
-//   fp8 (mxfp8): an E4M3 byte b maps to the fp16 bit pattern ((b & 0x80) << 8) |
-//     ((b & 0x7f) << 7), whose value is exactly e4m3(b) / 256 (subnormals included), and
-//     F16C converts 8 of those per instruction; the factor 256 is folded into the permuted
-//     x. The NaN codes 0x7f/0xff come out as +-480 here (MLX gives NaN); mx.quantize never
-//     writes them (to_fp8 saturates), and Dequantize still decodes them to NaN.
+// Vector unpackers (x86 AVX2+FMA+F16C; other targets use the scalar decoders, which every
+// vector path is tested against). All work on 32-byte chunks (8 uint32 words) and put
+// word j of the chunk in lane j, so a lane's group is known per chunk and x is permuted
+// (and pre-scaled) once per call to the order the unpacker produces:
+//   affine 1/2/4/8-bit: code t of each word (t < 32/bits - 1) is isolated in place with an
+//     AND and converted as q * 2^(bits*t), x carrying 2^-(bits*t); the top code is shifted
+//     down. One integer op, one conversion and one FMA per 8 weights.
+//   mxfp4/nvfp4: low and high nibbles index a 16-byte table of 2*E2M1 (signed bytes); a byte
+//     shuffle then moves byte p of every word to the word's top byte, so the int32 is
+//     2*E2M1*2^24, and 2^-25 is applied to the finished sum.
+//   mxfp8: an E4M3 byte b becomes the fp16 pattern ((b & 0x80) << 8) | ((b & 0x7f) << 7),
+//     whose value is exactly e4m3(b) / 256 (subnormals included), converted by F16C; the 256
+//     rides on x. The NaN codes 0x7f/0xff come out as +-480 here (MLX gives NaN); mx.quantize
+//     never writes them (to_fp8 saturates) and Dequantize still decodes them to NaN.
+// Scaling x or the sum by powers of two is exact unless |x| < 2^-100 or |x * scale| > 2^100.
+// Affine groups compute scale * sum(x * q) + bias * sum(x), sum(x) per group once per call.
+// One row of x uses two accumulator chains; up to 4 rows of x share each decoded vector.
 #include "kernels/cpu/quant_kernels.h"
 
 #include <algorithm>
@@ -75,6 +77,25 @@ inline float LoadFloat(const uint8_t* base, DType t, int64_t i) {
     default:
       return 0.0f;
   }
+}
+
+// n values of a float dtype (F32/F16/BF16) at p, widened to fp32.
+void WidenFloats(const uint8_t* p, DType t, int64_t n, float* out) {
+  int64_t i = 0;
+  if (t == DType::kF32) {
+    std::memcpy(out, p, n * 4);
+    return;
+  }
+#if RING_QUANT_AVX2
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+    const __m256 f = t == DType::kBF16
+                         ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                         : _mm256_cvtph_ps(h);
+    _mm256_storeu_ps(out + i, f);
+  }
+#endif
+  for (; i < n; ++i) out[i] = LoadFloat(p, t, i);
 }
 
 // Unpacks `n` (a multiple of the pack size) codes of `bits` bits starting at a pack
@@ -140,7 +161,8 @@ float Dot(const float* a, const float* b, int64_t n) {
     s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  for (; i + 8 <= n; i += 8)
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
   return HSum(_mm256_add_ps(s0, s1)) + DotScalar(a + i, b + i, n - i);
 }
 // y[i] += a * x[i]
@@ -169,23 +191,9 @@ void LoadDenseRow(const QSlice& s, int64_t r, float* out) {
       std::memcpy(out, p, s.cols * 4);
       return;
     case DType::kBF16:
-    case DType::kF16: {
-      int64_t i = 0;
-#if RING_QUANT_AVX2
-      for (; i + 8 <= s.cols; i += 8) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
-        __m256 f;
-        if (s.w_dtype == DType::kBF16) {
-          f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        } else {
-          f = _mm256_cvtph_ps(h);
-        }
-        _mm256_storeu_ps(out + i, f);
-      }
-#endif
-      for (; i < s.cols; ++i) out[i] = LoadFloat(p, s.w_dtype, i);
+    case DType::kF16:
+      WidenFloats(p, s.w_dtype, s.cols, out);
       return;
-    }
     default:
       return;
   }
@@ -209,7 +217,7 @@ void DenseMatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
 
 // ---- quantized, transpose=true ---------------------------------------------------------
 
-enum class FastKind { kNone, kWordLane, kNibble, kFp8 };
+enum class FastKind { kNone, kWordLane, kFp4, kFp8 };
 
 struct FastPlan {
   FastKind kind = FastKind::kNone;
@@ -222,19 +230,16 @@ FastPlan MakePlan(const QuantSpec& spec) {
 #if RING_QUANT_AVX2
   switch (spec.mode) {
     case QuantMode::kAffine:
-      if (spec.bits == 4) {
-        p.kind = FastKind::kNibble;
-        p.chunk_elems = 64;
-      } else if (spec.bits == 1 || spec.bits == 2 || spec.bits == 8) {
+      if (spec.bits == 1 || spec.bits == 2 || spec.bits == 4 || spec.bits == 8) {
         p.kind = FastKind::kWordLane;
         p.chunk_elems = 8 * 32 / spec.bits;
       }
       break;
     case QuantMode::kMxfp4:
     case QuantMode::kNvfp4:
-      p.kind = FastKind::kNibble;
+      p.kind = FastKind::kFp4;
       p.chunk_elems = 64;
-      p.post_scale = 0.5f;  // the byte table holds 2 * E2M1
+      p.post_scale = 0x1p-25f;  // codes come out as 2 * E2M1 * 2^24
       break;
     case QuantMode::kMxfp8:
       p.kind = FastKind::kFp8;
@@ -247,7 +252,8 @@ FastPlan MakePlan(const QuantSpec& spec) {
   return p;
 }
 
-// Permutes x[0, n) (n a multiple of chunk_elems) into the lane order of the plan.
+// Permutes (and pre-scales) x[0, n), n a multiple of chunk_elems, into the lane order of
+// the plan; see the file comment.
 void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp) {
   for (int64_t c = 0; c < n; c += p.chunk_elems) {
     const float* xc = x + c;
@@ -255,13 +261,16 @@ void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp)
     switch (p.kind) {
       case FastKind::kWordLane: {
         const int epw = 32 / bits;
-        for (int t = 0; t < epw; ++t)
-          for (int j = 0; j < 8; ++j) o[8 * t + j] = xc[epw * j + t];
+        for (int t = 0; t < epw; ++t) {
+          // Codes t < epw - 1 are converted in place (value q * 2^(bits*t)).
+          const float f = t < epw - 1 ? std::ldexp(1.0f, -bits * t) : 1.0f;
+          for (int j = 0; j < 8; ++j) o[8 * t + j] = xc[epw * j + t] * f;
+        }
         break;
       }
-      case FastKind::kNibble:
-        for (int k = 0; k < 8; ++k)
-          for (int j = 0; j < 8; ++j) o[8 * k + j] = xc[k < 4 ? 16 * k + 2 * j : 16 * (k - 4) + 2 * j + 1];
+      case FastKind::kFp4:
+        for (int u = 0; u < 8; ++u)
+          for (int j = 0; j < 8; ++j) o[8 * u + j] = xc[8 * j + 2 * (u / 2) + (u % 2)];
         break;
       case FastKind::kFp8:
         for (int k = 0; k < 4; ++k)
@@ -276,163 +285,213 @@ void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp)
 
 #if RING_QUANT_AVX2
 
-// Word-lane kernel, MB rows of x at once. xp[i] is the permuted x of row i; sc holds the
-// fp32 group scales of this weight row (padded by 8); wpg = words per group.
+// Scale of every lane of chunk c (lane j = word j): one broadcast when a group spans the
+// whole chunk, else a gather of the chunk's groups by lane.
+struct LaneScales {
+  int shift;  // log2(words per group); groups hold a power-of-two number of words
+  bool broadcast;
+  __m256i lane_group;
+  explicit LaneScales(int words_per_group) {
+    shift = 0;
+    while ((1 << (shift + 1)) <= words_per_group) ++shift;
+    broadcast = words_per_group >= 8;
+    const int d = std::max(words_per_group, 1);
+    lane_group = _mm256_setr_epi32(0, 1 / d, 2 / d, 3 / d, 4 / d, 5 / d, 6 / d, 7 / d);
+  }
+  __m256 Get(const float* sc, int64_t c) const {
+    const float* p = sc + ((8 * c) >> shift);
+    if (broadcast) return _mm256_set1_ps(*p);
+    return _mm256_permutevar8x32_ps(_mm256_loadu_ps(p), lane_group);
+  }
+};
+
+// kBits-bit affine codes, word-lane: code t < epw-1 is isolated in place by a mask and
+// converted as q * 2^(bits*t) (x carries the 2^-(bits*t)); the top code is shifted down.
+// MB rows of x at once; with one row, even and odd codes use two accumulators.
 template <int kBits, int MB>
-void WordLaneRow(const uint32_t* w, int64_t nchunks, const float* const* xp, const float* sc,
-                 int wpg, float* out) {
+__attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_t c1,
+                                           const float* const* xp, const float* sc,
+                                           const LaneScales& ls, float* out) {
   constexpr int kEpw = 32 / kBits;
-  const __m256i mask = _mm256_set1_epi32(static_cast<int>((1u << kBits) - 1));
-  // Lane j of a chunk belongs to group j / wpg of the chunk when wpg < 8.
-  const __m256i lane_group = _mm256_setr_epi32(0, 1 / std::max(wpg, 1), 2 / std::max(wpg, 1),
-                                               3 / std::max(wpg, 1), 4 / std::max(wpg, 1),
-                                               5 / std::max(wpg, 1), 6 / std::max(wpg, 1),
-                                               7 / std::max(wpg, 1));
-  __m256 y[MB];
-  for (int i = 0; i < MB; ++i) y[i] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nchunks; ++c) {
+  constexpr int kChains = MB == 1 ? 2 : 1;
+  constexpr uint32_t kMask = (1u << kBits) - 1;
+  __m256 y[MB][kChains];
+#pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i)
+    for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
+  for (int64_t c = c0; c < c1; ++c) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
-    __m256 acc[MB];
+    __m256 acc[MB][kChains];
 #pragma GCC unroll 32
     for (int t = 0; t < kEpw; ++t) {
-      __m256i qi = t == 0 ? v : _mm256_srli_epi32(v, kBits * t);
-      if (kBits * (t + 1) < 32) qi = _mm256_and_si256(qi, mask);
+      const __m256i qi =
+          t < kEpw - 1
+              ? _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(kMask << (kBits * t))))
+              : _mm256_srli_epi32(v, 32 - kBits);
       const __m256 qf = _mm256_cvtepi32_ps(qi);
+      const int h = t % kChains;
+#pragma GCC unroll 4
       for (int i = 0; i < MB; ++i) {
         const __m256 xv = _mm256_loadu_ps(xp[i] + c * 8 * kEpw + 8 * t);
-        acc[i] = t == 0 ? _mm256_mul_ps(xv, qf) : _mm256_fmadd_ps(xv, qf, acc[i]);
+        acc[i][h] = t < kChains ? _mm256_mul_ps(xv, qf) : _mm256_fmadd_ps(xv, qf, acc[i][h]);
       }
     }
-    __m256 sv;
-    if (wpg >= 8) {
-      sv = _mm256_set1_ps(sc[(8 * c) / wpg]);
-    } else {
-      sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + (8 * c) / wpg), lane_group);
-    }
-    for (int i = 0; i < MB; ++i) y[i] = _mm256_fmadd_ps(sv, acc[i], y[i]);
+    const __m256 sv = ls.Get(sc, c);
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+      for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_fmadd_ps(sv, acc[i][h], y[i][h]);
   }
-  for (int i = 0; i < MB; ++i) out[i] = HSum(y[i]);
+#pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i) {
+    __m256 s = y[i][0];
+    for (int h = 1; h < kChains; ++h) s = _mm256_add_ps(s, y[i][h]);
+    out[i] = HSum(s);
+  }
 }
 
-// Nibble kernel (4-bit codes), group size kG in {16, 32, 64, 128}.
-template <bool kFp4, int kG, int MB>
-void NibbleRow(const uint8_t* w, int64_t nchunks, const float* const* xp, const float* sc,
-               float* out) {
+// E2M1 codes (mxfp4, nvfp4), word-lane: low and high nibbles go through a byte table of
+// 2 * E2M1 (signed), then a byte shuffle moves byte p of every word to its top byte and
+// zeroes the rest, so the int32 is 2 * E2M1 * 2^24 (undone by the plan's post_scale).
+template <int MB>
+__attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
+                                      const float* const* xp, const float* sc, const LaneScales& ls,
+                                      float* out) {
+  constexpr int kChains = MB == 1 ? 2 : 1;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
-  const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  alignas(32) uint8_t buf[64];
-  // Vectors k and k+4 cover the same 16 elements; a group spans kSpan of those pairs.
-  constexpr int kSpan = kG >= 64 ? 4 : kG / 16;
-  constexpr int kSlots = 4 / kSpan;
-  __m256 y[MB];
-  for (int i = 0; i < MB; ++i) y[i] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nchunks; ++c) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
-    __m256i lo = _mm256_and_si256(v, low4);
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-    if (kFp4) {
-      lo = _mm256_shuffle_epi8(table, lo);
-      hi = _mm256_shuffle_epi8(table, hi);
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(buf), lo);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32), hi);
-    const float* xc[MB];
-    for (int i = 0; i < MB; ++i) xc[i] = xp[i] + 64 * c;
-#pragma GCC unroll 4
-    for (int slot = 0; slot < kSlots; ++slot) {
-      __m256 acc[MB];
-#pragma GCC unroll 8
-      for (int n = 0; n < 2 * kSpan; ++n) {
-        const int k = n < kSpan ? slot * kSpan + n : slot * kSpan + (n - kSpan) + 4;
-        const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 8 * k));
-        const __m256 e = _mm256_cvtepi32_ps(kFp4 ? _mm256_cvtepi8_epi32(b8) : _mm256_cvtepu8_epi32(b8));
-        for (int i = 0; i < MB; ++i) {
-          const __m256 xv = _mm256_load_ps(xc[i] + 8 * k);
-          acc[i] = n == 0 ? _mm256_mul_ps(xv, e) : _mm256_fmadd_ps(xv, e, acc[i]);
-        }
-      }
-      const int64_t gi = kG >= 64 ? (64 * c) / kG : c * kSlots + slot;
-      const __m256 sv = _mm256_set1_ps(sc[gi]);
-      for (int i = 0; i < MB; ++i) y[i] = _mm256_fmadd_ps(sv, acc[i], y[i]);
-    }
+  // to_top[p]: byte p of every dword to byte 3, the other bytes zeroed (index 0x80).
+  __m256i to_top[4];
+  for (int p = 0; p < 4; ++p) {
+    const int z = static_cast<int>(0x00808080u | (static_cast<uint32_t>(p) << 24));
+    to_top[p] = _mm256_add_epi32(
+        _mm256_set1_epi32(z),
+        _mm256_setr_epi32(0, 4 << 24, 8 << 24, 12 << 24, 0, 4 << 24, 8 << 24, 12 << 24));
   }
-  for (int i = 0; i < MB; ++i) out[i] = HSum(y[i]);
+  const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
+                                         1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  __m256 y[MB][kChains];
+#pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i)
+    for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
+  for (int64_t c = c0; c < c1; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
+    const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
+    const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+    __m256 acc[MB][kChains];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) {
+      const int p = u / 2;
+      const __m256i src = u % 2 ? hi : lo;
+      const __m256i b = _mm256_shuffle_epi8(src, to_top[p]);
+      const __m256 e = _mm256_cvtepi32_ps(b);
+      const int h = u % kChains;
+#pragma GCC unroll 4
+      for (int i = 0; i < MB; ++i) {
+        const __m256 xv = _mm256_loadu_ps(xp[i] + 64 * c + 8 * u);
+        acc[i][h] = u < kChains ? _mm256_mul_ps(xv, e) : _mm256_fmadd_ps(xv, e, acc[i][h]);
+      }
+    }
+    const __m256 sv = ls.Get(sc, c);
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+      for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_fmadd_ps(sv, acc[i][h], y[i][h]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i) {
+    __m256 s = y[i][0];
+    for (int h = 1; h < kChains; ++h) s = _mm256_add_ps(s, y[i][h]);
+    out[i] = HSum(s);
+  }
 }
 
 // mxfp8 kernel: 32 E4M3 bytes per chunk, one group (32) per chunk.
 template <int MB>
-void Fp8Row(const uint8_t* w, int64_t nchunks, const float* const* xp, const float* sc, float* out) {
+__attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
+                                      const float* const* xp, const float* sc, float* out) {
   const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
   const __m256i mag = _mm256_set1_epi16(0x3f80);
-  __m256 y[MB];
-  for (int i = 0; i < MB; ++i) y[i] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nchunks; ++c) {
+  constexpr int kChains = MB == 1 ? 2 : 1;
+  __m256 y[MB][kChains];
+#pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i)
+    for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
+  for (int64_t c = c0; c < c1; ++c) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 8), sign),
                                        _mm256_and_si256(_mm256_slli_epi16(v, 7), mag));
-    const __m256i hi = _mm256_or_si256(_mm256_and_si256(v, sign),
-                                       _mm256_and_si256(_mm256_srli_epi16(v, 1), mag));
+    const __m256i hi =
+        _mm256_or_si256(_mm256_and_si256(v, sign), _mm256_and_si256(_mm256_srli_epi16(v, 1), mag));
     const __m256 e[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
                          _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)),
                          _mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
                          _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1))};
     const __m256 sv = _mm256_set1_ps(sc[c]);
+#pragma GCC unroll 4
     for (int i = 0; i < MB; ++i) {
       const float* xc = xp[i] + 32 * c;
-      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(xc), e[0]);
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 8), e[1], acc);
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 16), e[2], acc);
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 24), e[3], acc);
-      y[i] = _mm256_fmadd_ps(sv, acc, y[i]);
+      __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(xc), e[0]);
+      __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(xc + 8), e[1]);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 16), e[2], a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xc + 24), e[3], a1);
+      if (kChains == 2) {
+        y[i][0] = _mm256_fmadd_ps(sv, a0, y[i][0]);
+        y[i][kChains - 1] = _mm256_fmadd_ps(sv, a1, y[i][kChains - 1]);
+      } else {
+        y[i][0] = _mm256_fmadd_ps(sv, _mm256_add_ps(a0, a1), y[i][0]);
+      }
     }
   }
-  for (int i = 0; i < MB; ++i) out[i] = HSum(y[i]);
+#pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i) {
+    __m256 s = y[i][0];
+    for (int h = 1; h < kChains; ++h) s = _mm256_add_ps(s, y[i][h]);
+    out[i] = HSum(s);
+  }
 }
 
 template <int MB>
-void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t nchunks,
+void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1,
                const float* const* xp, const float* sc, float* out) {
   const uint8_t* w = s.row(r);
-  const int g = s.spec.group_size;
-  const int bits = s.spec.bits;
+  const LaneScales ls(s.spec.group_size * s.spec.bits / 32);
   switch (p.kind) {
     case FastKind::kWordLane: {
       const uint32_t* wu = reinterpret_cast<const uint32_t*>(w);
-      const int wpg = g * bits / 32;
-      if (bits == 1) return WordLaneRow<1, MB>(wu, nchunks, xp, sc, wpg, out);
-      if (bits == 2) return WordLaneRow<2, MB>(wu, nchunks, xp, sc, wpg, out);
-      return WordLaneRow<8, MB>(wu, nchunks, xp, sc, wpg, out);
-    }
-    case FastKind::kNibble: {
-      const bool fp4 = s.spec.mode != QuantMode::kAffine;
-      if (fp4) {
-        if (g == 16) return NibbleRow<true, 16, MB>(w, nchunks, xp, sc, out);
-        return NibbleRow<true, 32, MB>(w, nchunks, xp, sc, out);
+      switch (s.spec.bits) {
+        case 1:
+          return WordLaneRow<1, MB>(wu, c0, c1, xp, sc, ls, out);
+        case 2:
+          return WordLaneRow<2, MB>(wu, c0, c1, xp, sc, ls, out);
+        case 4:
+          return WordLaneRow<4, MB>(wu, c0, c1, xp, sc, ls, out);
+        default:
+          return WordLaneRow<8, MB>(wu, c0, c1, xp, sc, ls, out);
       }
-      if (g == 32) return NibbleRow<false, 32, MB>(w, nchunks, xp, sc, out);
-      if (g == 64) return NibbleRow<false, 64, MB>(w, nchunks, xp, sc, out);
-      return NibbleRow<false, 128, MB>(w, nchunks, xp, sc, out);
     }
+    case FastKind::kFp4:
+      return Fp4Row<MB>(w, c0, c1, xp, sc, ls, out);
     case FastKind::kFp8:
-      return Fp8Row<MB>(w, nchunks, xp, sc, out);
+      return Fp8Row<MB>(w, c0, c1, xp, sc, out);
     case FastKind::kNone:
       break;
   }
   for (int i = 0; i < MB; ++i) out[i] = 0.0f;
 }
 
-void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t nchunks, int mb,
+void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
              const float* const* xp, const float* sc, float* out) {
   switch (mb) {
-    case 1: return FastRowMB<1>(p, s, r, nchunks, xp, sc, out);
-    case 2: return FastRowMB<2>(p, s, r, nchunks, xp, sc, out);
-    case 3: return FastRowMB<3>(p, s, r, nchunks, xp, sc, out);
-    default: return FastRowMB<4>(p, s, r, nchunks, xp, sc, out);
+    case 1:
+      return FastRowMB<1>(p, s, r, c0, c1, xp, sc, out);
+    case 2:
+      return FastRowMB<2>(p, s, r, c0, c1, xp, sc, out);
+    case 3:
+      return FastRowMB<3>(p, s, r, c0, c1, xp, sc, out);
+    default:
+      return FastRowMB<4>(p, s, r, c0, c1, xp, sc, out);
   }
 }
 #else
-void FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int mb, const float* const*,
+void FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int64_t, int mb, const float* const*,
              const float*, float* out) {
   for (int i = 0; i < mb; ++i) out[i] = 0.0f;
 }
@@ -468,17 +527,16 @@ QSlice MakeQSlice(const QuantWeight& w, int64_t b) {
   return s;
 }
 
-void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* scale,
-                   float* bias) {
+void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* scale, float* bias) {
   const int64_t n = g1 - g0;
   const int64_t off = r * s.groups + g0;
   switch (s.spec.mode) {
-    case QuantMode::kAffine:
-      for (int64_t g = 0; g < n; ++g) {
-        scale[g] = LoadFloat(s.scales, s.s_dtype, off + g);
-        bias[g] = LoadFloat(s.biases, s.s_dtype, off + g);
-      }
+    case QuantMode::kAffine: {
+      const int es = DTypeSize(s.s_dtype);
+      WidenFloats(s.scales + off * es, s.s_dtype, n, scale);
+      WidenFloats(s.biases + off * es, s.s_dtype, n, bias);
       return;
+    }
     case QuantMode::kMxfp4:
     case QuantMode::kMxfp8: {
       const float* t = GetTables().e8m0;
@@ -488,7 +546,8 @@ void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* sc
     case QuantMode::kNvfp4: {
       const float* t = GetTables().e4m3;
       for (int64_t g = 0; g < n; ++g) {
-        scale[g] = s.global_mult != 0.0f ? t[s.scales[off + g]] * s.global_mult : t[s.scales[off + g]];
+        scale[g] =
+            s.global_mult != 0.0f ? t[s.scales[off + g]] * s.global_mult : t[s.scales[off + g]];
       }
       return;
     }
@@ -536,13 +595,10 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
   const int64_t fast_groups = fast_elems / gs;
 
   // Per call: x permuted into lane order, and sum(x) per group for the affine bias term.
-  // 32-byte alignment for the aligned loads in NibbleRow (fast_elems is a multiple of 8).
-  struct alignas(32) F8 {
-    float v[8];
-  };
-  std::vector<F8> xp_store(static_cast<size_t>((m * fast_elems + 7) / 8));
-  float* xp = reinterpret_cast<float*>(xp_store.data());
-  for (int64_t i = 0; i < m; ++i) PermuteX(plan, s.spec.bits, x + i * K, fast_elems, xp + i * fast_elems);
+  std::vector<float> xp_store(m * fast_elems);
+  float* xp = xp_store.data();
+  for (int64_t i = 0; i < m; ++i)
+    PermuteX(plan, s.spec.bits, x + i * K, fast_elems, xp + i * fast_elems);
   std::vector<float> xsum(affine ? m * s.groups : 0);
   if (affine) {
     for (int64_t i = 0; i < m; ++i)
@@ -553,26 +609,52 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
       }
   }
 
+  // x tiles must stay in L1 while they are reused: with m > 1 rows of x, rows of W are
+  // processed in blocks of kRowBlock, one K-tile of ~24 KiB of permuted x at a time.
+  int64_t tile_chunks = nchunks;
+  if (m > 1 && nchunks > 0) {
+    const int64_t per_chunk = m * plan.chunk_elems * 4;
+    tile_chunks = std::max<int64_t>(1, (24 << 10) / per_chunk);
+  }
+  constexpr int64_t kRowBlock = 8;
+  const int64_t sstride = s.groups + 8;  // scales padded for 8-wide loads
+
   ParallelFor(N, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> sc(s.groups + 8, 0.0f), bi(affine ? s.groups : 0), dec(gs);
-    for (int64_t r = r0; r < r1; ++r) {
-      LoadRowScales(s, r, 0, s.groups, sc.data(), bi.data());
-      for (int64_t i0 = 0; i0 < m; i0 += kMaxMB) {
-        const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, m - i0));
-        float acc[kMaxMB] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (nchunks > 0) {
-          const float* xps[kMaxMB];
-          for (int i = 0; i < mb; ++i) xps[i] = xp + (i0 + i) * fast_elems;
-          FastRow(plan, s, r, nchunks, mb, xps, sc.data(), acc);
-          for (int i = 0; i < mb; ++i) acc[i] *= plan.post_scale;
+    std::vector<float> sc(kRowBlock * sstride, 0.0f), bi(affine ? kRowBlock * s.groups : 0),
+        dec(gs);
+    std::vector<float> acc(kRowBlock * m);
+    for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
+      const int64_t re = std::min(r1, rb + kRowBlock);
+      for (int64_t r = rb; r < re; ++r) {
+        LoadRowScales(s, r, 0, s.groups, sc.data() + (r - rb) * sstride,
+                      bi.data() + (r - rb) * s.groups);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t c0 = 0; c0 < nchunks; c0 += tile_chunks) {
+        const int64_t c1 = std::min(nchunks, c0 + tile_chunks);
+        for (int64_t r = rb; r < re; ++r) {
+          for (int64_t i0 = 0; i0 < m; i0 += kMaxMB) {
+            const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, m - i0));
+            const float* xps[kMaxMB];
+            for (int i = 0; i < mb; ++i) xps[i] = xp + (i0 + i) * fast_elems;
+            float part[kMaxMB];
+            FastRow(plan, s, r, c0, c1, mb, xps, sc.data() + (r - rb) * sstride, part);
+            for (int i = 0; i < mb; ++i) acc[(r - rb) * m + i0 + i] += part[i];
+          }
         }
+      }
+      for (int64_t r = rb; r < re; ++r) {
+        float* a = acc.data() + (r - rb) * m;
+        const float* scr = sc.data() + (r - rb) * sstride;
+        for (int64_t i = 0; i < m; ++i) a[i] *= plan.post_scale;
         for (int64_t g = fast_groups; g < s.groups; ++g) {
           DecodeGroup(s, r, g, dec.data());
-          for (int i = 0; i < mb; ++i) acc[i] += sc[g] * Dot(dec.data(), x + (i0 + i) * K + g * gs, gs);
+          for (int64_t i = 0; i < m; ++i) a[i] += scr[g] * Dot(dec.data(), x + i * K + g * gs, gs);
         }
-        for (int i = 0; i < mb; ++i) {
-          if (affine) acc[i] += Dot(bi.data(), xsum.data() + (i0 + i) * s.groups, s.groups);
-          y[(i0 + i) * N + r] = acc[i];
+        for (int64_t i = 0; i < m; ++i) {
+          if (affine)
+            a[i] += Dot(bi.data() + (r - rb) * s.groups, xsum.data() + i * s.groups, s.groups);
+          y[i * N + r] = a[i];
         }
       }
     }
@@ -591,7 +673,8 @@ void MatmulN(const float* x, int64_t m, const QSlice& s, float* y) {
       for (int64_t i = 0; i < m; ++i) std::fill(y + i * C + c0, y + i * C + c1, 0.0f);
       for (int64_t r = 0; r < R; ++r) {
         LoadDenseRow(s, r, row.data());
-        for (int64_t i = 0; i < m; ++i) Axpy(x[i * R + r], row.data() + c0, y + i * C + c0, c1 - c0);
+        for (int64_t i = 0; i < m; ++i)
+          Axpy(x[i * R + r], row.data() + c0, y + i * C + c0, c1 - c0);
       }
     });
     return;
