@@ -501,6 +501,11 @@ bool ModelConfig::has_indexer() const {
   return family == ModelFamily::kGlmMoeDsa || family == ModelFamily::kDeepseekV32;
 }
 
+bool ModelConfig::has_indexer_weights(int64_t layer) const {
+  if (!has_indexer()) return false;
+  return layer >= static_cast<int64_t>(indexer_full.size()) || indexer_full[layer];
+}
+
 bool ModelConfig::is_moe_layer(int64_t layer) const {
   if (layer < 0 || layer >= num_hidden_layers) return false;
   if (is_mla()) {

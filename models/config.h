@@ -111,6 +111,9 @@ struct ModelConfig {
   bool is_mla() const;          // deepseek family
   bool has_indexer() const;     // deepseek_v32 / glm_moe_dsa
   bool is_moe_layer(int64_t layer) const;
+  // True when `layer` runs its own DSA indexer (has indexer weights): an indexer family
+  // and not an IndexShare "shared" layer.
+  bool has_indexer_weights(int64_t layer) const;
 };
 
 // Parses config.json text. `source` names the file in errors.

@@ -136,7 +136,7 @@ absl::Status MlaStage::Load() {
     RING_ASSIGN_OR_RETURN(L.o_proj, w.Linear(a + "o_proj", {}, hid, H * vd));
     if (c.has_indexer()) {
       L.indexer = true;
-      L.indexer_shared = !c.indexer_full[l];
+      L.indexer_shared = !c.has_indexer_weights(l);
       if (!L.indexer_shared) {
         const std::string ix = a + "indexer.";
         const int64_t ih = c.index_n_heads, id = c.index_head_dim;

@@ -282,9 +282,9 @@ absl::StatusOr<InspectReport> InspectCheckpoint(const std::string& dir) {
   for (int64_t i = 0; i < num_layers; ++i) {
     InspectLayer l;
     l.index = i;
-    l.mlp = SynthIsMoeLayer(*cfg, i) ? "moe" : "dense";
+    l.mlp = cfg->is_moe_layer(i) ? "moe" : "dense";
     if (cfg->model_type == "glm_moe_dsa" || cfg->model_type == "deepseek_v32") {
-      l.indexer = SynthHasIndexer(*cfg, i) ? "full" : "shared";
+      l.indexer = cfg->has_indexer_weights(i) ? "full" : "shared";
     }
     layers[i] = l;
   }

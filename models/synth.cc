@@ -646,30 +646,6 @@ std::string ModelParam::module() const {
   return dot == std::string::npos ? name : name.substr(0, dot);
 }
 
-bool SynthIsMoeLayer(const ModelConfig& c, int64_t layer) {
-  if (IsDeepseekFamily(c.model_type)) {
-    // deepseek_v3/v32: n_routed_experts is not None and i >= first_k_dense_replace and
-    // i % moe_layer_freq == 0.
-    return c.n_routed_experts > 0 && layer >= c.first_k_dense_replace &&
-           layer % std::max<int64_t>(c.moe_layer_freq, 1) == 0;
-  }
-  if (c.model_type == kQwen3Moe) {
-    // qwen3_moe: i not in mlp_only_layers and num_experts > 0 and
-    // (i + 1) % decoder_sparse_step == 0.
-    const bool mlp_only = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(),
-                                    layer) != c.mlp_only_layers.end();
-    return !mlp_only && c.num_experts > 0 &&
-           (layer + 1) % std::max<int64_t>(c.decoder_sparse_step, 1) == 0;
-  }
-  return false;
-}
-
-bool SynthHasIndexer(const ModelConfig& c, int64_t layer) {
-  if (!HasIndexerFamily(c.model_type)) return false;
-  if (layer < static_cast<int64_t>(c.indexer_full.size())) return c.indexer_full[layer];
-  return true;
-}
-
 std::vector<ModelParam> ModelParams(const ModelConfig& c) {
   std::vector<ModelParam> out;
   auto inv_sqrt = [](int64_t n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); };
@@ -714,7 +690,7 @@ std::vector<ModelParam> ModelParams(const ModelConfig& c) {
       linear(a + "unembed_out.weight", {heads, c.v_head_dim, c.kv_lora_rank}, i);
       linear(a + "o_proj.weight", {h, heads * c.v_head_dim}, i);
       if (c.attention_bias) small(a + "o_proj.bias", {h}, DType::kBF16, i);
-      if (SynthHasIndexer(c, i)) {
+      if (c.has_indexer_weights(i)) {
         const std::string x = a + "indexer.";
         linear(x + "wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank.value_or(h)}, i);
         linear(x + "wk.weight", {c.index_head_dim, h}, i);
@@ -723,7 +699,7 @@ std::vector<ModelParam> ModelParams(const ModelConfig& c) {
         linear(x + "weights_proj.weight", {c.index_n_heads, h}, i);
       }
       const std::string m = p + "mlp.";
-      if (SynthIsMoeLayer(c, i)) {
+      if (c.is_moe_layer(i)) {
         const int64_t e = c.n_routed_experts, mi = c.moe_intermediate_size;
         linear(m + "switch_mlp.gate_proj.weight", {e, mi, h}, i);
         linear(m + "switch_mlp.up_proj.weight", {e, mi, h}, i);
@@ -752,7 +728,7 @@ std::vector<ModelParam> ModelParams(const ModelConfig& c) {
       norm(a + "q_norm.weight", hd, i);
       norm(a + "k_norm.weight", hd, i);
       const std::string m = p + "mlp.";
-      if (SynthIsMoeLayer(c, i)) {
+      if (c.is_moe_layer(i)) {
         const int64_t e = c.num_experts, mi = c.moe_intermediate_size;
         linear(m + "gate.weight", {e, h}, i);  // nn.Linear: quantizable (8-bit override)
         linear(m + "switch_mlp.gate_proj.weight", {e, mi, h}, i);

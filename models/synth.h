@@ -110,12 +110,6 @@ struct StoredTensor {
   uint64_t nbytes() const { return static_cast<uint64_t>(NumElements(shape)) * DTypeSize(dtype); }
 };
 
-// Layer structure exactly as mlx-lm builds it (deepseek_v3/v32/glm_moe_dsa and
-// qwen3/qwen3_moe model classes).
-bool SynthIsMoeLayer(const ModelConfig& config, int64_t layer);
-// True when `layer` has DSA indexer weights (DSA family, and not an IndexShare "shared"
-// layer).
-bool SynthHasIndexer(const ModelConfig& config, int64_t layer);
 
 // Every parameter of the model described by `config`, in mlx module order.
 std::vector<ModelParam> ModelParams(const ModelConfig& config);
