@@ -580,7 +580,7 @@ absl::Status CheckpointWriter::Finish(uint64_t total_parameters) {
     shard_paths_[i] = (dir / names.back()).string();
   }
   finished_ = true;  // the shards are in place; nothing left for the destructor to clean
-  if (n == 1) return absl::OkStatus();
+  // mlx-lm's save_model writes the index even for a single file; so do we.
 
   json index = {
       {"metadata", {{"total_size", total_bytes_}, {"total_parameters", total_parameters}}},

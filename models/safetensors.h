@@ -128,7 +128,7 @@ absl::Status WriteSafetensors(const std::string& path,
 // whole; a tensor larger than the budget gets a shard of its own) named
 // model-0000i-of-0000N.safetensors plus model.safetensors.index.json
 // ({"metadata": {"total_size", "total_parameters"}, "weight_map"}), or a single
-// model.safetensors when everything fits in one shard.
+// model.safetensors (still with the index, as mlx-lm) when everything fits in one shard.
 //
 // Memory: only the shard being filled is held. A shard is written to disk (under a
 // temporary name, renamed by Finish once N is known) as soon as its budget is reached, so
