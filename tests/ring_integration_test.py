@@ -4,7 +4,8 @@
 Synthesizes tiny checkpoints, starts ring-workers on loopback (port 0: each prints the
 port it bound), and checks that `ringctl logits --workers ...` writes logits BIT-IDENTICAL
 to in-process `ringctl logits` for 1-4 workers, including a GLM split right before its
-IndexShare "shared" layer (tiny GLM layers: full, full, shared, full). Then the failure
+IndexShare "shared" layer (tiny GLM layers: full, full, shared, full), with fp32 and with
+the checkpoint dtype (bf16) on the wire. Then the failure
 paths: a corrupted frame, a SIGKILLed worker, a stalled worker, paths escaping the root.
 
   .venv/bin/python tests/ring_integration_test.py --ringctl build/server/ringctl \\
@@ -30,9 +31,10 @@ PROMPT = ",".join(str(7 * i % 1000 + 1) for i in range(24))
 COMMON = ["--tokens", PROMPT, "--prefill-chunk", "10", "--decode", "4"]
 
 
-def check(name, ok, detail=""):
+def check(name, ok, detail="", show=False):
+    """Records one result; `show` prints `detail` on success too (the error text under test)."""
     RESULTS.append(ok)
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else f": {detail}"), flush=True)
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok and not show else f": {detail}"), flush=True)
 
 
 def start_worker(ringctl_args, root, env_extra=None):
@@ -60,8 +62,8 @@ def ringctl(args, cmd, timeout=120):
     return subprocess.run([args.ringctl] + cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def logits(args, model_args, out, timeout=120):
-    r = ringctl(args, ["logits"] + model_args + COMMON + ["--act", "f32", "--out", out], timeout)
+def logits(args, model_args, out, act="f32", timeout=120):
+    r = ringctl(args, ["logits"] + model_args + COMMON + ["--act", act, "--out", out], timeout)
     if r.returncode != 0:
         raise RuntimeError(f"ringctl logits {' '.join(model_args)} failed: {r.stderr.strip()}")
     return np.load(out)
@@ -108,12 +110,24 @@ def main():
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 check(f"bit-identical logits: {label}", False, str(e))
 
+    # --- checkpoint activation dtype (bf16 on the wire): exact too, since a bf16 stage
+    # already rounds what it hands on ------------------------------------------------------
+    for name in models:
+        try:
+            ref = logits(args, ["--model", os.path.join(root, name)],
+                         os.path.join(args.work, f"{name}_auto_ref.npy"), act="auto")
+            got = logits(args, ["--workers", ",".join(addrs[:2]), "--model", name],
+                         os.path.join(args.work, f"{name}_auto_2.npy"), act="auto")
+            check(f"bit-identical logits, --act auto: {name} 2 workers", bit_identical(ref, got))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            check(f"bit-identical logits, --act auto: {name} 2 workers", False, str(e))
+
     # --- corrupted frame: the 2nd frame the faulty worker sends ---------------------------
     _, bad = start_worker(args, root, {"RING_TEST_CORRUPT_FRAME": "2"})
     r = ringctl(args, ["logits", "--workers", f"{addrs[0]},{bad}", "--model", "glm", *COMMON,
                        "--act", "f32"], timeout=60)
     check("corrupt frame fails naming the hop and 'checksum'",
-          r.returncode != 0 and "checksum" in r.stderr and bad in r.stderr, r.stderr.strip())
+          r.returncode != 0 and "checksum" in r.stderr and bad in r.stderr, r.stderr.strip(), show=True)
 
     # --- SIGKILL mid-run: must fail fast, naming the dead worker ----------------------------
     victim, vaddr = start_worker(args, root)
@@ -128,7 +142,7 @@ def main():
         _, err = p.communicate(timeout=30)
         check("SIGKILLed worker: ringctl fails within its deadline naming the worker",
               still_running and p.returncode != 0 and vaddr in err,
-              f"running at kill: {still_running}, rc {p.returncode}, {err.strip()}")
+              f"running at kill: {still_running}, rc {p.returncode}, {err.strip()}", show=True)
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
@@ -147,7 +161,7 @@ def main():
         took = time.monotonic() - t0
         check("stalled worker: deadline exceeded within the step timeout, naming the worker",
               ok_before and r.returncode != 0 and saddr in r.stderr and took < 10,
-              f"took {took:.1f}s: {r.stderr.strip()}")
+              f"took {took:.1f}s: {r.stderr.strip()}", show=True)
     except subprocess.TimeoutExpired:
         check("stalled worker: deadline", False, "ringctl hung")
     sleeper.send_signal(signal.SIGCONT)
