@@ -1,14 +1,31 @@
 // ringctl logits: run a model on the CPU reference engine (optionally split into stages)
 // and write float32 logits for every prompt position and every decode step as .npy.
+// With --workers the stages run on ring-worker processes instead (the coordinator sends
+// each step through them in order); the step loop is the same, so in-process and remote
+// results are comparable bit for bit.
+//
+//   ringctl logits --model /m/tiny --tokens 1,2,3 --stages 2 --out a.npy
+//   ringctl logits --workers 127.0.0.1:7001,127.0.0.1:7002 --model tiny --tokens 1,2,3 --out b.npy
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/status.h"
 #include "models/model.h"
+#include "models/stage_runner.h"
+#ifdef RING_HAVE_WORKER
+#include "absl/time/clock.h"
+#include "worker/stage_client.h"
+#endif
 #include "server/ringctl_command.h"
 
 namespace ring::ctl {
@@ -48,8 +65,113 @@ absl::Status WriteNpy(const std::string& path, const std::vector<float>& data, i
 
 struct Options {
   std::string model, tokens, force_decode, out, backend = "cpu", act = "auto";
+  std::string workers, split;
   int decode = 0, stages = 1, prefill_chunk = 0;
+  double step_timeout_s = 30;
 };
+
+// --split 2,1,1: explicit layer counts per stage (must sum to the layer count), e.g. to
+// put a boundary right before a GLM IndexShare "shared" layer. Empty: SplitLayers(n, parts).
+absl::StatusOr<std::vector<StageRange>> StageRanges(const std::string& split, int64_t n, int parts) {
+  if (split.empty()) {
+    if (parts < 1 || parts > n) {
+      return absl::InvalidArgumentError(absl::StrCat("stage count must be in [1, ", n, "]"));
+    }
+    return SplitLayers(n, parts);
+  }
+  std::vector<StageRange> out;
+  int64_t begin = 0;
+  for (absl::string_view part : absl::StrSplit(split, ',')) {
+    int64_t len;
+    if (!absl::SimpleAtoi(part, &len) || len < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--split: '", part, "' is not a layer count >= 1"));
+    }
+    out.push_back({begin, begin + len});
+    begin += len;
+  }
+  if (begin != n || static_cast<int>(out.size()) != parts) {
+    return absl::InvalidArgumentError(absl::StrCat("--split must give ", parts,
+                                                   " layer counts summing to ", n));
+  }
+  return out;
+}
+
+// The stages of one sequence, in ring order, and what the step loop needs to know.
+struct Ring {
+  std::vector<std::unique_ptr<StageRunner>> runners;
+  int64_t vocab = 0;
+  std::function<void()> release;  // frees remote KV caches; empty in-process
+};
+
+absl::StatusOr<Ring> LocalRing(const Options& o, LoadOptions lo) {
+  Ring ring;
+  // Layer count comes from the checkpoint; load it whole when a single stage is asked for.
+  lo.layers = {0, -1};
+  RING_ASSIGN_OR_RETURN(std::unique_ptr<Stage> whole, LoadStage(o.model, lo));
+  const int64_t n = whole->config().num_hidden_layers;
+  ring.vocab = whole->config().vocab_size;
+  const int parts = o.split.empty() ? o.stages : 1 + std::count(o.split.begin(), o.split.end(), ',');
+  RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges, StageRanges(o.split, n, parts));
+  if (ranges.size() == 1) {
+    ring.runners.push_back(std::make_unique<LocalStageRunner>(std::move(whole)));
+    return ring;
+  }
+  whole.reset();
+  for (const StageRange& r : ranges) {
+    lo.layers = r;
+    RING_ASSIGN_OR_RETURN(std::unique_ptr<Stage> s, LoadStage(o.model, lo));
+    ring.runners.push_back(std::make_unique<LocalStageRunner>(std::move(s)));
+  }
+  return ring;
+}
+
+#ifdef RING_HAVE_WORKER
+absl::StatusOr<Ring> RemoteRing(const Options& o, const LoadOptions& lo) {
+  namespace pb = ringserve::v1;
+  worker::StageClientOptions co;
+  co.call_timeout = absl::Seconds(o.step_timeout_s);
+  // Clients outlive the runners and the release callback that point at them.
+  auto clients = std::make_shared<std::vector<std::unique_ptr<worker::StageClient>>>();
+  for (absl::string_view addr : absl::StrSplit(o.workers, ',', absl::SkipWhitespace())) {
+    clients->push_back(std::make_unique<worker::StageClient>(
+        std::string(addr), static_cast<int>(clients->size()), co));
+  }
+  RING_ASSIGN_OR_RETURN(pb::DescribeResponse d, clients->front()->Describe(o.model));
+  const pb::ModelInfo& info = d.probed();
+  RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges,
+                        StageRanges(o.split, info.num_layers(), static_cast<int>(clients->size())));
+  // fp32 on the wire when asked for (bit-exact); otherwise the model's activation dtype.
+  pb::DType act = pb::DTYPE_UNSPECIFIED;
+  if (lo.act_dtype) act = *lo.act_dtype == cpu::ActDType::kF32 ? pb::DTYPE_F32 : pb::DTYPE_BF16;
+  const pb::DType wire = act != pb::DTYPE_UNSPECIFIED ? act
+                         : info.dtype() == "bf16"     ? pb::DTYPE_BF16
+                                                      : pb::DTYPE_F32;
+  const std::string seq_id = absl::StrCat("ringctl-", getpid(), "-", absl::ToUnixMicros(absl::Now()));
+  Ring ring;
+  ring.vocab = info.vocab_size();
+  for (size_t i = 0; i < clients->size(); ++i) {
+    pb::LoadStageRequest req;
+    req.set_model(o.model);
+    req.set_layer_begin(ranges[i].begin);
+    req.set_layer_end(ranges[i].end);
+    req.set_act_dtype(act);
+    req.set_all_logits(lo.all_logits);
+    RING_ASSIGN_OR_RETURN(pb::LoadStageResponse loaded, (*clients)[i]->LoadStage(req));
+    if (loaded.model().model_hash() != info.model_hash()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          (*clients)[i]->name(), " holds a different '", o.model, "' than ", clients->front()->name()));
+    }
+    ring.runners.push_back(std::make_unique<worker::RemoteStageRunner>(
+        (*clients)[i].get(), seq_id, loaded.epoch(), info.hidden_size(), wire));
+  }
+  ring.release = [clients, seq_id] {
+    for (auto& c : *clients) {
+      if (auto r = c->Release(seq_id); !r.ok()) std::cerr << "warning: " << r.status().message() << "\n";
+    }
+  };
+  return ring;
+}
+#endif
 
 absl::Status Run(const Options& o) {
   if (o.backend != "cpu") {
@@ -68,46 +190,30 @@ absl::Status Run(const Options& o) {
   else if (o.act == "bf16") lo.act_dtype = cpu::ActDType::kBF16;
   else if (o.act != "auto") return absl::InvalidArgumentError("--act must be auto, bf16 or f32");
 
-  // Layer count comes from the first stage's config; load stage 0 over all layers first
-  // only when a single stage is asked for.
-  std::vector<std::unique_ptr<Stage>> stages;
-  {
-    lo.layers = {0, -1};
-    auto whole = LoadStage(o.model, lo);
-    if (!whole.ok()) return whole.status();
-    const int64_t n = (*whole)->config().num_hidden_layers;
-    if (o.stages < 1 || o.stages > n) {
-      return absl::InvalidArgumentError(absl::StrCat("--stages must be in [1, ", n, "]"));
-    }
-    if (o.stages == 1) {
-      stages.push_back(std::move(*whole));
-    } else {
-      whole->reset();
-      for (const StageRange& r : SplitLayers(n, o.stages)) {
-        lo.layers = r;
-        auto s = LoadStage(o.model, lo);
-        if (!s.ok()) return s.status();
-        stages.push_back(std::move(*s));
-      }
-    }
+  Ring ring;
+  if (o.workers.empty()) {
+    RING_ASSIGN_OR_RETURN(ring, LocalRing(o, lo));
+  } else {
+#ifdef RING_HAVE_WORKER
+    RING_ASSIGN_OR_RETURN(ring, RemoteRing(o, lo));
+#else
+    return absl::UnimplementedError("--workers: this ringctl was built without gRPC");
+#endif
   }
-  const int64_t vocab = stages.back()->config().vocab_size;
-  std::vector<std::unique_ptr<Sequence>> seqs;
-  for (auto& s : stages) seqs.push_back(s->NewSequence());
+  const int64_t vocab = ring.vocab;
 
   std::vector<float> all;
   auto step = [&](const std::vector<int32_t>& toks) -> absl::Status {
     StageInput in;
     in.tokens = toks;
-    for (size_t i = 0; i < stages.size(); ++i) {
-      auto out = stages[i]->Forward(*seqs[i], in);
-      if (!out.ok()) return out.status();
-      if (i + 1 == stages.size()) {
-        all.insert(all.end(), out->logits.begin(), out->logits.end());
+    for (size_t i = 0; i < ring.runners.size(); ++i) {
+      RING_ASSIGN_OR_RETURN(StageOutput out, ring.runners[i]->Forward(in));
+      if (i + 1 == ring.runners.size()) {
+        all.insert(all.end(), out.logits.begin(), out.logits.end());
       } else {
         in = StageInput{};
-        in.hidden = std::move(out->hidden);
-        in.topk = std::move(out->topk);
+        in.hidden = std::move(out.hidden);
+        in.topk = std::move(out.topk);
       }
     }
     return absl::OkStatus();
@@ -127,12 +233,13 @@ absl::Status Run(const Options& o) {
     emitted.push_back(next);
     if (auto s = step({next}); !s.ok()) return s;
   }
+  if (ring.release) ring.release();
   const int64_t rows = static_cast<int64_t>(all.size()) / vocab;
   if (!o.out.empty()) {
     if (auto s = WriteNpy(o.out, all, rows, vocab); !s.ok()) return s;
   }
-  std::cerr << "logits: " << rows << " rows x " << vocab << " (" << stages.size()
-            << " stage(s))";
+  std::cerr << "logits: " << rows << " rows x " << vocab << " (" << ring.runners.size()
+            << (o.workers.empty() ? " stage(s))" : " remote stage(s))");
   if (!emitted.empty()) {
     std::cerr << ", decode tokens:";
     for (int32_t t : emitted) std::cerr << ' ' << t;
@@ -152,6 +259,13 @@ Registration reg("logits", "Run the CPU reference engine and write float32 logit
                    cmd->add_option("--prefill-chunk", o->prefill_chunk,
                                    "Process the prompt in chunks of this many tokens (0: one chunk)");
                    cmd->add_option("--stages", o->stages, "Split the layers into N stages in-process");
+                   cmd->add_option("--split", o->split,
+                                   "Layer counts per stage, e.g. 2,2 (default: near-equal split)");
+                   cmd->add_option("--workers", o->workers,
+                                   "Run the stages on these ring-workers (ADDR,ADDR,...; --model is "
+                                   "then a name under their --model-root)");
+                   cmd->add_option("--step-timeout", o->step_timeout_s,
+                                   "Deadline in seconds of each remote call (default 30)");
                    cmd->add_option("--backend", o->backend, "cpu");
                    cmd->add_option("--act", o->act, "Activation dtype: auto (checkpoint's), bf16, f32");
                    cmd->add_option("--out", o->out, "Output .npy file: float32 [rows, vocab]");

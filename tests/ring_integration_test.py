@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Ring integration test: ring-worker processes vs the in-process engine.
+
+Synthesizes tiny checkpoints, starts ring-workers on loopback (port 0: each prints the
+port it bound), and checks that `ringctl logits --workers ...` writes logits BIT-IDENTICAL
+to in-process `ringctl logits` for 1-4 workers, including a GLM split right before its
+IndexShare "shared" layer (tiny GLM layers: full, full, shared, full), with fp32 and with
+the checkpoint dtype (bf16) on the wire. Then the failure
+paths: a corrupted frame, a SIGKILLed worker, a stalled worker, paths escaping the root.
+
+  .venv/bin/python tests/ring_integration_test.py --ringctl build/server/ringctl \\
+      --worker build/worker/ring-worker --work /tmp/ring_it
+
+Never hangs: every subprocess has a timeout and every worker is killed at exit.
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+RESULTS = []
+WORKERS = []  # Popen objects, killed at exit
+
+# 24 prompt tokens > the tiny GLM's index_topk (16), so the top-k carry is not dense.
+PROMPT = ",".join(str(7 * i % 1000 + 1) for i in range(24))
+COMMON = ["--tokens", PROMPT, "--prefill-chunk", "10", "--decode", "4"]
+
+
+def check(name, ok, detail="", show=False):
+    """Records one result; `show` prints `detail` on success too (the error text under test)."""
+    RESULTS.append(ok)
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok and not show else f": {detail}"), flush=True)
+
+
+def start_worker(ringctl_args, root, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    p = subprocess.Popen([ringctl_args.worker, "--listen", "127.0.0.1:0", "--model-root", root],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    WORKERS.append(p)
+    line = p.stdout.readline()  # "ring-worker listening on ADDR"; EOF if it died
+    if "listening on" not in line:
+        raise RuntimeError(f"ring-worker did not start: {line!r} {p.stderr.read()}")
+    return p, line.split()[-1]
+
+
+def stop_all():
+    for p in WORKERS:
+        if p.poll() is None:
+            p.kill()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def ringctl(args, cmd, timeout=120):
+    return subprocess.run([args.ringctl] + cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def logits(args, model_args, out, act="f32", timeout=120):
+    r = ringctl(args, ["logits"] + model_args + COMMON + ["--act", act, "--out", out], timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"ringctl logits {' '.join(model_args)} failed: {r.stderr.strip()}")
+    return np.load(out)
+
+
+def bit_identical(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ringctl", required=True)
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--work", required=True)
+    args = ap.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    root = os.path.join(args.work, "models")
+    os.makedirs(root)
+
+    models = {"glm": ["--arch", "glm_moe_dsa", "--quant", "mxfp4"],
+              "qwen": ["--arch", "qwen3_moe", "--quant", "affine", "--bits", "4"]}
+    for name, synth in models.items():
+        r = ringctl(args, ["synth", "--preset", "tiny", *synth, "--out", os.path.join(root, name)])
+        if r.returncode != 0:
+            raise RuntimeError(f"synth {name}: {r.stderr}")
+
+    addrs = [start_worker(args, root)[1] for _ in range(4)]
+
+    # --- bit-identical logits, 1..4 workers --------------------------------------------
+    for name in models:
+        ref = logits(args, ["--model", os.path.join(root, name)], os.path.join(args.work, f"{name}_ref.npy"))
+        cases = [(n, None) for n in range(1, 5)]
+        if name == "glm":
+            # Boundaries right before the shared layer 2: "2,2" and "1,1,1,1" (a shared layer
+            # alone in a stage, fed only by the carried top-k), plus "1,2,1" (after it).
+            cases += [(2, "2,2"), (4, "1,1,1,1"), (3, "1,2,1")]
+        for n, split in cases:
+            label = f"{name} {n} worker(s)" + (f" --split {split}" if split else "")
+            cmd = ["--workers", ",".join(addrs[:n]), "--model", name] + (["--split", split] if split else [])
+            try:
+                got = logits(args, cmd, os.path.join(args.work, f"{name}_{n}_{split}.npy"))
+                check(f"bit-identical logits: {label}", bit_identical(ref, got),
+                      f"max |diff| {np.max(np.abs(ref - got)) if ref.shape == got.shape else 'shape'}")
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                check(f"bit-identical logits: {label}", False, str(e))
+
+    # --- checkpoint activation dtype (bf16 on the wire): exact too, since a bf16 stage
+    # already rounds what it hands on ------------------------------------------------------
+    for name in models:
+        try:
+            ref = logits(args, ["--model", os.path.join(root, name)],
+                         os.path.join(args.work, f"{name}_auto_ref.npy"), act="auto")
+            got = logits(args, ["--workers", ",".join(addrs[:2]), "--model", name],
+                         os.path.join(args.work, f"{name}_auto_2.npy"), act="auto")
+            check(f"bit-identical logits, --act auto: {name} 2 workers", bit_identical(ref, got))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            check(f"bit-identical logits, --act auto: {name} 2 workers", False, str(e))
+
+    # --- corrupted frame: the 2nd frame the faulty worker sends ---------------------------
+    _, bad = start_worker(args, root, {"RING_TEST_CORRUPT_FRAME": "2"})
+    r = ringctl(args, ["logits", "--workers", f"{addrs[0]},{bad}", "--model", "glm", *COMMON,
+                       "--act", "f32"], timeout=60)
+    check("corrupt frame fails naming the hop and 'checksum'",
+          r.returncode != 0 and "checksum" in r.stderr and bad in r.stderr, r.stderr.strip(), show=True)
+
+    # --- SIGKILL mid-run: must fail fast, naming the dead worker ----------------------------
+    victim, vaddr = start_worker(args, root)
+    t0 = time.monotonic()
+    p = subprocess.Popen([args.ringctl, "logits", "--workers", f"{addrs[0]},{vaddr}", "--model", "glm",
+                          "--tokens", PROMPT, "--decode", "3000", "--act", "f32", "--step-timeout", "10"],
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    still_running = p.poll() is None
+    victim.kill()
+    try:
+        _, err = p.communicate(timeout=30)
+        check("SIGKILLed worker: ringctl fails within its deadline naming the worker",
+              still_running and p.returncode != 0 and vaddr in err,
+              f"running at kill: {still_running}, rc {p.returncode}, {err.strip()}", show=True)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        check("SIGKILLed worker: ringctl fails within its deadline", False, "ringctl hung")
+    print(f"  (killed after {time.monotonic() - t0:.1f}s)")
+
+    # --- stalled worker (SIGSTOP): the per-call deadline fires --------------------------
+    sleeper, saddr = start_worker(args, root)
+    r = ringctl(args, ["logits", "--workers", saddr, "--model", "glm", "--tokens", "1,2,3", "--act", "f32"])
+    ok_before = r.returncode == 0
+    sleeper.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        r = ringctl(args, ["logits", "--workers", saddr, "--model", "glm", "--tokens", "1,2,3",
+                           "--act", "f32", "--step-timeout", "2"], timeout=30)
+        took = time.monotonic() - t0
+        check("stalled worker: deadline exceeded within the step timeout, naming the worker",
+              ok_before and r.returncode != 0 and saddr in r.stderr and took < 10,
+              f"took {took:.1f}s: {r.stderr.strip()}", show=True)
+    except subprocess.TimeoutExpired:
+        check("stalled worker: deadline", False, "ringctl hung")
+    sleeper.send_signal(signal.SIGCONT)
+
+    # --- LoadStage paths escaping --model-root are refused --------------------------------
+    for bad_model, word in [("../models/glm", "escape"), ("/etc", "absolute"), (root + "/glm", "absolute")]:
+        r = ringctl(args, ["logits", "--workers", addrs[0], "--model", bad_model, "--tokens", "1"], timeout=60)
+        check(f"model path {bad_model!r} refused", r.returncode != 0 and word in r.stderr, r.stderr.strip())
+
+    # --- SIGTERM: clean exit ------------------------------------------------------------
+    term, _ = start_worker(args, root)
+    term.send_signal(signal.SIGTERM)
+    try:
+        check("SIGTERM: worker exits 0", term.wait(timeout=15) == 0, f"rc {term.returncode}")
+    except subprocess.TimeoutExpired:
+        check("SIGTERM: worker exits 0", False, "did not exit")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # a setup failure is a failure, not a crash with workers left
+        check("setup", False, repr(e))
+    finally:
+        stop_all()
+    passed = sum(RESULTS)
+    print(f"{passed} passed, {len(RESULTS) - passed} failed")
+    sys.exit(0 if RESULTS and passed == len(RESULTS) else 1)

@@ -1,0 +1,53 @@
+// File: worker/frame.h
+//
+// ActivationFrame codec: what crosses a stage boundary (models/model.h StageInput /
+// StageOutput) to and from the wire, with an XXH3-64 checksum of the payload. gRPC adds
+// no payload checksum of its own, and a flipped bit in an activation is silent garbage
+// rather than a crash, so the sender checksums and every receiver verifies.
+//
+//   ringserve::v1::ActivationFrame f;
+//   EncodeStageOutput(out, ringserve::v1::DTYPE_F32, true, &f);   // sets payload + checksum
+//   RING_ASSIGN_OR_RETURN(StageInput in, DecodeStageInput(f));  // DataLoss on mismatch
+//
+// F32 payloads are the exact bits of the floats; BF16 payloads round to nearest even, which
+// is exact for activations a bf16 stage already rounded.
+#ifndef RINGSERVE_WORKER_FRAME_H_
+#define RINGSERVE_WORKER_FRAME_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "models/model.h"
+#include "ringserve/v1/worker.pb.h"
+
+namespace ring::worker {
+
+// XXH3-64 of `bytes`.
+uint64_t PayloadChecksum(absl::string_view bytes);
+
+// Writes `values` into frame->payload as `dtype` with shape [rows, values.size() / rows]
+// and sets frame->checksum. InvalidArgument for an unsupported dtype or a ragged shape.
+absl::Status EncodeFloats(const std::vector<float>& values, int64_t rows,
+                          ringserve::v1::DType dtype, ringserve::v1::ActivationFrame* frame);
+
+// Verifies the checksum (DataLoss, message contains "checksum") and the payload size
+// against dtype and shape (InvalidArgument), then returns the values as floats.
+absl::StatusOr<std::vector<float>> DecodeFloats(const ringserve::v1::ActivationFrame& frame);
+
+// StageInput <-> frame. Hidden states travel as `dtype`; token ids and top-k as they are.
+absl::Status EncodeStageInput(const StageInput& in, int64_t rows, ringserve::v1::DType dtype,
+                              ringserve::v1::ActivationFrame* frame);
+absl::StatusOr<StageInput> DecodeStageInput(const ringserve::v1::ActivationFrame& frame);
+
+// StageOutput <-> frame. Logits always travel as F32: they are the ring's result;
+// `all_logits` (LoadOptions) says whether they have out.rows rows or one.
+absl::Status EncodeStageOutput(const StageOutput& out, ringserve::v1::DType dtype,
+                               bool all_logits, ringserve::v1::ActivationFrame* frame);
+absl::StatusOr<StageOutput> DecodeStageOutput(const ringserve::v1::ActivationFrame& frame);
+
+}  // namespace ring::worker
+
+#endif  // RINGSERVE_WORKER_FRAME_H_

@@ -1,0 +1,105 @@
+#include "worker/frame.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace ring::worker {
+namespace {
+
+using ringserve::v1::ActivationFrame;
+
+std::vector<float> Awkward() {
+  // Values whose bits must survive F32 exactly: denormal, -0, inf, NaN payload, pi.
+  float nan_payload;
+  const uint32_t bits = 0x7fc01234u;
+  std::memcpy(&nan_payload, &bits, 4);
+  return {1.0f, -0.0f, 1e-45f, std::numeric_limits<float>::infinity(), nan_payload,
+          3.14159265f};
+}
+
+TEST(Frame, F32RoundTripIsBitExact) {
+  const std::vector<float> v = Awkward();
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeFloats(v, 2, ringserve::v1::DTYPE_F32, &f).ok());
+  EXPECT_EQ(f.shape(0), 2);
+  EXPECT_EQ(f.shape(1), 3);
+  auto back = DecodeFloats(f);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), v.size());
+  EXPECT_EQ(std::memcmp(back->data(), v.data(), v.size() * 4), 0);
+}
+
+TEST(Frame, Bf16RoundsToNearestEvenAndIsExactForBf16Values) {
+  // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even mantissa (1.0) wins.
+  const std::vector<float> v = {1.0f + 1.0f / 256, 1.5f, -2.0f, 0.0f};
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeFloats(v, 1, ringserve::v1::DTYPE_BF16, &f).ok());
+  EXPECT_EQ(f.payload().size(), 8u);
+  auto back = DecodeFloats(f);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ((*back)[0], 1.0f);
+  EXPECT_EQ((*back)[1], 1.5f);
+  EXPECT_EQ((*back)[2], -2.0f);
+}
+
+TEST(Frame, CorruptPayloadIsDataLoss) {
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeFloats({1, 2, 3, 4}, 2, ringserve::v1::DTYPE_F32, &f).ok());
+  (*f.mutable_payload())[5] ^= 0x01;
+  auto back = DecodeFloats(f);
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(back.status().message().find("checksum"), std::string::npos);
+}
+
+TEST(Frame, ShapeMismatchIsRejected) {
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeFloats({1, 2, 3, 4}, 2, ringserve::v1::DTYPE_F32, &f).ok());
+  f.set_shape(1, 3);
+  EXPECT_EQ(DecodeFloats(f).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(EncodeFloats({1, 2, 3}, 2, ringserve::v1::DTYPE_F32, &f).ok());
+}
+
+TEST(Frame, StageInputCarriesTopkAndTokens) {
+  StageInput in;
+  in.hidden = {0.5f, -0.25f, 8.0f, 1e-3f};
+  in.topk.source_layer = 1;
+  in.topk.dense = false;
+  in.topk.k = 2;
+  in.topk.indices = {0, 1, 1, 0};
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeStageInput(in, 2, ringserve::v1::DTYPE_F32, &f).ok());
+  auto back = DecodeStageInput(f);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->hidden, in.hidden);
+  EXPECT_EQ(back->topk.source_layer, 1);
+  EXPECT_FALSE(back->topk.dense);
+  EXPECT_EQ(back->topk.indices, in.topk.indices);
+
+  StageInput first;
+  first.tokens = {7, 8, 9};
+  ASSERT_TRUE(EncodeStageInput(first, 3, ringserve::v1::DTYPE_F32, &f).ok());
+  back = DecodeStageInput(f);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->tokens, first.tokens);
+  EXPECT_TRUE(back->hidden.empty());
+}
+
+TEST(Frame, StageOutputLogitsAreF32EvenOnABf16Ring) {
+  StageOutput out;
+  out.rows = 2;
+  out.logits = {0.1f, 0.2f, 0.3f, 0.4f};
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeStageOutput(out, ringserve::v1::DTYPE_BF16, true, &f).ok());
+  EXPECT_EQ(f.dtype(), ringserve::v1::DTYPE_F32);
+  auto back = DecodeStageOutput(f);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->logits, out.logits);
+  EXPECT_EQ(back->rows, 2);
+}
+
+}  // namespace
+}  // namespace ring::worker

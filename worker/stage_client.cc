@@ -1,0 +1,112 @@
+#include "worker/stage_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status.h"
+#include "worker/frame.h"
+#include "worker/grpc_status.h"
+#include "worker/worker_service.h"
+
+namespace ring::worker {
+namespace {
+
+namespace pb = ringserve::v1;
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+}
+
+}  // namespace
+
+StageClient::StageClient(std::string address, int stage_index, StageClientOptions options)
+    : address_(std::move(address)), stage_index_(stage_index), options_(options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  stub_ = pb::Worker::NewStub(
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+}
+
+std::string StageClient::name() const {
+  return absl::StrCat("stage ", stage_index_, " (", address_, ")");
+}
+
+absl::StatusOr<pb::DescribeResponse> StageClient::Describe(const std::string& probe_model) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.call_timeout);
+  pb::DescribeRequest req;
+  req.set_probe_model(probe_model);
+  pb::DescribeResponse resp;
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->Describe(&ctx, req, &resp), "Describe " + name()));
+  return resp;
+}
+
+absl::StatusOr<pb::LoadStageResponse> StageClient::LoadStage(pb::LoadStageRequest req) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.load_timeout);
+  req.set_stage_index(stage_index_);
+  pb::LoadStageResponse resp;
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->LoadStage(&ctx, req, &resp), "LoadStage " + name()));
+  return resp;
+}
+
+absl::StatusOr<pb::ActivationFrame> StageClient::Forward(const pb::ActivationFrame& f) {
+  // One stream per step keeps a deadline on every step; a pipelined coordinator will keep
+  // the stream open and cancel it from a watchdog instead.
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.call_timeout);
+  auto stream = stub_->Forward(&ctx);
+  const std::string what = "Forward " + name();
+  pb::ActivationFrame reply;
+  const bool sent = stream->Write(f) && stream->WritesDone();
+  const bool got = sent && stream->Read(&reply);
+  grpc::Status s = stream->Finish();
+  RING_RETURN_IF_ERROR(FromGrpcStatus(s, what));
+  if (!got) return absl::UnavailableError(absl::StrCat(what, ": stream ended without a reply"));
+  return reply;
+}
+
+absl::StatusOr<pb::ReleaseResponse> StageClient::Release(const std::string& sequence_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.call_timeout);
+  pb::ReleaseRequest req;
+  req.set_sequence_id(sequence_id);
+  pb::ReleaseResponse resp;
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->Release(&ctx, req, &resp), "Release " + name()));
+  return resp;
+}
+
+absl::StatusOr<pb::FlightRecorderResponse> StageClient::FlightRecorder() {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.call_timeout);
+  pb::FlightRecorderResponse resp;
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->FlightRecorder(&ctx, {}, &resp),
+                                      "FlightRecorder " + name()));
+  return resp;
+}
+
+absl::StatusOr<StageOutput> RemoteStageRunner::Forward(const StageInput& in) {
+  const int64_t rows = in.hidden.empty() ? static_cast<int64_t>(in.tokens.size())
+                                         : static_cast<int64_t>(in.hidden.size()) / hidden_size_;
+  pb::ActivationFrame f;
+  f.set_sequence_id(sequence_id_);
+  f.set_step(step_);
+  f.set_epoch(epoch_);
+  f.set_first_position(position_);
+  f.set_sender("coordinator");
+  f.set_reply_dtype(wire_dtype_);
+  RING_RETURN_IF_ERROR(EncodeStageInput(in, rows, wire_dtype_, &f));
+  RING_ASSIGN_OR_RETURN(pb::ActivationFrame reply, client_->Forward(f));
+  auto out = DecodeStageOutput(reply);
+  if (!out.ok()) {
+    if (absl::IsDataLoss(out.status())) ++checksum_failures_;
+    return absl::Status(out.status().code(), absl::StrCat("coordinator <- ", client_->name(),
+                                                          ": ", out.status().message()));
+  }
+  ++step_;
+  position_ += rows;
+  return out;
+}
+
+}  // namespace ring::worker

@@ -1,0 +1,347 @@
+#include "worker/worker_service.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <xxhash.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/status.h"
+#include "models/config.h"
+#include "worker/frame.h"
+#include "worker/grpc_status.h"
+
+namespace ring::worker {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ringserve::v1;
+
+constexpr size_t kMaxEvents = 64;
+
+#ifndef RING_BUILD_VERSION
+#define RING_BUILD_VERSION "unknown"
+#endif
+
+int64_t MemAvailableBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return -1;
+}
+
+// Identity of a checkpoint without reading its weights: config.json bytes plus the name
+// and size of every .safetensors file, so a re-synthesized or re-quantized model differs.
+uint64_t ModelHash(const std::string& dir) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::ifstream cfg(dir + "/config.json", std::ios::binary);
+  std::stringstream ss;
+  ss << cfg.rdbuf();
+  const std::string text = ss.str();
+  XXH3_64bits_update(st, text.data(), text.size());
+  std::vector<std::pair<std::string, uintmax_t>> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".safetensors") {
+      files.emplace_back(e.path().filename().string(), e.file_size(ec));
+    }
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [name, size] : files) {
+    XXH3_64bits_update(st, name.data(), name.size());
+    XXH3_64bits_update(st, &size, sizeof(size));
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::string& model) {
+  RING_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(root, model));
+  RING_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  pb::ModelInfo info;
+  info.set_model(model);
+  info.set_model_hash(ModelHash(dir));
+  info.set_model_type(cfg.model_type);
+  info.set_num_layers(cfg.num_hidden_layers);
+  info.set_hidden_size(cfg.hidden_size);
+  info.set_vocab_size(cfg.vocab_size);
+  info.set_dtype(cfg.torch_dtype == "float32"   ? "f32"
+                 : cfg.torch_dtype == "float16" ? "f16"
+                                                : "bf16");
+  return info;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::string& model) {
+  if (model.empty()) return absl::InvalidArgumentError("model: empty path");
+  const fs::path rel(model);
+  if (rel.is_absolute()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("model '", model, "': absolute paths are refused; give a path relative to "
+                     "the worker's --model-root"));
+  }
+  for (const fs::path& part : rel) {
+    if (part == "..") {
+      return absl::PermissionDeniedError(
+          absl::StrCat("model '", model, "': '..' would escape the worker's --model-root"));
+    }
+  }
+  // A symlink inside the root may still point outside it; compare canonical paths.
+  std::error_code ec;
+  const fs::path canon_root = fs::canonical(root, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("--model-root ", root, ": ", ec.message()));
+  const fs::path canon = fs::canonical(canon_root / rel, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("model '", model, "' under ", root, ": ", ec.message()));
+  const std::string r = canon_root.string(), c = canon.string();
+  if (c != r && c.rfind(r + "/", 0) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("model '", model, "' resolves outside the worker's --model-root"));
+  }
+  return c;
+}
+
+WorkerService::WorkerService(WorkerOptions options)
+    : options_(std::move(options)), listen_address_(options_.listen_address) {}
+
+void WorkerService::SetListenAddress(std::string address) {
+  absl::MutexLock l(&mu_);
+  listen_address_ = std::move(address);
+}
+
+std::string WorkerService::HopName() const {
+  absl::MutexLock l(&mu_);
+  const int idx = loaded_ ? loaded_->request.stage_index() : -1;
+  return absl::StrCat("stage ", idx, " (", listen_address_, ")");
+}
+
+void WorkerService::SetWaitingOn(std::string what) {
+  absl::MutexLock l(&mu_);
+  waiting_on_ = std::move(what);
+}
+
+void WorkerService::Record(bool sent, const pb::ActivationFrame& f, const std::string& peer) {
+  pb::FrameEvent e;
+  e.set_sent(sent);
+  e.set_sequence_id(f.sequence_id());
+  e.set_step(f.step());
+  e.set_payload_bytes(static_cast<int64_t>(f.payload().size()));
+  e.set_peer(peer);
+  e.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+  absl::MutexLock l(&mu_);
+  events_.push_back(std::move(e));
+  if (events_.size() > kMaxEvents) events_.pop_front();
+}
+
+grpc::Status WorkerService::Describe(grpc::ServerContext*, const pb::DescribeRequest* req,
+                                     pb::DescribeResponse* resp) {
+  resp->set_backend(options_.device);
+  resp->add_devices(options_.device);
+  resp->set_memory_free_bytes(MemAvailableBytes());
+  resp->set_build_version(RING_BUILD_VERSION);
+#if defined(__x86_64__)
+  resp->add_compiled_archs("x86_64");
+#elif defined(__aarch64__)
+  resp->add_compiled_archs("aarch64");
+#endif
+  {
+    absl::MutexLock l(&mu_);
+    resp->set_checksum_failures(checksum_failures_);
+    if (loaded_) {
+      resp->set_loaded(true);
+      *resp->mutable_model() = loaded_->info;
+      resp->set_layer_begin(loaded_->stage->range().begin);
+      resp->set_layer_end(loaded_->stage->range().end);
+      resp->set_epoch(loaded_->epoch);
+    }
+  }
+  if (!req->probe_model().empty()) {
+    auto info = ProbeModel(options_.model_root, req->probe_model());
+    if (!info.ok()) return ToGrpcStatus(info.status());
+    *resp->mutable_probed() = *info;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadStageRequest* req,
+                                      pb::LoadStageResponse* resp) {
+  absl::MutexLock load_lock(&load_mu_);
+  auto fill = [resp](const Loaded& l, bool reused) {
+    resp->set_epoch(l.epoch);
+    resp->set_reused(reused);
+    *resp->mutable_model() = l.info;
+    resp->set_layer_begin(l.stage->range().begin);
+    resp->set_layer_end(l.stage->range().end);
+    resp->set_weight_bytes(l.stage->weight_bytes());
+  };
+  {
+    absl::MutexLock l(&mu_);
+    if (loaded_ && loaded_->request.SerializeAsString() == req->SerializeAsString()) {
+      fill(*loaded_, /*reused=*/true);
+      return grpc::Status::OK;
+    }
+  }
+  auto dir = ResolveModelDir(options_.model_root, req->model());
+  if (!dir.ok()) return ToGrpcStatus(dir.status());
+  auto info = ProbeModel(options_.model_root, req->model());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  LoadOptions lo;
+  lo.layers = {req->layer_begin(), req->layer_end()};
+  lo.all_logits = req->all_logits();
+  switch (req->act_dtype()) {
+    case pb::DTYPE_UNSPECIFIED: break;
+    case pb::DTYPE_F32: lo.act_dtype = cpu::ActDType::kF32; break;
+    case pb::DTYPE_BF16: lo.act_dtype = cpu::ActDType::kBF16; break;
+    default: return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "act_dtype: unknown value");
+  }
+  SetWaitingOn(absl::StrCat("loading ", req->model(), " layers [", req->layer_begin(), ", ",
+                            req->layer_end(), ")"));
+  auto stage = ring::LoadStage(*dir, lo);
+  if (!stage.ok()) {
+    SetWaitingOn("idle: last LoadStage failed");
+    return ToGrpcStatus(stage.status());
+  }
+  if (ctx->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "LoadStage cancelled or past its deadline");
+  }
+  auto loaded = std::make_shared<Loaded>();
+  loaded->stage = std::shared_ptr<const Stage>(std::move(*stage));
+  loaded->request = *req;
+  loaded->info = *info;
+  absl::MutexLock l(&mu_);
+  loaded->epoch = next_epoch_++;
+  loaded_ = loaded;
+  sequences_.clear();  // caches of the old stage are meaningless for the new one
+  waiting_on_ = "idle: waiting for Forward frames";
+  fill(*loaded_, /*reused=*/false);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFrame& in,
+                                                        const std::string& peer) {
+  const std::string hop = absl::StrCat(HopName(), " <- ", in.sender().empty() ? peer : in.sender());
+  std::shared_ptr<const Loaded> loaded;
+  std::shared_ptr<SequenceState> state;
+  {
+    absl::MutexLock l(&mu_);
+    loaded = loaded_;
+    if (!loaded) return absl::FailedPreconditionError(absl::StrCat(hop, ": no stage loaded"));
+    if (in.epoch() != loaded->epoch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          hop, ": frame is for epoch ", in.epoch(), " but the loaded stage is epoch ", loaded->epoch));
+    }
+    auto& slot = sequences_[in.sequence_id()];
+    if (!slot) slot = std::make_shared<SequenceState>();
+    state = slot;
+  }
+  auto input = DecodeStageInput(in);
+  if (!input.ok()) {
+    if (absl::IsDataLoss(input.status())) {
+      absl::MutexLock l(&mu_);
+      ++checksum_failures_;
+    }
+    return absl::Status(input.status().code(), absl::StrCat(hop, ": ", input.status().message()));
+  }
+  absl::MutexLock seq_lock(&state->mu);
+  if (!state->seq) state->seq = loaded->stage->NewSequence();
+  if (static_cast<int64_t>(in.step()) != state->next_step ||
+      in.first_position() != state->seq->position()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        hop, ": sequence ", in.sequence_id(), " expected step ", state->next_step, " at position ",
+        state->seq->position(), ", got step ", in.step(), " at position ", in.first_position()));
+  }
+  SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
+  auto out = loaded->stage->Forward(*state->seq, *input);
+  SetWaitingOn("idle: waiting for Forward frames");
+  if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop, ": ", out.status().message()));
+  ++state->next_step;
+
+  pb::ActivationFrame reply;
+  reply.set_sequence_id(in.sequence_id());
+  reply.set_step(in.step());
+  reply.set_epoch(in.epoch());
+  reply.set_first_position(in.first_position());
+  reply.set_sender(HopName());
+  const pb::DType wire = in.reply_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : in.reply_dtype();
+  RING_RETURN_IF_ERROR(EncodeStageOutput(*out, wire, loaded->request.all_logits(), &reply));
+  return reply;
+}
+
+grpc::Status WorkerService::Forward(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<pb::ActivationFrame, pb::ActivationFrame>* stream) {
+  const std::string peer = ctx->peer();
+  pb::ActivationFrame in;
+  while (stream->Read(&in)) {
+    Record(/*sent=*/false, in, peer);
+    if (ctx->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "Forward cancelled or past its deadline");
+    }
+    auto reply = Step(in, peer);
+    if (!reply.ok()) return ToGrpcStatus(reply.status());
+    bool corrupt = false;
+    {
+      absl::MutexLock l(&mu_);
+      corrupt = ++frames_sent_ == options_.TEST_corrupt_frame;
+    }
+    // Flip a bit after the checksum was computed, as a bad NIC or memory would.
+    if (corrupt && !reply->payload().empty()) (*reply->mutable_payload())[0] ^= 0x01;
+    Record(/*sent=*/true, *reply, peer);
+    if (!stream->Write(*reply)) break;  // the client went away; its status says why
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Release(grpc::ServerContext*, const pb::ReleaseRequest* req,
+                                    pb::ReleaseResponse* resp) {
+  std::shared_ptr<SequenceState> state;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = sequences_.find(req->sequence_id());
+    if (it == sequences_.end()) return grpc::Status::OK;
+    state = std::move(it->second);
+    sequences_.erase(it);
+  }
+  absl::MutexLock seq_lock(&state->mu);
+  resp->set_existed(true);
+  resp->set_freed_bytes(state->seq ? state->seq->cache_bytes() : 0);
+  state->seq.reset();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::FlightRecorder(grpc::ServerContext*, const pb::FlightRecorderRequest*,
+                                           pb::FlightRecorderResponse* resp) {
+  std::map<std::string, std::shared_ptr<SequenceState>> seqs;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& e : events_) *resp->add_events() = e;
+    resp->set_waiting_on(waiting_on_);
+    resp->set_checksum_failures(checksum_failures_);
+    seqs = sequences_;
+  }
+  for (const auto& [id, state] : seqs) {
+    // A sequence mid-step is reported without its cache rather than waiting for it.
+    pb::SequenceProgress* p = resp->add_sequences();
+    p->set_sequence_id(id);
+    if (state->mu.TryLock()) {
+      p->set_last_step(state->next_step > 0 ? state->next_step - 1 : 0);
+      if (state->seq) {
+        p->set_position(state->seq->position());
+        p->set_cache_bytes(state->seq->cache_bytes());
+      }
+      state->mu.Unlock();
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace ring::worker

@@ -1,0 +1,102 @@
+// File: worker/worker_service.h
+//
+// The Worker gRPC service (proto/ringserve/v1/worker.proto) over one models/ Stage. A
+// worker holds at most one stage; sequences are keyed by the coordinator's id and each
+// keeps its own KV cache until Release. Safe for concurrent RPCs: different sequences run
+// concurrently, frames of one sequence are serialized.
+//
+//   WorkerService service({.model_root = "/models", .listen_address = "127.0.0.1:7001"});
+//   grpc::ServerBuilder b; b.RegisterService(&service); ...
+#ifndef RINGSERVE_WORKER_WORKER_SERVICE_H_
+#define RINGSERVE_WORKER_WORKER_SERVICE_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "models/model.h"
+#include "ringserve/v1/worker.grpc.pb.h"
+
+namespace ring::worker {
+
+// Largest message either end accepts: gRPC's 4 MiB default is smaller than one prefill
+// frame of a real model (e.g. 2048 rows x 6144 hidden x 4 bytes = 48 MiB).
+inline constexpr int kMaxMessageBytes = 1 << 30;
+
+struct WorkerOptions {
+  std::string model_root;      // LoadStage paths are resolved inside this directory
+  std::string listen_address;  // names this worker in error messages
+  std::string device = "cpu";
+  // Test-only fault injection: corrupt the payload (after checksumming) of the N-th frame
+  // this worker sends, counting from 1; 0 never.
+  int64_t TEST_corrupt_frame = 0;
+};
+
+// Resolves `model` (relative) inside `root`; refuses absolute paths, ".." components and
+// symlinks that lead outside the root (PermissionDenied / InvalidArgument).
+absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::string& model);
+
+class WorkerService final : public ringserve::v1::Worker::Service {
+ public:
+  explicit WorkerService(WorkerOptions options);
+  // The address this worker is reached at, for error messages (known after binding).
+  void SetListenAddress(std::string address);
+  WorkerService(const WorkerService&) = delete;
+  WorkerService& operator=(const WorkerService&) = delete;
+
+  grpc::Status Describe(grpc::ServerContext* ctx, const ringserve::v1::DescribeRequest* req,
+                        ringserve::v1::DescribeResponse* resp) override;
+  grpc::Status LoadStage(grpc::ServerContext* ctx, const ringserve::v1::LoadStageRequest* req,
+                         ringserve::v1::LoadStageResponse* resp) override;
+  grpc::Status Forward(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<ringserve::v1::ActivationFrame,
+                                                ringserve::v1::ActivationFrame>* stream) override;
+  grpc::Status Release(grpc::ServerContext* ctx, const ringserve::v1::ReleaseRequest* req,
+                       ringserve::v1::ReleaseResponse* resp) override;
+  grpc::Status FlightRecorder(grpc::ServerContext* ctx,
+                              const ringserve::v1::FlightRecorderRequest* req,
+                              ringserve::v1::FlightRecorderResponse* resp) override;
+
+ private:
+  struct SequenceState {
+    absl::Mutex mu;
+    std::unique_ptr<Sequence> seq ABSL_GUARDED_BY(mu);
+    int64_t next_step ABSL_GUARDED_BY(mu) = 0;
+  };
+  struct Loaded {
+    std::shared_ptr<const Stage> stage;
+    ringserve::v1::LoadStageRequest request;  // what produced it (for idempotency)
+    ringserve::v1::ModelInfo info;
+    uint64_t epoch = 0;
+  };
+
+  // One frame through the stage; the reply is ready to send. Errors name the hop.
+  absl::StatusOr<ringserve::v1::ActivationFrame> Step(const ringserve::v1::ActivationFrame& in,
+                                                      const std::string& peer);
+  void Record(bool sent, const ringserve::v1::ActivationFrame& f, const std::string& peer);
+  void SetWaitingOn(std::string what);
+  std::string HopName() const;
+
+  const WorkerOptions options_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<SequenceState>> sequences_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t frames_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checksum_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<ringserve::v1::FrameEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::string listen_address_ ABSL_GUARDED_BY(mu_);
+  std::string waiting_on_ ABSL_GUARDED_BY(mu_) = "idle: no stage loaded";
+  // LoadStage is slow and must not block Forward of the current stage: serialize loads
+  // separately from mu_.
+  absl::Mutex load_mu_;
+};
+
+}  // namespace ring::worker
+
+#endif  // RINGSERVE_WORKER_WORKER_SERVICE_H_
