@@ -11,8 +11,10 @@ of its logits is the prediction after token r, the same rows `ringctl logits` wr
 
 Needs torch + transformers (the GPU machine has both; CPU is enough). Usage:
   python3 hf_indexshare.py --fixture FIXTURE_DIR --ours OURS.npy [--threshold 1e-6]
+  python3 hf_indexshare.py --fixture FIXTURE_DIR --ringctl build/server/ringctl
 where OURS.npy is `ringctl logits --act f32 ...` on FIXTURE_DIR/model with the fixture's
-schedule. Exit 1 if any row's NMSE exceeds the threshold.
+schedule (the second form runs it). Exit 1 if any row's NMSE exceeds the threshold, 77
+(CTest's skip code) when torch is not installed.
 """
 import argparse
 import json
@@ -121,14 +123,30 @@ def to_hf(cfg, w):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixture", required=True, type=Path)
-    ap.add_argument("--ours", required=True, type=Path)
+    ap.add_argument("--ours", type=Path)
+    ap.add_argument("--ringctl")
     ap.add_argument("--threshold", type=float, default=1e-6)
     args = ap.parse_args()
-    import torch
-    import transformers
-    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+    try:
+        import torch
+        import transformers
+        from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+    except ImportError as e:
+        print(f"SKIP: {e} (the HF oracle needs torch + transformers)")
+        return 77
 
     oracle = json.loads((args.fixture / "oracle.json").read_text())
+    if args.ours is None:
+        if not args.ringctl:
+            raise SystemExit("give --ours or --ringctl")
+        import subprocess
+        import tempfile
+        args.ours = Path(tempfile.mkdtemp()) / "ours_f32.npy"
+        subprocess.run([args.ringctl, "logits", "--model", str(args.fixture / "model"), "--act", "f32",
+                        "--tokens", ",".join(map(str, oracle["prompt_tokens"])),
+                        "--prefill-chunk", str(oracle["prefill_chunk"]),
+                        "--force-decode", ",".join(map(str, oracle["decode_tokens"])),
+                        "--out", str(args.ours)], check=True, timeout=300)
     cfg, w = load_mlx(args.fixture / "model")
     hf_cfg = {k: v for k, v in cfg.items() if k not in ("quantization", "quantization_config")}
     hf_cfg["torch_dtype"] = "float32"

@@ -26,3 +26,16 @@ if(TARGET ringctl)
     TIMEOUT 600
     LABELS "oracle;parity")
 endif()
+
+# Second oracle for GLM-5.x / GLM-5.2 IndexShare: HF transformers in fp32 against our engine
+# in fp32 (NMSE <= 1e-6). Needs torch, which the CI venv does not have: the test then
+# reports itself skipped (exit 77). It runs on the GPU machine, where torch is installed.
+if(TARGET ringctl)
+  foreach(fx glm52_indexshare_mxfp4 glm5_mxfp4_c7)
+    add_test(NAME hf_oracle_${fx}
+      COMMAND ${RING_VENV_PYTHON} ${CMAKE_SOURCE_DIR}/tests/oracle/hf_indexshare.py
+              --fixture ${RING_FIXTURES}/models/${fx} --ringctl $<TARGET_FILE:ringctl>)
+    set_tests_properties(hf_oracle_${fx} PROPERTIES
+      FIXTURES_REQUIRED oracle_models SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS "oracle")
+  endforeach()
+endif()
