@@ -1,16 +1,36 @@
 #!/usr/bin/env bash
 # The run command: installs dependencies, builds, synthesizes the bundled tiny GLM-5.2-style
-# checkpoint (mxfp4, DSA indexer with IndexShare) and generates greedily through it split
-# into three in-process stages on the CPU engine.
+# checkpoint (mxfp4, DSA indexer with IndexShare), starts three ring-worker processes on
+# loopback (CPU backend), splits the model across them and generates greedily through the
+# ring, checking that the result is bit-identical to a single in-process run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install_deps.sh
 BUILD=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRING_CUDA_ARCHS="${RING_CUDA_ARCHS:-90}"
-ninja -C "$BUILD" ringctl
-MODEL="$BUILD/models/tiny-glm"
-[ -f "$MODEL/config.json" ] || "$BUILD/server/ringctl" synth --arch glm_moe_dsa --preset tiny \
-  --quant mxfp4 --seed 1 --out "$MODEL"
-"$BUILD/server/ringctl" inspect "$MODEL"
-"$BUILD/server/ringctl" logits --model "$MODEL" --tokens 11,22,33,44,55,66,77,88,99,100,101,102 \
-  --decode 16 --stages 3 --out "$BUILD/tiny-glm-logits.npy"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRING_ENABLE_CUDA=OFF
+ninja -C "$BUILD" ringctl ring-worker
+ROOT="$BUILD/models"
+MODEL=tiny-glm
+[ -f "$ROOT/$MODEL/config.json" ] || "$BUILD/server/ringctl" synth --arch glm_moe_dsa \
+  --preset tiny --quant mxfp4 --seed 1 --out "$ROOT/$MODEL"
+"$BUILD/server/ringctl" inspect "$ROOT/$MODEL"
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+addrs=()
+for i in 0 1 2; do
+  log="$BUILD/ring-worker-$i.log"
+  "$BUILD/worker/ring-worker" --listen 127.0.0.1:0 --model-root "$ROOT" > "$log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q "listening on" "$log" && break; sleep 0.1; done
+  addrs+=("$(grep -o 'listening on [^ ]*' "$log" | awk '{print $3}')")
+done
+workers=$(IFS=,; echo "${addrs[*]}")
+echo "ring: $workers"
+TOKENS=11,22,33,44,55,66,77,88,99,100,101,102,103,104,105,106,107,108,109,110
+"$BUILD/server/ringctl" logits --workers "$workers" --model "$MODEL" --tokens "$TOKENS" \
+  --prefill-chunk 8 --decode 16 --act f32 --out "$BUILD/ring.npy"
+"$BUILD/server/ringctl" logits --model "$ROOT/$MODEL" --tokens "$TOKENS" \
+  --prefill-chunk 8 --decode 16 --act f32 --out "$BUILD/local.npy"
+cmp "$BUILD/ring.npy" "$BUILD/local.npy" && echo "ring of 3 workers == one process (bit-identical logits)"
