@@ -68,8 +68,13 @@ class MlaStage : public LayeredStage {
   }
 
  protected:
-  absl::Status RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
-                        TopkCarry& carry) const override;
+  BlockNorms Norms(int64_t layer) const override {
+    const MlaLayer& L = layers_[layer - range().begin];
+    return {L.input_norm, L.post_norm};
+  }
+  absl::Status Attention(int64_t layer, SequenceState& seq, const float* x, int64_t rows,
+                         TopkCarry& carry, float* out) const override;
+  void FeedForward(int64_t layer, const float* x, int64_t rows, float* out) const override;
 
  private:
   void Attend(const MlaLayer& L, MlaCache& cache, const float* x, int64_t T, int64_t offset,
@@ -423,31 +428,27 @@ void MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* out) con
   });
 }
 
-absl::Status MlaStage::RunLayer(int64_t layer, SequenceState& seq_base, float* h, int64_t T,
-                                TopkCarry& carry) const {
+absl::Status MlaStage::Attention(int64_t layer, SequenceState& seq_base, const float* x,
+                                 int64_t T, TopkCarry& carry, float* out) const {
   auto& seq = static_cast<MlaSequence&>(seq_base);
-  const ModelConfig& c = ctx_.cfg;
-  const auto t = ctx_.act;
-  const int64_t hid = c.hidden_size;
   const MlaLayer& L = layers_[layer - range().begin];
-  MlaCache& cache = seq.caches[layer - range().begin];
-  if (L.indexer_shared && carry.source_layer < 0 && seq.position_ + T > c.index_topk) {
+  if (L.indexer_shared && carry.source_layer < 0 &&
+      seq.position_ + T > ctx_.cfg.index_topk) {
     return absl::FailedPreconditionError(absl::StrCat(
         "layer ", layer, " shares the indexer of an earlier layer but no top-k indices "
         "reached this stage; the previous stage must send them"));
   }
-  std::vector<float> xn(T * hid), o(T * hid);
-  cpu::RmsNorm(h, T, hid, L.input_norm, static_cast<float>(c.rms_norm_eps), t, xn.data());
-  Attend(L, cache, xn.data(), T, seq.position_, carry, layer, o.data());
-  cpu::Add(h, o.data(), T * hid, t, h);
-  cpu::RmsNorm(h, T, hid, L.post_norm, static_cast<float>(c.rms_norm_eps), t, xn.data());
-  if (L.moe) {
-    Moe(L, xn.data(), T, o.data());
-  } else {
-    RunMlp(L.dense, xn.data(), T, t, o.data());
-  }
-  cpu::Add(h, o.data(), T * hid, t, h);
+  Attend(L, seq.caches[layer - range().begin], x, T, seq.position_, carry, layer, out);
   return absl::OkStatus();
+}
+
+void MlaStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {
+  const MlaLayer& L = layers_[layer - range().begin];
+  if (L.moe) {
+    Moe(L, x, T, out);
+  } else {
+    RunMlp(L.dense, x, T, ctx_.act, out);
+  }
 }
 
 }  // namespace

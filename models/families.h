@@ -43,9 +43,21 @@ class LayeredStage : public Stage {
   // Loads embedding / final norm / head as this stage needs them. Call from the family's
   // factory after the layers.
   absl::Status LoadEnds(const WeightLoader& w);
-  // h is [rows, hidden] at positions seq.position() .. + rows; updated in place.
-  virtual absl::Status RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
-                                TopkCarry& carry) const = 0;
+  // Every family's decoder layer is the same pre-norm residual block,
+  //   h = h + Attention(RmsNorm_in(h));  h = h + FeedForward(RmsNorm_post(h)),
+  // run here; the families supply the three parts. h is [rows, hidden] at positions
+  // seq.position() .. + rows and is updated in place.
+  absl::Status RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
+                        TopkCarry& carry) const;
+  struct BlockNorms {
+    TensorView input, post;
+  };
+  virtual BlockNorms Norms(int64_t layer) const = 0;
+  // out[rows, hidden] = the layer's attention on the normed input x.
+  virtual absl::Status Attention(int64_t layer, SequenceState& seq, const float* x,
+                                 int64_t rows, TopkCarry& carry, float* out) const = 0;
+  // out[rows, hidden] = the layer's MLP or MoE on the normed input x.
+  virtual void FeedForward(int64_t layer, const float* x, int64_t rows, float* out) const = 0;
 
   StageContext ctx_;
   int64_t weight_bytes_ = 0;

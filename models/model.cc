@@ -26,6 +26,21 @@ absl::Status LayeredStage::LoadEnds(const WeightLoader& w) {
   return absl::OkStatus();
 }
 
+absl::Status LayeredStage::RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
+                                    TopkCarry& carry) const {
+  const int64_t n = rows * ctx_.cfg.hidden_size;
+  const float eps = static_cast<float>(ctx_.cfg.rms_norm_eps);
+  const BlockNorms norms = Norms(layer);
+  std::vector<float> xn(n), o(n);
+  cpu::RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.input, eps, ctx_.act, xn.data());
+  RING_RETURN_IF_ERROR(Attention(layer, seq, xn.data(), rows, carry, o.data()));
+  cpu::Add(h, o.data(), n, ctx_.act, h);
+  cpu::RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.post, eps, ctx_.act, xn.data());
+  FeedForward(layer, xn.data(), rows, o.data());
+  cpu::Add(h, o.data(), n, ctx_.act, h);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StageOutput> LayeredStage::Forward(Sequence& seq_base,
                                                   const StageInput& in) const {
   auto& seq = static_cast<SequenceState&>(seq_base);

@@ -46,8 +46,13 @@ class QwenStage : public LayeredStage {
   }
 
  protected:
-  absl::Status RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
-                        TopkCarry& carry) const override;
+  BlockNorms Norms(int64_t layer) const override {
+    const QwenLayer& L = layers_[layer - range().begin];
+    return {L.input_norm, L.post_norm};
+  }
+  absl::Status Attention(int64_t layer, SequenceState& seq, const float* x, int64_t rows,
+                         TopkCarry& carry, float* out) const override;
+  void FeedForward(int64_t layer, const float* x, int64_t rows, float* out) const override;
 
  private:
   void Moe(const QwenLayer& L, const float* x, int64_t T, float* out) const;
@@ -131,23 +136,21 @@ void QwenStage::Moe(const QwenLayer& L, const float* x, int64_t T, float* out) c
   });
 }
 
-absl::Status QwenStage::RunLayer(int64_t layer, SequenceState& seq_base, float* h, int64_t T,
-                                 TopkCarry& /*carry*/) const {
+absl::Status QwenStage::Attention(int64_t layer, SequenceState& seq_base, const float* xn,
+                                  int64_t T, TopkCarry& /*carry*/, float* out) const {
   auto& seq = static_cast<QwenSequence&>(seq_base);
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
-  const int64_t hid = c.hidden_size, H = c.num_attention_heads, KV = c.num_key_value_heads;
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads;
   const int64_t d = head_dim_, offset = seq.position_;
   const QwenLayer& L = layers_[layer - range().begin];
   KvCache& cache = seq.caches[layer - range().begin];
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  std::vector<float> xn(T * hid), o(T * hid);
-  cpu::RmsNorm(h, T, hid, L.input_norm, eps, t, xn.data());
   std::vector<float> q(T * H * d), k(T * KV * d), v(T * KV * d);
-  Linear(L.q_proj, xn.data(), T, t, q.data());
-  Linear(L.k_proj, xn.data(), T, t, k.data());
-  Linear(L.v_proj, xn.data(), T, t, v.data());
+  Linear(L.q_proj, xn, T, t, q.data());
+  Linear(L.k_proj, xn, T, t, k.data());
+  Linear(L.v_proj, xn, T, t, v.data());
   cpu::RmsNorm(q.data(), T * H, d, L.q_norm, eps, t, q.data());
   cpu::RmsNorm(k.data(), T * KV, d, L.k_norm, eps, t, k.data());
   ApplyRope(rope_, q.data(), T, H, d, H * d, offset, t);
@@ -160,16 +163,17 @@ absl::Status QwenStage::RunLayer(int64_t layer, SequenceState& seq_base, float* 
                           T, S, H, KV, d, d, 1.f / std::sqrt(static_cast<float>(d)), nullptr,
                           T > 1 ? offset : -1};
   cpu::Attention(args, t, attn.data());
-  Linear(L.o_proj, attn.data(), T, t, o.data());
-  cpu::Add(h, o.data(), T * hid, t, h);
-  cpu::RmsNorm(h, T, hid, L.post_norm, eps, t, xn.data());
-  if (L.moe) {
-    Moe(L, xn.data(), T, o.data());
-  } else {
-    RunMlp(L.dense, xn.data(), T, t, o.data());
-  }
-  cpu::Add(h, o.data(), T * hid, t, h);
+  Linear(L.o_proj, attn.data(), T, t, out);
   return absl::OkStatus();
+}
+
+void QwenStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {
+  const QwenLayer& L = layers_[layer - range().begin];
+  if (L.moe) {
+    Moe(L, x, T, out);
+  } else {
+    RunMlp(L.dense, x, T, ctx_.act, out);
+  }
 }
 
 }  // namespace
