@@ -539,16 +539,48 @@ void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* sc
     }
     case QuantMode::kMxfp4:
     case QuantMode::kMxfp8: {
+      const uint8_t* b = s.scales + off;
+      int64_t g = 0;
+#if RING_QUANT_AVX2
+      // E8M0 byte e is the fp32 pattern e << 23, except 0, which MLX reads as 2^-127.
+      const __m256i zero = _mm256_setzero_si256();
+      const __m256i sub = _mm256_set1_epi32(0x00400000);
+      for (; g + 8 <= n; g += 8) {
+        const __m256i e =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + g)));
+        const __m256i f =
+            _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), sub, _mm256_cmpeq_epi32(e, zero));
+        _mm256_storeu_ps(scale + g, _mm256_castsi256_ps(f));
+      }
+#endif
       const float* t = GetTables().e8m0;
-      for (int64_t g = 0; g < n; ++g) scale[g] = t[s.scales[off + g]];
+      for (; g < n; ++g) scale[g] = t[b[g]];
       return;
     }
     case QuantMode::kNvfp4: {
-      const float* t = GetTables().e4m3;
-      for (int64_t g = 0; g < n; ++g) {
-        scale[g] =
-            s.global_mult != 0.0f ? t[s.scales[off + g]] * s.global_mult : t[s.scales[off + g]];
+      const uint8_t* b = s.scales + off;
+      const float mult = s.global_mult != 0.0f ? s.global_mult : 1.0f;
+      int64_t g = 0;
+#if RING_QUANT_AVX2
+      // The fp16 pattern ((b & 0x80) << 8) | ((b & 0x7f) << 7) is e4m3(b) / 256 (the NaN
+      // codes excepted, which take the scalar path). fp32(e4m3 * 256 / 256 * mult) is exact
+      // up to the one rounding of e4m3 * mult, as in the scalar expression.
+      const __m128i sign = _mm_set1_epi16(static_cast<int16_t>(0x8000));
+      const __m128i mag = _mm_set1_epi16(0x3f80);
+      const __m128i nan = _mm_set1_epi16(0x7f);
+      for (; g + 8 <= n; g += 8) {
+        const __m128i v =
+            _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + g)));
+        if (_mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(v, nan), nan)) != 0) break;
+        const __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(v, 8), sign),
+                                       _mm_and_si128(_mm_slli_epi16(v, 7), mag));
+        const __m256 e = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+        _mm256_storeu_ps(scale + g,
+                         s.global_mult != 0.0f ? _mm256_mul_ps(e, _mm256_set1_ps(mult)) : e);
       }
+#endif
+      const float* t = GetTables().e4m3;
+      for (; g < n; ++g) scale[g] = s.global_mult != 0.0f ? t[b[g]] * s.global_mult : t[b[g]];
       return;
     }
     case QuantMode::kNone:
