@@ -313,7 +313,7 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
                                            const float* const* xp, const float* sc,
                                            const LaneScales& ls, float* out) {
   constexpr int kEpw = 32 / kBits;
-  constexpr int kChains = MB == 1 ? 2 : 1;
+  constexpr int kChains = MB <= 2 ? 2 : 1;
   constexpr uint32_t kMask = (1u << kBits) - 1;
   __m256 y[MB][kChains];
 #pragma GCC unroll 4
@@ -356,7 +356,7 @@ template <int MB>
 __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
                                       const float* const* xp, const float* sc, const LaneScales& ls,
                                       float* out) {
-  constexpr int kChains = MB == 1 ? 2 : 1;
+  constexpr int kChains = MB <= 2 ? 2 : 1;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // to_top[p]: byte p of every dword to byte 3, the other bytes zeroed (index 0x80).
   __m256i to_top[4];
@@ -409,7 +409,7 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
                                       const float* const* xp, const float* sc, float* out) {
   const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
   const __m256i mag = _mm256_set1_epi16(0x3f80);
-  constexpr int kChains = MB == 1 ? 2 : 1;
+  constexpr int kChains = MB <= 2 ? 2 : 1;
   __m256 y[MB][kChains];
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
