@@ -285,6 +285,14 @@ void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp)
 
 #if RING_QUANT_AVX2
 
+// Streaming from DRAM on a VM, hardware prefetch alone left ~1/3 of the bandwidth idle;
+// a software prefetch 2 KiB ahead of the current chunk (into the next rows at the end of
+// a row) measured ~1.5x on the bench machine. Prefetches never fault.
+constexpr int kPrefetchBytes = 2048;
+inline void PrefetchAhead(const void* chunk) {
+  _mm_prefetch(static_cast<const char*>(chunk) + kPrefetchBytes, _MM_HINT_T0);
+}
+
 // Scale of every lane of chunk c (lane j = word j): one broadcast when a group spans the
 // whole chunk, else a gather of the chunk's groups by lane.
 struct LaneScales {
@@ -320,6 +328,7 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
+    PrefetchAhead(w + 8 * c);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
     __m256 acc[MB][kChains];
 #pragma GCC unroll 32
@@ -373,6 +382,7 @@ __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
+    PrefetchAhead(w + 32 * c);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
     const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
@@ -415,6 +425,7 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
+    PrefetchAhead(w + 32 * c);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 8), sign),
                                        _mm256_and_si256(_mm256_slli_epi16(v, 7), mag));
