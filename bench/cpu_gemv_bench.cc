@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
       std::vector<float> x(sh.cols), y(sh.rows);
       for (auto& v : x) v = static_cast<float>(static_cast<int64_t>(Next() % 2001) - 1000) * 1e-3f;
       for (auto& c : copies) ring::QMatmulT(x.data(), 1, c.qw, 0, y.data());  // warm up
-      const int passes = quick ? 3 : 8;
+      const int passes = quick ? 3 : 16;
       double best = 1e30, best_share = 0;
       for (int p = 0; p < passes; ++p) {
         bw = std::max(bw, ProbeBandwidth(probe_buf, 1));

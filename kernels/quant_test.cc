@@ -503,15 +503,36 @@ RefWeights ReferenceWeights(const QuantWeight& w, int64_t b) {
     }
     return out;
   }
+  // Scales straight from the bytes with the dtype.h conversions (not LoadRowScales, which
+  // is under test); codes from the scalar decoder that Dequantize (MLX-verified) uses.
   const int gs = w.spec.group_size;
-  std::vector<float> sc(s.groups), bi(s.groups), code(gs);
+  const int64_t sbase = b * s.rows * s.groups;
+  std::vector<float> code(gs);
   for (int64_t r = 0; r < s.rows; ++r) {
-    cpu::LoadRowScales(s, r, 0, s.groups, sc.data(), bi.data());
     for (int64_t g = 0; g < s.groups; ++g) {
+      const int64_t gi = sbase + r * s.groups + g;
+      double scale = 0.0, bias = 0.0;
+      const uint8_t byte = w.scales.dtype == DType::kU8 ? w.scales.as<uint8_t>()[gi] : 0;
+      switch (w.spec.mode) {
+        case QuantMode::kAffine:
+          scale = w.scales.at(gi);
+          bias = w.biases.at(gi);
+          break;
+        case QuantMode::kMxfp4:
+        case QuantMode::kMxfp8:
+          scale = E8M0ToFloat(byte);
+          break;
+        case QuantMode::kNvfp4:
+          scale = E4M3ToFloat(byte);
+          if (w.global_scale != 0.0f)
+            scale = static_cast<float>(scale) * (w.global_scale / 2688.0f);
+          break;
+        case QuantMode::kNone:
+          break;
+      }
       cpu::DecodeGroup(s, r, g, code.data());
       for (int j = 0; j < gs; ++j) {
-        const double sq = static_cast<double>(sc[g]) * code[j];
-        const double bias = w.spec.mode == QuantMode::kAffine ? bi[g] : 0.0;
+        const double sq = scale * code[j];
         out.w[r * s.cols + g * gs + j] = sq + bias;
         out.mag[r * s.cols + g * gs + j] = std::fabs(sq) + std::fabs(bias);
       }
@@ -520,9 +541,9 @@ RefWeights ReferenceWeights(const QuantWeight& w, int64_t b) {
   return out;
 }
 
-void CheckMatmuls(const QuantWeight& w, int64_t m, uint32_t seed) {
+void CheckMatmuls(const QuantWeight& w, int64_t m, uint32_t seed, float x_scale = 1.0f) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::normal_distribution<float> nd(0.0f, x_scale);
   const int64_t R = w.rows(), C = w.cols();
   for (int64_t b = 0; b < w.batch(); ++b) {
     const RefWeights ref_w = ReferenceWeights(w, b);
@@ -539,7 +560,7 @@ void CheckMatmuls(const QuantWeight& w, int64_t m, uint32_t seed) {
           ref += x[i * C + k] * W[r * C + k];
           den += std::fabs(x[i * C + k]) * A[r * C + k];
         }
-        ASSERT_NEAR(y[i * R + r], ref, 1e-5 * den + 1e-30)
+        ASSERT_NEAR(y[i * R + r], ref, 1e-5 * den)
             << "T b=" << b << " m=" << i << " r=" << r;
       }
     // transpose=false: y[m, C] = x[m, R] W
@@ -553,7 +574,7 @@ void CheckMatmuls(const QuantWeight& w, int64_t m, uint32_t seed) {
           ref += xn[i * R + r] * W[r * C + c];
           den += std::fabs(xn[i * R + r]) * A[r * C + c];
         }
-        ASSERT_NEAR(yn[i * C + c], ref, 1e-5 * den + 1e-30)
+        ASSERT_NEAR(yn[i * C + c], ref, 1e-5 * den)
             << "N b=" << b << " m=" << i << " c=" << c;
       }
   }
@@ -582,6 +603,42 @@ TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
     SCOPED_TRACE(spec.ToString());
     Owned o = MakeQuant(spec, DType::kBF16, 1, 19, 128 * 37, seed++);
     for (int64_t m : {1, 2, 5, 8}) CheckMatmuls(o.q, m, seed++);
+  }
+}
+
+TEST(QMatmul, EveryScaleByteDecodes) {
+  // Scale bytes rewritten to cover every E8M0 value but inf (0: MLX's 2^-127) and every
+  // E4M3 value, negative and subnormal ones included; one NaN E4M3 scale poisons its row.
+  for (QuantSpec spec : {QuantSpec{QuantMode::kMxfp4, 4, 32}, QuantSpec{QuantMode::kMxfp8, 8, 32},
+                         QuantSpec{QuantMode::kNvfp4, 4, 16}}) {
+    for (float gscale : {0.0f, 3.7f}) {
+      if (gscale != 0.0f && spec.mode != QuantMode::kNvfp4) continue;
+      SCOPED_TRACE(spec.ToString() + (gscale != 0.0f ? " global" : ""));
+      Owned o = MakeQuant(spec, DType::kF32, 1, 17, 1024, 41, gscale);
+      if (spec.mode == QuantMode::kNvfp4) {  // all codes but NaN; max 448, no overflow
+        for (size_t i = 0; i < o.s.size(); ++i)
+          o.s[i] = static_cast<uint8_t>(i % 255 == 127 ? 0 : i % 255);
+        CheckMatmuls(o.q, 1, 42);
+        CheckMatmuls(o.q, 3, 43);
+      } else {  // E8M0 0..190 with |x| ~ 1, then 64..254 with |x| ~ 2^-60 (fp32 range)
+        for (size_t i = 0; i < o.s.size(); ++i) o.s[i] = static_cast<uint8_t>(i % 191);
+        const size_t groups = o.s.size() / 17;  // row 0 all 2^-127, row 1 mixes 0 and 1
+        for (size_t g = 0; g < groups; ++g) {
+          o.s[g] = 0;
+          o.s[groups + g] = static_cast<uint8_t>(g % 2);
+        }
+        CheckMatmuls(o.q, 1, 42);
+        CheckMatmuls(o.q, 3, 43);
+        for (size_t i = 0; i < o.s.size(); ++i) o.s[i] = static_cast<uint8_t>(64 + i % 191);
+        CheckMatmuls(o.q, 1, 44, 0x1p-60f);
+        CheckMatmuls(o.q, 3, 45, 0x1p-60f);
+      }
+      if (spec.mode != QuantMode::kNvfp4) continue;
+      o.s[5 * (1024 / 16) + 7] = 0x7f;  // NaN scale in row 5
+      std::vector<float> x(1024, 1.0f), y(17);
+      QMatmulT(x.data(), 1, o.q, 0, y.data());
+      for (int r = 0; r < 17; ++r) EXPECT_EQ(std::isnan(y[r]), r == 5) << r;
+    }
   }
 }
 

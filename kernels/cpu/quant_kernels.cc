@@ -285,6 +285,14 @@ void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp)
 
 #if RING_QUANT_AVX2
 
+// Streaming from DRAM on a VM, hardware prefetch alone left ~1/3 of the bandwidth idle;
+// a software prefetch 2 KiB ahead of the current chunk (into the next rows at the end of
+// a row) measured ~1.5x on the bench machine. Prefetches never fault.
+constexpr int kPrefetchBytes = 2048;
+inline void PrefetchAhead(const void* chunk) {
+  _mm_prefetch(static_cast<const char*>(chunk) + kPrefetchBytes, _MM_HINT_T0);
+}
+
 // Scale of every lane of chunk c (lane j = word j): one broadcast when a group spans the
 // whole chunk, else a gather of the chunk's groups by lane.
 struct LaneScales {
@@ -313,13 +321,14 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
                                            const float* const* xp, const float* sc,
                                            const LaneScales& ls, float* out) {
   constexpr int kEpw = 32 / kBits;
-  constexpr int kChains = MB == 1 ? 2 : 1;
+  constexpr int kChains = MB <= 2 ? 2 : 1;
   constexpr uint32_t kMask = (1u << kBits) - 1;
   __m256 y[MB][kChains];
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
+    PrefetchAhead(w + 8 * c);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
     __m256 acc[MB][kChains];
 #pragma GCC unroll 32
@@ -356,7 +365,7 @@ template <int MB>
 __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
                                       const float* const* xp, const float* sc, const LaneScales& ls,
                                       float* out) {
-  constexpr int kChains = MB == 1 ? 2 : 1;
+  constexpr int kChains = MB <= 2 ? 2 : 1;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // to_top[p]: byte p of every dword to byte 3, the other bytes zeroed (index 0x80).
   __m256i to_top[4];
@@ -373,6 +382,7 @@ __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
+    PrefetchAhead(w + 32 * c);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
     const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
@@ -409,12 +419,13 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
                                       const float* const* xp, const float* sc, float* out) {
   const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
   const __m256i mag = _mm256_set1_epi16(0x3f80);
-  constexpr int kChains = MB == 1 ? 2 : 1;
+  constexpr int kChains = MB <= 2 ? 2 : 1;
   __m256 y[MB][kChains];
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
+    PrefetchAhead(w + 32 * c);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 8), sign),
                                        _mm256_and_si256(_mm256_slli_epi16(v, 7), mag));
@@ -539,16 +550,48 @@ void LoadRowScales(const QSlice& s, int64_t r, int64_t g0, int64_t g1, float* sc
     }
     case QuantMode::kMxfp4:
     case QuantMode::kMxfp8: {
+      const uint8_t* b = s.scales + off;
+      int64_t g = 0;
+#if RING_QUANT_AVX2
+      // E8M0 byte e is the fp32 pattern e << 23, except 0, which MLX reads as 2^-127.
+      const __m256i zero = _mm256_setzero_si256();
+      const __m256i sub = _mm256_set1_epi32(0x00400000);
+      for (; g + 8 <= n; g += 8) {
+        const __m256i e =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + g)));
+        const __m256i f =
+            _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), sub, _mm256_cmpeq_epi32(e, zero));
+        _mm256_storeu_ps(scale + g, _mm256_castsi256_ps(f));
+      }
+#endif
       const float* t = GetTables().e8m0;
-      for (int64_t g = 0; g < n; ++g) scale[g] = t[s.scales[off + g]];
+      for (; g < n; ++g) scale[g] = t[b[g]];
       return;
     }
     case QuantMode::kNvfp4: {
-      const float* t = GetTables().e4m3;
-      for (int64_t g = 0; g < n; ++g) {
-        scale[g] =
-            s.global_mult != 0.0f ? t[s.scales[off + g]] * s.global_mult : t[s.scales[off + g]];
+      const uint8_t* b = s.scales + off;
+      const float mult = s.global_mult != 0.0f ? s.global_mult : 1.0f;
+      int64_t g = 0;
+#if RING_QUANT_AVX2
+      // The fp16 pattern ((b & 0x80) << 8) | ((b & 0x7f) << 7) is e4m3(b) / 256 (the NaN
+      // codes excepted, which take the scalar path). fp32(e4m3 * 256 / 256 * mult) is exact
+      // up to the one rounding of e4m3 * mult, as in the scalar expression.
+      const __m128i sign = _mm_set1_epi16(static_cast<int16_t>(0x8000));
+      const __m128i mag = _mm_set1_epi16(0x3f80);
+      const __m128i nan = _mm_set1_epi16(0x7f);
+      for (; g + 8 <= n; g += 8) {
+        const __m128i v =
+            _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + g)));
+        if (_mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(v, nan), nan)) != 0) break;
+        const __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(v, 8), sign),
+                                       _mm_and_si128(_mm_slli_epi16(v, 7), mag));
+        const __m256 e = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+        _mm256_storeu_ps(scale + g,
+                         s.global_mult != 0.0f ? _mm256_mul_ps(e, _mm256_set1_ps(mult)) : e);
       }
+#endif
+      const float* t = GetTables().e4m3;
+      for (; g < n; ++g) scale[g] = s.global_mult != 0.0f ? t[b[g]] * s.global_mult : t[b[g]];
       return;
     }
     case QuantMode::kNone:
