@@ -32,15 +32,13 @@
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "bench/bench_util.h"
 #include "kernels/quant.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+using ring::bench::Clock;
+using ring::bench::Seconds;
 
 // CPU seconds (user + system) this process has used so far.
 double ProcessCpuSeconds() {
@@ -49,64 +47,12 @@ double ProcessCpuSeconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-int64_t LastLevelCacheBytes() {
-  long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (v > 0) return v;
-  for (const char* idx : {"index3", "index2"}) {
-    std::ifstream f(std::string("/sys/devices/system/cpu/cpu0/cache/") + idx + "/size");
-    std::string s;
-    if (f >> s && !s.empty()) {
-      int64_t n = std::stoll(s);
-      if (s.back() == 'K') n <<= 10;
-      if (s.back() == 'M') n <<= 20;
-      return n;
-    }
-  }
-  return 32 << 20;
-}
-
 uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 uint64_t Next() {
   g_rng ^= g_rng << 13;
   g_rng ^= g_rng >> 7;
   g_rng ^= g_rng << 17;
   return g_rng;
-}
-
-// Multi-threaded read bandwidth (bytes/s) over `buf`, best of `reps`.
-double ProbeBandwidth(std::vector<uint64_t>& buf, int reps) {
-  const int64_t n = static_cast<int64_t>(buf.size());
-  static bool touched = false;
-  if (!touched) {  // fault the pages in from the pool threads (first touch)
-    ring::cpu::ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) buf[i] = i;
-    });
-    touched = true;
-  }
-  const int64_t chunks = ring::cpu::NumThreads();
-  std::vector<uint64_t> sums(chunks);
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    ring::cpu::ParallelFor(chunks, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int64_t i = b; i + 4 <= e; i += 4) {
-          s0 += buf[i];
-          s1 += buf[i + 1];
-          s2 += buf[i + 2];
-          s3 += buf[i + 3];
-        }
-        sums[c] = s0 + s1 + s2 + s3;
-      }
-    });
-    best = std::max(best, static_cast<double>(n * 8) / Seconds(t0, Clock::now()));
-  }
-  uint64_t all = 0;
-  for (uint64_t s : sums) all += s;
-  if (all == 42) std::printf(" ");  // keep the sums alive
-  return best;
 }
 
 struct Format {
@@ -156,14 +102,14 @@ int64_t WeightBytes(const ring::QuantWeight& w) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const int64_t llc = LastLevelCacheBytes();
+  const int64_t llc = ring::bench::LastLevelCacheBytes();
   const int threads = ring::cpu::NumThreads();
   const int64_t probe_bytes = quick ? (64 << 20) : std::max<int64_t>(4 * llc, int64_t{1} << 30);
   const int64_t stream_bytes = quick ? (32 << 20) : 2 * llc;
   std::printf("threads %d, LLC %.0f MiB, probe buffer %.0f MiB\n", threads, llc / 1048576.0,
               probe_bytes / 1048576.0);
-  std::vector<uint64_t> probe_buf(probe_bytes / 8);
-  double bw = ProbeBandwidth(probe_buf, 5);
+  ring::bench::BandwidthProbe probe_buf(probe_bytes);
+  double bw = probe_buf.Measure(5);
   std::printf("memory read bandwidth, best of 5 before the GEMVs: %.2f GB/s\n", bw / 1e9);
 
   const Format formats[] = {
@@ -209,7 +155,7 @@ int main(int argc, char** argv) {
       const int passes = quick ? 3 : 16;
       double best = 1e30, best_share = 0;
       for (int p = 0; p < passes; ++p) {
-        bw = std::max(bw, ProbeBandwidth(probe_buf, 1));
+        bw = std::max(bw, probe_buf.Measure(1));
         const double cpu0 = ProcessCpuSeconds();
         const auto t0 = Clock::now();
         for (auto& c : copies) ring::QMatmulT(x.data(), 1, c.qw, 0, y.data());
