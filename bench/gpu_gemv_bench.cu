@@ -3,10 +3,19 @@
 // fraction of that measured bandwidth (the M2/M3 metrics of the performance anchors), plus
 // cuBLAS bf16 GEMV on the same shapes for a per-weight-element speed ratio.
 //
-//   gpu_gemv_bench [--quick] [--no-cublas] [--iters N]
+//   gpu_gemv_bench [--quick] [--no-cublas] [--iters N] [--only NAME] [--modes mxfp4,affine4]
+//                  [--sweep] [--no-probe]
+//
+// Table columns: "us" = plain launches (QMatmulArgs::overlap = 0); "PDL us" = the same with
+// programmatic dependent launch (overlap = 2: the next launch streams its first weights
+// while the previous one drains, as in a decode step's chain of kernels).
+// --sweep times the decode GEMV's configurations side by side (TEST_SetQgemvTuning) for
+// M = 1 and 8 (tuning aid).
+// --only NAME keeps the shapes whose matrix name contains NAME (e.g. for ncu).
 //
 // Timing: CUDA events around back-to-back launches; each launch reads a different copy of
 // the weights (copies rotate until they span >= 4x the L2), so no iteration hits in L2.
+// Median of 5 batches of N launches (after a warm-up batch).
 // Bytes counted: packed weights + scales (+ biases) + activations. Weights are random bits
 // with realistic scales: the kernels' speed does not depend on the values.
 // cuBLAS is loaded with dlopen (libcublas.so.13), so the binary has no link-time
@@ -22,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
@@ -106,6 +116,19 @@ float TimeMs(cudaStream_t s, int iters, const std::function<void(int)>& launch) 
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return ms / iters;
+}
+
+// Median of 5 timed batches of `iters` launches, after one warm-up batch.
+float MedianMs(cudaStream_t s, int iters, const std::function<void(int)>& launch) {
+  std::vector<float> v;
+  int base = 0;
+  TimeMs(s, iters, [&](int i) { launch(base + i); });
+  for (int r = 0; r < 5; ++r) {
+    base += iters;
+    v.push_back(TimeMs(s, iters, [&](int i) { launch(base + i); }));
+  }
+  std::sort(v.begin(), v.end());
+  return v[2];
 }
 
 double ProbeReadBandwidth(const DeviceInfo& dev, cudaStream_t s) {
@@ -233,13 +256,71 @@ std::string ModeName(QuantSpec s) {
   }
 }
 
+struct Opts {
+  bool quick = false, use_cublas = true, sweep = false, probe = true;
+  int iters = 40;
+  std::string only, modes = "mxfp4,affine4";
+};
+
+// One QMatmulT configuration's time per launch (us).
+float TimeQmm(const Weights& w, QMatmulArgs a, cudaStream_t st, int iters) {
+  return MedianMs(st, iters, [&](int i) {
+           BENCH_CHECK(QMatmulT(w.views[i % w.views.size()], a, st));
+         }) * 1e3f;
+}
+
+// Times the decode GEMV's configurations side by side (M = 1 and 8): the automatic choice,
+// each forced variant, the automatic variant with up to 16 K-splitting warps per block, and
+// the automatic choice with PDL overlap 2.
+void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs, const DeviceInfo& dev,
+           double probe, const DeviceBuffer& x, DeviceBuffer& y, cudaStream_t st, int iters) {
+  struct Cfg {
+    const char* name;
+    int variant, cap, overlap;
+  };
+  const Cfg cfgs[] = {{"auto", -1, 0, 0}, {"wr1", 0, 0, 0}, {"wr2", 1, 0, 0},
+                      {"cap16", -1, 16, 0}, {"auto+pdl", -1, 0, 2}};
+  std::printf("\nsweep (us and %% of probe; the automatic choice is described last)\n| %-15s | %-16s | %2s |", "matrix",
+              "mode", "M");
+  for (const Cfg& c : cfgs) std::printf(" %15s |", c.name);
+  std::printf(" auto config\n");
+  for (const Shape& sh : shapes) {
+    for (QuantSpec spec : specs) {
+      Weights w = MakeWeights(sh, spec, dev.l2_bytes, st);
+      for (int m : {1, 8}) {
+        const double bytes = static_cast<double>(w.bytes) + static_cast<double>(m) * sh.cols * 2;
+        std::printf("| %-15s | %-16s | %2d |", sh.name, ModeName(spec).c_str(), m);
+        std::string auto_name;
+        for (const Cfg& c : cfgs) {
+          QMatmulArgs a;
+          a.x = x.data();
+          a.x_dtype = DType::kBF16;
+          a.m = m;
+          a.y = y.as<float>();
+          a.overlap = c.overlap;
+          TEST_SetQgemvTuning(c.variant, c.cap);
+          if (c.variant == -1 && c.cap == 0 && c.overlap == 0) auto_name = Must(DescribeQmm(w.views[0], a));
+          const float us = TimeQmm(w, a, st, iters);
+          std::printf(" %7.2f %5.1f%% |", us, 100.0 * bytes / (us * 1e-6) / 1e9 / probe);
+        }
+        TEST_SetQgemvTuning(-1, 0);
+        std::printf(" %s\n", auto_name.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 int Main(int argc, char** argv) {
-  bool quick = false, use_cublas = true;
-  int iters = 50;
+  Opts o;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--no-cublas")) use_cublas = false;
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--quick")) o.quick = true;
+    else if (!std::strcmp(argv[i], "--no-cublas")) o.use_cublas = false;
+    else if (!std::strcmp(argv[i], "--sweep")) o.sweep = true;
+    else if (!std::strcmp(argv[i], "--no-probe")) o.probe = false;
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
+    else if (!std::strcmp(argv[i], "--modes") && i + 1 < argc) o.modes = argv[++i];
   }
   absl::StatusOr<int> n = DeviceCount();
   if (!n.ok() || *n == 0) {
@@ -250,9 +331,10 @@ int Main(int argc, char** argv) {
   std::printf("%s\n", dev.ToString().c_str());
   cudaStream_t st;
   BENCH_CHECK(CudaOk(cudaStreamCreate(&st)));
-  const double probe = ProbeReadBandwidth(dev, st);
+  const double probe = o.probe ? ProbeReadBandwidth(dev, st) : 4466.0;
+  if (!o.probe) std::printf("bandwidth probe skipped; percentages use 4466 GB/s\n");
   Cublas cublas;
-  if (use_cublas) cublas.Load(st);
+  if (o.use_cublas && !o.sweep) cublas.Load(st);
 
   std::vector<Shape> shapes = {
       {"GLM-5.2", "q_a_proj", 2048, 6144},      {"GLM-5.2", "q_b_proj", 16384, 2048},
@@ -262,17 +344,31 @@ int Main(int argc, char** argv) {
       {"Qwen3-8B", "q/o_proj", 4096, 4096},     {"Qwen3-8B", "gate/up", 12288, 4096},
       {"Qwen3-8B", "down", 4096, 12288},
   };
-  if (quick) shapes = {shapes[1], shapes[3], shapes[9]};
-  const QuantSpec modes[] = {{QuantMode::kMxfp4, 4, 32}, {QuantMode::kAffine, 4, 64}};
+  if (o.quick) shapes = {shapes[1], shapes[3], shapes[9]};
+  if (!o.only.empty()) {
+    std::vector<Shape> kept;
+    for (const Shape& sh : shapes) {
+      if (std::string(sh.name).find(o.only) != std::string::npos) kept.push_back(sh);
+    }
+    shapes = kept;
+  }
+  std::vector<QuantSpec> specs;
+  if (o.modes.find("mxfp4") != std::string::npos) specs.push_back({QuantMode::kMxfp4, 4, 32});
+  if (o.modes.find("affine4") != std::string::npos) specs.push_back({QuantMode::kAffine, 4, 64});
 
-  DeviceBuffer x = Must(DeviceBuffer::Allocate(8 * 16384 * 2 + 16));
-  FillBf16<<<64, 256, 0, st>>>(x.as<uint16_t>(), 8 * 16384, 7, 0.5f);
+  DeviceBuffer x = Must(DeviceBuffer::Allocate(8 * 16384 * 4 + 16));
+  FillBf16<<<64, 256, 0, st>>>(x.as<uint16_t>(), 8 * 16384 * 2, 7, 0.5f);
   DeviceBuffer y = Must(DeviceBuffer::Allocate(8 * 154880 * 4));
-  DeviceBuffer y16 = Must(DeviceBuffer::Allocate(8 * 154880 * 2));
 
-  std::printf("\n| %-8s | %-15s | %-13s | %-16s | %-4s | %-2s | %9s | %8s | %6s | %8s | %11s | %9s |\n", "model",
-              "matrix", "rows x cols", "mode", "path", "M", "us", "GB/s", "%probe", "t(M)/t(1)",
-              "cuBLAS bf16", "speed/elt");
+  if (o.sweep) {
+    Sweep(shapes, specs, dev, probe, x, y, st, o.iters);
+    BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));
+    return 0;
+  }
+
+  std::printf("\n| %-8s | %-15s | %-13s | %-16s | %-4s | %-2s | %8s | %7s | %6s | %6s | %6s | %8s | %11s | %8s | %s\n",
+              "model", "matrix", "rows x cols", "mode", "path", "M", "us", "GB/s", "%probe", "t/t(1)",
+              "PDL us", "PDL %", "cuBLAS bf16", "speed/elt", "kernel");
   for (const Shape& sh : shapes) {
     // cuBLAS bf16 reference time per M (weights bf16: 2 bytes per element).
     std::vector<float> cublas_us(9, 0.f);
@@ -280,7 +376,7 @@ int Main(int argc, char** argv) {
       Weights wb = MakeWeights(sh, QuantSpec{QuantMode::kNone, 0, 0}, dev.l2_bytes, st);
       for (int m : {1, 2, 4, 8}) {
         const float alpha = 1.f, beta = 0.f;
-        const float ms = TimeMs(st, iters, [&](int i) {
+        const float ms = MedianMs(st, o.iters, [&](int i) {
           const DeviceQuantWeight& v = wb.views[i % wb.views.size()];
           // Column-major view: W is K x N (lda = K); y (N x M) = W^T x.
           cublas.gemm_ex(cublas.h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(sh.rows), m,
@@ -292,7 +388,7 @@ int Main(int argc, char** argv) {
         cublas_us[m] = ms * 1e3f;
       }
     }
-    for (QuantSpec spec : modes) {
+    for (QuantSpec spec : specs) {
       Weights w = MakeWeights(sh, spec, dev.l2_bytes, st);
       struct Run {
         QmmPath path;
@@ -311,23 +407,30 @@ int Main(int argc, char** argv) {
           a.y = y.as<float>();
           a.path = run.path;
           const QmmPath used = Must(ResolveQmmPath(w.views[0], a));
-          const float ms = TimeMs(st, iters, [&](int i) {
-            BENCH_CHECK(QMatmulT(w.views[i % w.views.size()], a, st));
-          });
-          const float us = ms * 1e3f;
+          const std::string kernel = Must(DescribeQmm(w.views[0], a));
+          const float us = TimeQmm(w, a, st, o.iters);
+          float pdl_us = 0;
+          if (used == QmmPath::kTensorCore) {
+            a.overlap = 2;
+            pdl_us = TimeQmm(w, a, st, o.iters);
+          }
           if (m == 1) t1 = us;
           const double bytes = static_cast<double>(w.bytes) + static_cast<double>(m) * sh.cols * (run.xd == DType::kBF16 ? 2 : 4);
           const double gbs = bytes / (us * 1e-6) / 1e9;
-          char cub[32] = "n/a", ratio[32] = "n/a";
+          char cub[32] = "n/a", ratio[32] = "n/a", pdl[32] = "n/a", pdlp[32] = "n/a";
           if (cublas.ok() && run.xd == DType::kBF16) {
             std::snprintf(cub, sizeof(cub), "%.1f us", cublas_us[m]);
             // Same element count on both sides, so time per weight element compares directly.
             std::snprintf(ratio, sizeof(ratio), "%.2fx", cublas_us[m] / us);
           }
-          std::printf("| %-8s | %-15s | %6ldx%-6ld | %-16s | %-4s | %2d | %9.1f | %8.0f | %5.1f%% | %8.2f | %11s | %9s |\n",
+          if (pdl_us > 0) {
+            std::snprintf(pdl, sizeof(pdl), "%.1f", pdl_us);
+            std::snprintf(pdlp, sizeof(pdlp), "%.1f%%", 100.0 * bytes / (pdl_us * 1e-6) / 1e9 / probe);
+          }
+          std::printf("| %-8s | %-15s | %6ldx%-6ld | %-16s | %-4s | %2d | %8.1f | %7.0f | %5.1f%% | %6.2f | %6s | %8s | %11s | %8s | %s\n",
                       sh.model, sh.name, static_cast<long>(sh.rows), static_cast<long>(sh.cols),
                       ModeName(spec).c_str(), QmmPathName(used), m, us, gbs, 100.0 * gbs / probe,
-                      us / t1, cub, ratio);
+                      us / t1, pdl, pdlp, cub, ratio, kernel.c_str());
           std::fflush(stdout);
         }
       }

@@ -32,8 +32,8 @@ status=0
 
 "$bin/cuda_decode_test" --gtest_color=no > "$out/decode_test.txt" 2>&1 || status=1
 
-# Full harness: every op x mode plus the GLM-5.2 / Qwen3-8B shapes (CPU reference included,
-# a few minutes on 16 cores).
+# Full harness: every op x mode plus the GLM-5.2 / Qwen3-8B shapes (CPU reference and test
+# data on all cores: ~20 s on 16 cores).
 RING_GPU_FULL=1 "$bin/cuda_ops_harness_test" --gtest_color=no > "$out/harness.txt" 2>&1 || status=1
 
 "$bin/gpu_gemv_bench" ${BENCH_ARGS:-} > "$out/bench.txt" 2>&1 || status=1

@@ -1,21 +1,19 @@
 // File: kernels/cuda/qgemv.cu
 //
-// Quantized GEMV/GEMM kernels (API and numerics in qgemv.cuh, decoders in quant_decode.cuh).
+// Quantized GEMV/GEMM kernels (API and numerics in qgemv.cuh, decoders in quant_decode.cuh):
+// the host API and dispatch, the prefill GEMM, the SIMT kernels, transpose=false and the
+// embedding gather. The decode GEMV (M <= 8 on the tensor cores) is in qgemv_gemv.cu.
 //
-// Tensor-core family (QmmTcKernel): a warp owns row tiles of 16 weight rows and 8*NT
-// activation rows. Lane (g = lane/4, t = lane%4) loads chunk c = 4*kc + t (32 elements,
-// e.g. one 16-byte load for 4-bit) of weight rows g and g+8 and decodes it into bf16 pairs.
-// The k order inside an mma is free as long as A and B agree, so instead of shuffling
-// weights into the textbook fragment order, each thread feeds its own chunk: for word
-// group W and j in {0,2}, the mma's logical k slots (2t, 2t+1 | 2t+8, 2t+9) carry the
-// chunk's elements (8W+j, 8W+j+4 | 8W+j+1, 8W+j+5), and the B operand (activations of
-// token g) is permuted identically with two byte-permutes per pair. One 128-element
-// k-slice (4 lanes x 32) therefore takes 8 mma.m16n8k16 per 16 rows with no shared memory.
-//   GEMV (M <= 8, NT = 1): the block's warps split K (warps_k of them) and reduce through
-//     shared memory in a fixed order (deterministic); weights are read with evict-first
-//     loads, U chunks per lane in flight.
-//   GEMM (M > 8): each warp covers 16*WR rows x 8*NT tokens over all of K; four warps per
-//     block share the weight tile through L1.
+// Tensor-core GEMM (QmmTcKernel, M > 8): a warp owns row tiles of 16*WR weight rows and
+// 8*NT activation rows over all of K; four warps per block share the weight tile through
+// L1. Lane (g = lane/4, t = lane%4) loads chunk c = 4*kc + t (32 elements, e.g. one 16-byte
+// load for 4-bit) of weight rows g and g+8 and decodes it into bf16 pairs. The k order
+// inside an mma is free as long as A and B agree, so instead of shuffling weights into the
+// textbook fragment order, each thread feeds its own chunk: for word group W and j in
+// {0,2}, the mma's logical k slots (2t, 2t+1 | 2t+8, 2t+9) carry the chunk's elements
+// (8W+j, 8W+j+4 | 8W+j+1, 8W+j+5), and the B operand (activations of token g) is permuted
+// identically with two byte-permutes per pair. One 128-element k-slice (4 lanes x 32)
+// therefore takes 8 mma.m16n8k16 per 16 rows with no shared memory.
 // SIMT family (QmmSimtKernel): a warp owns 2 weight rows, lanes stride over chunks, each
 // element is dequantized exactly (fp32) and FMAed with up to MB activation rows, then a
 // butterfly reduction. QmmNKernel (transpose=false) and EmbedKernel use the same decoders.
@@ -28,172 +26,14 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/qgemv_internal.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/status.h"
 
 namespace ring::cuda {
 namespace {
 
-using qdec::kChunk;
-
-// Device view of a weight (POD, passed by value).
-struct WeightView {
-  const uint32_t* w;
-  const void* scales;
-  const void* biases;
-  int64_t batch, rows, cols;
-  int64_t row_words;   // words per logical row
-  int64_t scale_cols;  // scale entries per row
-  int group_shift;     // affine: log2(group / 32)
-  float gs_factor;     // nvfp4: global_scale / (448 * 6), 0 when absent
-};
-
-struct QmmParams {
-  WeightView w;
-  const void* x;
-  int x_bf16;
-  int64_t ldx, m;
-  float* y;
-  int64_t ldy;
-  const int32_t* ids;
-  int64_t batch_begin;
-  int64_t x_pstride, x_pdiv, y_pstride;
-  int round_bf16;
-};
-
-// ---- device helpers --------------------------------------------------------------------
-template <class F>
-struct ScaleLoader;
-
-template <int kBits, class ST>
-struct ScaleLoader<qdec::Affine<kBits, ST>> {
-  using F = qdec::Affine<kBits, ST>;
-  __device__ static typename F::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    using S = typename ST::Storage;
-    const int64_t i = srow + (chunk >> v.group_shift);
-    const S s = __ldg(static_cast<const S*>(v.scales) + i);
-    const S b = __ldg(static_cast<const S*>(v.biases) + i);
-    return F::MakeScale(ST::Load(s), ST::Load(b));
-  }
-};
-template <>
-struct ScaleLoader<qdec::Mxfp4> {
-  __device__ static qdec::Mxfp4::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    return qdec::Mxfp4::MakeScale(__ldg(static_cast<const uint8_t*>(v.scales) + srow + chunk));
-  }
-};
-template <>
-struct ScaleLoader<qdec::Mxfp8> {
-  __device__ static qdec::Mxfp8::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    return qdec::Mxfp8::MakeScale(__ldg(static_cast<const uint8_t*>(v.scales) + srow + chunk));
-  }
-};
-template <>
-struct ScaleLoader<qdec::Nvfp4> {
-  __device__ static qdec::Nvfp4::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    // Two 16-element groups per chunk: scale bytes 2c and 2c+1 (2-byte aligned).
-    const uint16_t two = __ldg(reinterpret_cast<const uint16_t*>(
-        static_cast<const uint8_t*>(v.scales) + srow + 2 * chunk));
-    return qdec::Nvfp4::MakeScale(two, v.gs_factor);
-  }
-};
-template <class F>
-struct DenseScaleLoader {
-  __device__ static typename F::Scale Load(const WeightView&, int64_t, int64_t) { return {}; }
-};
-template <>
-struct ScaleLoader<qdec::DenseBf16> : DenseScaleLoader<qdec::DenseBf16> {};
-template <>
-struct ScaleLoader<qdec::DenseF16> : DenseScaleLoader<qdec::DenseF16> {};
-template <>
-struct ScaleLoader<qdec::DenseF32> : DenseScaleLoader<qdec::DenseF32> {};
-
-// One chunk of one row: kWords words at p (aligned to the chunk size up to 16 bytes).
-// kStream marks weights that are read once (GEMV): evict-first keeps L2 for activations.
-template <int kWords, bool kStream>
-__device__ __forceinline__ void LoadRaw(const uint32_t* p, uint32_t (&raw)[kWords]) {
-  if constexpr (kWords % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < kWords / 4; ++i) {
-      const uint4* q = reinterpret_cast<const uint4*>(p) + i;
-      const uint4 v = kStream ? __ldcs(q) : __ldg(q);
-      raw[4 * i] = v.x;
-      raw[4 * i + 1] = v.y;
-      raw[4 * i + 2] = v.z;
-      raw[4 * i + 3] = v.w;
-    }
-  } else if constexpr (kWords % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < kWords / 2; ++i) {
-      const uint2* q = reinterpret_cast<const uint2*>(p) + i;
-      const uint2 v = kStream ? __ldcs(q) : __ldg(q);
-      raw[2 * i] = v.x;
-      raw[2 * i + 1] = v.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) raw[i] = kStream ? __ldcs(p + i) : __ldg(p + i);
-  }
-}
-
-// Slice of weight row `row` of batch b, and the start of its scale row.
-__device__ __forceinline__ const uint32_t* RowPtr(const WeightView& v, int64_t b, int64_t row) {
-  return v.w + (b * v.rows + row) * v.row_words;
-}
-__device__ __forceinline__ int64_t ScaleRow(const WeightView& v, int64_t b, int64_t row) {
-  return (b * v.rows + row) * v.scale_cols;
-}
-
-// Which batch slice problem p uses; false when an expert id is out of range.
-__device__ __forceinline__ bool ProblemBatch(const QmmParams& p, int64_t prob, int64_t* b) {
-  const int64_t v = p.ids != nullptr ? static_cast<int64_t>(__ldg(p.ids + prob))
-                                     : (p.w.batch == 1 ? 0 : p.batch_begin + prob);
-  *b = v;
-  return v >= 0 && v < p.w.batch;
-}
-
-__device__ __forceinline__ float FinishOutput(float v, bool bad, int round_bf16) {
-  if (bad) return __int_as_float(0x7fc00000);
-  return round_bf16 ? qdec::RoundToBf16(v) : v;
-}
-
-// Eight activations x[k..k+8) of one row as fp32.
-__device__ __forceinline__ void LoadX8(const void* row, int x_bf16, int64_t k, float out[8]) {
-  if (x_bf16) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k));
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = qdec::Bf16ToF32(w[i]);
-      out[2 * i + 1] = qdec::Bf16ToF32(w[i] >> 16);
-    }
-  } else {
-    const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(row) + k);
-    const float4 a = __ldg(q), b = __ldg(q + 1);
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
-  }
-}
-__device__ __forceinline__ float LoadX1(const void* row, int x_bf16, int64_t k) {
-  return x_bf16 ? qdec::Bf16ToF32(__ldg(static_cast<const uint16_t*>(row) + k))
-                : __ldg(static_cast<const float*>(row) + k);
-}
-__device__ __forceinline__ const void* XRow(const QmmParams& p, int64_t prob, int64_t tok) {
-  const int64_t off = (prob / p.x_pdiv) * p.x_pstride + tok * p.ldx;
-  return p.x_bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(p.x) + off)
-                  : static_cast<const void*>(static_cast<const float*>(p.x) + off);
-}
-
-__device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
+using namespace internal;
 
 // ---- tensor-core kernel --------------------------------------------------------------
 constexpr int kMaxTcThreads = 512;
@@ -762,7 +602,7 @@ absl::StatusOr<QmmParams> MakeParams(const DeviceQuantWeight& w, const QMatmulAr
   return p;
 }
 
-enum class Family { kSimt, kTc };
+enum class Family { kSimt, kTcGemv, kTcGemm };
 
 // bf16_exact: the format's values are bf16 (F::kBf16Exact) for this weight; nvfp4 with a
 // global scale is not (its dequantized values stay fp32).
@@ -770,57 +610,50 @@ bool Bf16Exact(bool format_exact, const DeviceQuantWeight& w) {
   return format_exact && !(w.spec.mode == QuantMode::kNvfp4 && w.global_scale != 0.f);
 }
 
-absl::StatusOr<Family> PickFamily(bool bf16_exact, const QMatmulArgs& a) {
-  const bool eligible = bf16_exact && a.x_dtype == DType::kBF16;
+// Auto: M <= 8 takes the decode GEMV where it has a kernel for the format, else the exact
+// SIMT kernel (never the GEMM, whose affine weights are rounded to bf16); M > 8 takes the
+// GEMM for formats with bf16 values, else SIMT. Forced kTensorCore: the GEMV where it
+// applies, else the GEMM.
+absl::StatusOr<Family> PickFamily(bool bf16_exact, const DeviceQuantWeight& w, const QMatmulArgs& a) {
   if (a.path == QmmPath::kSimt) return Family::kSimt;
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
-  const Family hw = SelectArchVariant<Family>(**dev, {{80, kAnyCc, Family::kTc}}, Family::kSimt);
+  const bool hw = SelectArchVariant<bool>(**dev, {{80, kAnyCc, true}}, false);
+  const bool bf16_x = a.x_dtype == DType::kBF16;
+  const bool gemv = hw && bf16_x && a.m <= 8 && GemvSupports(w);
+  const bool gemm = hw && bf16_x && bf16_exact;
   if (a.path == QmmPath::kTensorCore) {
-    if (!eligible || hw != Family::kTc) {
-      return absl::InvalidArgumentError(
-          "tensor-core path needs bf16 x, a format with exact bf16 values and sm_80+ code");
-    }
-    return Family::kTc;
+    if (gemv) return Family::kTcGemv;
+    if (gemm) return Family::kTcGemm;
+    return absl::InvalidArgumentError(
+        "tensor-core path needs bf16 x, sm_80+ code and a format with exact bf16 values (or "
+        "4-bit affine at M <= 8)");
   }
-  return eligible ? hw : Family::kSimt;
-}
-
-int PowerOfTwoAtMost(int64_t v) {
-  int p = 1;
-  while (static_cast<int64_t>(p) * 2 <= v) p *= 2;
-  return p;
+  if (a.m <= 8) return gemv ? Family::kTcGemv : Family::kSimt;
+  return gemm ? Family::kTcGemm : Family::kSimt;
 }
 
 template <class F>
-absl::Status LaunchT(const QmmParams& p, int64_t problems, Family fam, cudaStream_t stream) {
+absl::Status LaunchT(const DeviceQuantWeight& w, const QmmParams& p, const QMatmulArgs& a,
+                     Family fam, cudaStream_t stream, std::string* describe) {
   const int64_t rows = p.w.rows;
-  if (fam == Family::kTc) {
+  const int64_t problems = a.problems;
+  if (fam == Family::kTcGemv) return LaunchGemv(w, p, problems, a.overlap, stream, describe);
+  if (fam == Family::kTcGemm) {
     if constexpr (F::kBf16Exact) {
-      if (p.m <= 8) {
-        absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
-        if (!dev.ok()) return dev.status();
-        // Enough warps in flight to cover DRAM latency (~32 per SM), split along K when the
-        // matrix has few row tiles; never more splits than 128-element k-slices.
-        const int64_t tiles = (rows + 15) / 16 * problems;
-        const int64_t want = static_cast<int64_t>((*dev)->sm_count) * 32;
-        const int64_t nkc = (p.w.cols / kChunk + 3) / 4;
-        int64_t wk = std::clamp<int64_t>((want + tiles - 1) / tiles, 4, 16);
-        wk = std::min<int64_t>(PowerOfTwoAtMost(wk), std::max<int64_t>(1, PowerOfTwoAtMost(nkc)));
-        const dim3 grid(static_cast<unsigned>((rows + 15) / 16), 1, static_cast<unsigned>(problems));
-        const size_t smem = wk > 1 ? static_cast<size_t>(wk) * 32 * 4 * sizeof(float) : 0;
-        QmmTcKernel<F, 1, 1, true><<<grid, static_cast<unsigned>(wk * 32), smem, stream>>>(
-            p, static_cast<int>(wk));
-      } else {
-        constexpr int WR = F::kWords >= 8 ? 1 : 2;
-        constexpr int NT = 4, kWarpsTok = 4;
-        const dim3 grid(static_cast<unsigned>((rows + 16 * WR - 1) / (16 * WR)),
-                        static_cast<unsigned>((p.m + 8 * NT * kWarpsTok - 1) / (8 * NT * kWarpsTok)),
-                        static_cast<unsigned>(problems));
-        if (grid.y > 65535) return absl::InvalidArgumentError("too many activation rows");
-        static_assert(kWarpsTok * 32 == kGemmThreads);
-        QmmTcKernel<F, WR, NT, false><<<grid, kGemmThreads, 0, stream>>>(p, 1);
+      constexpr int WR = F::kWords >= 8 ? 1 : 2;
+      constexpr int NT = 4, kWarpsTok = 4;
+      const dim3 grid(static_cast<unsigned>((rows + 16 * WR - 1) / (16 * WR)),
+                      static_cast<unsigned>((p.m + 8 * NT * kWarpsTok - 1) / (8 * NT * kWarpsTok)),
+                      static_cast<unsigned>(problems));
+      if (grid.y > 65535) return absl::InvalidArgumentError("too many activation rows");
+      if (describe != nullptr) {
+        *describe = absl::StrFormat("gemm wr%d nt%d blk%d grid%dx%dx%d", WR, NT, kGemmThreads,
+                                    grid.x, grid.y, grid.z);
+        return absl::OkStatus();
       }
+      static_assert(kWarpsTok * 32 == kGemmThreads);
+      QmmTcKernel<F, WR, NT, false><<<grid, kGemmThreads, 0, stream>>>(p, 1);
       RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       return absl::OkStatus();
     }
@@ -831,6 +664,11 @@ absl::Status LaunchT(const QmmParams& p, int64_t problems, Family fam, cudaStrea
   const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>((p.m + mb - 1) / mb), static_cast<unsigned>(problems));
   if (grid.y > 65535) return absl::InvalidArgumentError("too many activation rows");
+  if (describe != nullptr) {
+    *describe = absl::StrFormat("simt mb%d blk%d grid%dx%dx%d", mb, kSimtWarps * 32, grid.x,
+                                grid.y, grid.z);
+    return absl::OkStatus();
+  }
   if (mb == 1) {
     QmmSimtKernel<F, 1><<<grid, kSimtWarps * 32, 0, stream>>>(p);
   } else {
@@ -884,8 +722,8 @@ absl::StatusOr<QmmPath> ResolveQmmPath(const DeviceQuantWeight& w, const QMatmul
   QmmPath out = QmmPath::kSimt;
   RING_RETURN_IF_ERROR(WithFormat(w, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
-    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), a));
-    out = fam == Family::kTc ? QmmPath::kTensorCore : QmmPath::kSimt;
+    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), w, a));
+    out = fam == Family::kSimt ? QmmPath::kSimt : QmmPath::kTensorCore;
     return absl::OkStatus();
   }));
   return out;
@@ -895,9 +733,25 @@ absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStre
   return WithFormat(w, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
     RING_ASSIGN_OR_RETURN(const QmmParams p, MakeParams(w, a, w.cols, w.rows));
-    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), a));
-    return LaunchT<F>(p, a.problems, fam, stream);
+    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), w, a));
+    return LaunchT<F>(w, p, a, fam, stream, nullptr);
   });
+}
+
+absl::StatusOr<std::string> DescribeQmm(const DeviceQuantWeight& w, const QMatmulArgs& a) {
+  std::string out;
+  RING_RETURN_IF_ERROR(WithFormat(w, [&](auto fmt) -> absl::Status {
+    using F = decltype(fmt);
+    QMatmulArgs probe = a;
+    // Parameter checks need pointers; describing needs none of the data.
+    alignas(16) static const float kDummy[4] = {};
+    if (probe.x == nullptr) probe.x = kDummy;
+    if (probe.y == nullptr) probe.y = const_cast<float*>(kDummy);
+    RING_ASSIGN_OR_RETURN(const QmmParams p, MakeParams(w, probe, w.cols, w.rows));
+    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), w, probe));
+    return LaunchT<F>(w, p, probe, fam, nullptr, &out);
+  }));
+  return out;
 }
 
 absl::Status QMatmulN(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream) {

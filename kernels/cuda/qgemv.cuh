@@ -7,13 +7,20 @@
 // bits {2,3,4,5,6,8} x group {32,64,128} with bf16/fp16/fp32 scales, unquantized
 // bf16/fp16/fp32.
 //
-// Two kernel families, chosen by ResolveQmmPath (through SelectArchVariant, device.h):
-//   kTensorCore  bf16 mma.sync (sm_80+). Used when x is bf16 and the format's dequantized
-//                values are exact bf16 (fp modes, affine with bf16 scales, bf16 weights).
-//                Products are then exact; only the fp32 summation order differs from the
-//                CPU reference. Streams 16-byte weight loads, M = 1..8 costs one pass.
+// Kernel families, chosen by ResolveQmmPath (through SelectArchVariant, device.h):
+//   kTensorCore  bf16 mma.sync (sm_80+), x in bf16. Two kernels:
+//     decode GEMV (M <= 8, qgemv_gemv.cu): memory-bound, every weight byte read once
+//       whatever M is. Formats: mxfp4, nvfp4 without global scale, mxfp8, bf16 (values
+//       exact in bf16: products exact) and 4-bit affine with bf16 scales (any group) or
+//       fp16 scales (group 64), computed exactly (integer codes on the tensor cores, scale
+//       and bias per group in fp32). Matches the CPU reference up to fp32 summation order.
+//     prefill GEMM (M > 8): formats whose dequantized values are exact bf16 (fp modes, bf16
+//       weights, and affine with bf16 scales, whose weights T(T(s*q)+b) are rounded to bf16
+//       first as mx.dequantize / MLX's CUDA kernels do: not the CPU reference's fp32
+//       s*q+b, a relative difference <= 2^-8 per weight).
 //   kSimt        fp32 CUDA-core FMA, exact dequantization for every format and x in fp32
-//                or bf16: the portable path and the reference-accurate one.
+//                or bf16: the portable path and the reference-accurate one. Taken for
+//                fp32 x and for formats neither tensor-core kernel handles at that M.
 //
 // Shapes and layout: W is [batch, rows, cols] (logical; packed per kernels/quant.h), the
 // quantized axis is `cols`, which must be a multiple of 32. x and y are row-major.
@@ -29,6 +36,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -82,6 +90,12 @@ struct QMatmulArgs {
   int64_t y_problem_stride = 0;
   bool round_bf16 = false;
   QmmPath path = QmmPath::kAuto;  // force a family (tests, bench)
+  // Programmatic dependent launch for the decode GEMV (sm_90+; ignored elsewhere). 0: off.
+  // 1: the kernel may become resident while the previous kernel in the stream still runs
+  //    and waits for it (griddepcontrol.wait) before touching any memory.
+  // 2: as 1, but it streams its first weights before that wait (expert ids, x and y still
+  //    after it): only valid when no kernel that may still be running writes the weight.
+  int overlap = 0;
 };
 
 absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream);
@@ -90,6 +104,9 @@ absl::Status QMatmulN(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStre
 // The family QMatmulT will run for these arguments on the current device (InvalidArgument
 // when a forced kTensorCore is not applicable).
 absl::StatusOr<QmmPath> ResolveQmmPath(const DeviceQuantWeight& w, const QMatmulArgs& a);
+
+// One line naming the kernel and launch configuration QMatmulT would use (bench, logs).
+absl::StatusOr<std::string> DescribeQmm(const DeviceQuantWeight& w, const QMatmulArgs& a);
 
 // Embedding lookup: out[t, :] = dequant(W[ids[t], :]) for t < n, W a 2-D weight
 // [vocab, hidden]; out is F32 or BF16 [n, hidden]. Out-of-range ids give NaN rows.
@@ -100,6 +117,11 @@ absl::Status EmbedRows(const DeviceQuantWeight& w, const int32_t* ids, int64_t n
 // exact path on the device and returns how many packed bf16 pairs differ (0 expected).
 // Applies to formats with exact bf16 values; others return 0.
 absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& w);
+
+// Bench/test hook for the decode GEMV: variant < 0 = automatic, 0 = 16 rows per warp,
+// 1 = 32 rows per warp (half the steps per batch; the affine kernel always uses 16);
+// wk_cap = most warps splitting K in a block (<= 0 = automatic).
+void TEST_SetQgemvTuning(int variant, int wk_cap);
 
 }  // namespace ring::cuda
 

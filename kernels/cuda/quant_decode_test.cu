@@ -128,6 +128,21 @@ TEST(QuantDecode, Affine4Bf16FastPairsEqualExactDecode) {
   }
 }
 
+// The exact affine GEMV's operand: bf16 (128 + q) in the shared pair order.
+TEST(QuantDecode, Affine4BiasedPairsAreExactCodes) {
+  std::mt19937 rng(6);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const uint32_t v = trial < 16 ? trial * 0x11111111u : static_cast<uint32_t>(rng());
+    uint32_t out[4];
+    Affine4BiasedPairs(v, out);
+    for (int j = 0; j < 4; ++j) {
+      const float lo = Bf16ToF32(out[j]), hi = Bf16ToF32(out[j] >> 16);
+      EXPECT_EQ(lo, 128.f + static_cast<float>((v >> (4 * j)) & 15u)) << std::hex << v << " j " << j;
+      EXPECT_EQ(hi, 128.f + static_cast<float>((v >> (4 * j + 16)) & 15u)) << std::hex << v << " j " << j;
+    }
+  }
+}
+
 TEST(QuantDecode, DenseBf16PairsAreAPermutation) {
   std::mt19937 rng(4);
   uint32_t raw[16];

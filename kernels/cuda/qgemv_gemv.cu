@@ -1,0 +1,593 @@
+// File: kernels/cuda/qgemv_gemv.cu
+//
+// The decode GEMV: y[m, rows] = x[m, cols] @ W^T for m <= 8 bf16 activation rows, on the
+// tensor cores (bf16 mma.sync m16n8k16, fp32 accumulation). Memory-bound by design: every
+// weight byte is read once with 16-byte (or 8-byte) streaming loads, whatever m is; the 8
+// token columns of the mma are free, so m = 8 costs what m = 1 costs.
+//
+// Work split. A warp owns a tile of 16*WR weight rows (WR = 1 or 2) and a contiguous range
+// of K steps; warps_k warps of a block share a tile and reduce their partial sums through
+// shared memory in a fixed order (deterministic). Lane (g = lane/4, t = lane%4) holds rows
+// g and g+8 of each 16-row sub-tile and, in step s, slice 4s+t of those rows; the 4 lanes of
+// a quad therefore read 4 consecutive slices of a row (64 contiguous bytes for 4-bit
+// formats). A lane issues all its loads of a batch of U steps (16-byte loads at constant
+// offsets from one pointer per row) before decoding any (2-4 KB in flight per warp).
+//
+// Cost model (H200, ncu, lm_head mxfp4): the kernel is bound by instruction issue, not by
+// DRAM: the mxfp4 decode is 17 instructions per 8 weights (qdec::Mxfp4::PairsFast) and the
+// whole kernel executes ~3.0 instructions per weight per lane at ~63% issue efficiency,
+// which caps it near 70% of the bandwidth probe. 32-row tiles (WR = 2) halve the
+// activation loads and permutes per weight.
+//
+// Operand order. The k order inside an mma is free as long as A and B agree: lane t feeds
+// its own slice, pairing elements (8W+j, 8W+j+4) of each 8-element block W (the cheap order
+// for packed nibbles, qdec::*Pairs); its B operand (activations of token g) is the same
+// 8 elements permuted with byte permutes (qdec::PairsOf16bitQuad).
+//
+// Two decode policies:
+//   OwnChunk<F>  mxfp4 / nvfp4 (no global scale) / mxfp8 / bf16: slice = one 32-element
+//                chunk; the group scale is folded into the bf16 weights (exact: these
+//                formats' values are bf16 numbers), accumulation straight into the mma.
+//   Affine4<LW>  4-bit affine, group G = 32*LW: the quad shares one group per step (lane
+//                slice = LW words), so an mma never mixes groups. A = 128 + q (exact), and
+//                per group, in fp32: acc += s * sum x (128 + q) + (b - 128 s) * sum x, with
+//                sum x from one extra mma against ones. No weight is ever rounded: the
+//                result is the fp32 weights' dot product up to summation order (the CPU
+//                reference computes w = fma(s, q, b) in fp32, MLX's CPU/Metal kernels do
+//                the same per-group sums).
+//
+// Programmatic dependent launch (QMatmulArgs::overlap, sm_90): every block triggers its
+// dependents at once, so the next kernel in the stream can become resident while this one
+// drains. overlap 1 waits (griddepcontrol.wait) before any memory access; overlap 2 issues
+// the first batch of weight loads before waiting, hiding their latency under the previous
+// kernel's tail (expert ids, x and y are only touched after the wait).
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/qgemv_internal.cuh"
+#include "kernels/cuda/quant_decode.cuh"
+
+namespace ring::cuda {
+namespace internal {
+namespace {
+
+constexpr int kGemvMaxThreads = 512;
+constexpr uint32_t kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ void GridDepWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void GridDepLaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Weight loads: read once, so they bypass L1 (no_allocate).
+template <int kWords>
+__device__ __forceinline__ void LoadStream(const uint32_t* p, uint32_t* raw) {
+  if constexpr (kWords % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+          : "=r"(raw[4 * i]), "=r"(raw[4 * i + 1]), "=r"(raw[4 * i + 2]), "=r"(raw[4 * i + 3])
+          : "l"(p + 4 * i));
+    }
+  } else if constexpr (kWords == 2) {
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(raw[0]), "=r"(raw[1]) : "l"(p));
+  } else {
+    static_assert(kWords == 1);
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(raw[0]) : "l"(p));
+  }
+}
+
+// ---- decode policies -----------------------------------------------------------------------
+// Raw scale bits of one chunk (kept in one register while the loads are in flight).
+template <class F>
+struct ChunkScale {  // dense matrices: no scales
+  static constexpr bool kHasFast = false;
+  __device__ static uint32_t LoadAt(const uint8_t*, int) { return 0u; }
+  __device__ static typename F::Scale Make(uint32_t, const WeightView&) { return F::ZeroScale(); }
+};
+template <>
+struct ChunkScale<qdec::Mxfp4> {
+  static constexpr bool kHasFast = true;
+  // `row` points at the row's first scale byte.
+  __device__ static uint32_t LoadAt(const uint8_t* row, int c) { return __ldg(row + c); }
+  __device__ static bool Fast(uint32_t u) { return u <= 128u; }
+  __device__ static qdec::Mxfp4::Scale Make(uint32_t u, const WeightView&) {
+    return qdec::Mxfp4::MakeScale(u);
+  }
+};
+template <>
+struct ChunkScale<qdec::Mxfp8> {
+  static constexpr bool kHasFast = false;
+  __device__ static uint32_t LoadAt(const uint8_t* row, int c) { return __ldg(row + c); }
+  __device__ static qdec::Mxfp8::Scale Make(uint32_t u, const WeightView&) {
+    return qdec::Mxfp8::MakeScale(u);
+  }
+};
+template <>
+struct ChunkScale<qdec::Nvfp4> {
+  static constexpr bool kHasFast = false;
+  __device__ static uint32_t LoadAt(const uint8_t* row, int c) {
+    return __ldg(reinterpret_cast<const uint16_t*>(row + 2 * c));
+  }
+  __device__ static qdec::Nvfp4::Scale Make(uint32_t two, const WeightView& v) {
+    return qdec::Nvfp4::MakeScale(two, v.gs_factor);
+  }
+};
+
+template <class F>
+struct OwnChunk {
+  static constexpr bool kAffine = false;
+  static constexpr int kScaleEntryBytes = 1;  // u8 scales (dense: unused)
+  static constexpr int kWords = F::kWords;  // words per lane slice (one chunk)
+  static constexpr int kBlocks = 4;         // 8-element blocks per slice
+  static constexpr int kSliceElems = qdec::kChunk;
+  using Fmt = F;
+};
+
+template <int LW, class ST>
+struct Affine4 {
+  static constexpr bool kAffine = true;
+  static constexpr int kWords = LW;
+  static constexpr int kBlocks = LW;
+  static constexpr int kSliceElems = 8 * LW;
+  static constexpr int kScaleEntryBytes = 2;
+  using Scale = ST;
+
+  // Scale and bias of group `grp` packed as (bias << 16) | scale (16-bit dtypes only):
+  // `row` points at the row's first scale, its bias sits `bdelta` bytes further.
+  __device__ static uint32_t LoadAt(const uint8_t* row, int64_t bdelta, int grp) {
+    const uint32_t sv = __ldg(reinterpret_cast<const uint16_t*>(row) + grp);
+    const uint32_t bv = __ldg(reinterpret_cast<const uint16_t*>(row + bdelta) + grp);
+    return sv | (bv << 16);
+  }
+  __device__ static float S(uint32_t sb) { return ST::Load(sb & 0xffffu); }
+  __device__ static float B(uint32_t sb) { return ST::Load(sb >> 16); }
+};
+
+// Bytes between the scales of consecutive chunks as LoadAt(row, c) addresses them, so that
+// LoadAt(row + c0 * bytes, c) == LoadAt(row, c0 + c).
+template <class P>
+__host__ __device__ constexpr int ScaleBytesPerChunk() {
+  if constexpr (P::kAffine) {
+    return 0;
+  } else if constexpr (std::is_same_v<typename P::Fmt, qdec::Nvfp4>) {
+    return 2;
+  } else if constexpr (std::is_same_v<typename P::Fmt, qdec::Mxfp4> ||
+                       std::is_same_v<typename P::Fmt, qdec::Mxfp8>) {
+    return 1;
+  } else {
+    return 0;  // dense: no scales
+  }
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+// Indices of steps and slices are 32-bit (they count 16-byte pieces of one row); the few
+// 64-bit row pointers are computed once. Rows past the matrix end read the last row (valid
+// memory, results never written) and a bad expert id reads slice 0 (its outputs become
+// NaN), so the loads of a full batch need no predicates; only the tail batch of a warp's
+// step range (steps past the range, or slices past the row end when cols % 128 != 0) is
+// predicated and zero-filled. pdl: 0 plain launch; 1 / 2 = QMatmulArgs::overlap.
+template <class P, int WR, int U>
+__global__ void __launch_bounds__(kGemvMaxThreads, 1)
+    QgemvKernel(QmmParams p, int warps_k, int tiles_pb, int pdl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int KW = P::kWords;
+  constexpr int NB = P::kBlocks;
+  constexpr int SE = P::kSliceElems;
+  constexpr uint32_t kOnes = 0x3f803f80u;  // bf16x2 (1, 1)
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5;
+  const int wk = warp % warps_k, tl = warp / warps_k;
+  if (pdl != 0) GridDepLaunchDependents();
+  const bool early = pdl == 2 && p.ids == nullptr;
+  if (pdl != 0 && !early) GridDepWait();
+
+  const int64_t prob = blockIdx.z;
+  int64_t b = 0;
+  const bool bad = !ProblemBatch(p, prob, &b);
+  if (bad) b = 0;
+  const int64_t row_base = (static_cast<int64_t>(blockIdx.x) * tiles_pb + tl) * (16 * WR);
+  const int nslices = static_cast<int>(p.w.cols / SE);
+  const int nsteps = (nslices + 3) >> 2;
+
+  const uint32_t* wp[WR][2];
+  const uint8_t* sp[WR][2];
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min(row_base + wr * 16 + g + 8 * h, p.w.rows - 1);
+      wp[wr][h] = RowPtr(p.w, b, row) + t * KW;
+      sp[wr][h] = static_cast<const uint8_t*>(p.w.scales) + ScaleRow(p.w, b, row) * P::kScaleEntryBytes;
+    }
+  }
+  int64_t bdelta = 0;
+  if constexpr (P::kAffine) {
+    bdelta = static_cast<const uint8_t*>(p.w.biases) - static_cast<const uint8_t*>(p.w.scales);
+  }
+  const bool tv = g < p.m;
+  // x of token g is read only after the dependency wait; the pointer itself is plain math.
+  const uint16_t* xg = static_cast<const uint16_t*>(XRow(p, prob, tv ? g : 0)) + t * SE;
+
+  float acc[WR][4];
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[wr][i] = 0.f;
+
+  // This warp's steps: a contiguous range, a multiple of U long, so that only the warp
+  // holding the matrix's last steps has a partial batch.
+  const int per0 = (nsteps + warps_k - 1) / warps_k;
+  const int per = (per0 + U - 1) / U * U;
+  const int s_begin = wk * per;
+  const int s_end = min(nsteps, s_begin + per);
+  const int full_end = min(s_end, nslices >> 2);
+
+  auto batch = [&]<bool kFull>(int s0) {
+    uint32_t raw[U][WR][2][KW];
+    uint32_t sr[U][WR][2];
+    bool sv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) sv[u] = kFull || (s0 + u < s_end && 4 * (s0 + u) + t < nslices);
+#pragma unroll
+    for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // One pointer per row and batch; the U steps are constant offsets from it.
+        const uint32_t* q = wp[wr][h] + static_cast<uint32_t>(s0 * (4 * KW));
+        const uint8_t* sq = sp[wr][h] + static_cast<uint32_t>(
+            P::kAffine ? s0 * P::kScaleEntryBytes : (4 * s0 + t) * ScaleBytesPerChunk<P>());
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (sv[u]) {
+            LoadStream<KW>(q + u * (4 * KW), raw[u][wr][h]);
+            if constexpr (P::kAffine) {
+              sr[u][wr][h] = P::LoadAt(sq, bdelta, u);  // the quad's group
+            } else {
+              sr[u][wr][h] = ChunkScale<typename P::Fmt>::LoadAt(sq, 4 * u);
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < KW; ++i) raw[u][wr][h][i] = 0u;
+            sr[u][wr][h] = 0u;
+          }
+        }
+      }
+    }
+    if (early) GridDepWait();
+
+    // mxfp4: one warp-wide vote per batch picks the fast decoder (every scale <= 2^1).
+    bool fast = false;
+    if constexpr (!P::kAffine) {
+      if constexpr (ChunkScale<typename P::Fmt>::kHasFast) {
+        bool mine = true;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int wr = 0; wr < WR; ++wr)
+            mine = mine && ChunkScale<typename P::Fmt>::Fast(sr[u][wr][0]) &&
+                   ChunkScale<typename P::Fmt>::Fast(sr[u][wr][1]);
+        fast = __all_sync(kFullMask, mine);
+      }
+    }
+    (void)fast;
+
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int xoff = (s0 + u) * (4 * SE);
+      uint32_t xq[NB][4];
+#pragma unroll
+      for (int w = 0; w < NB; ++w) {
+        if (sv[u] && tv) {
+          const uint4 v = __ldg(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
+          qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[w]);
+        } else {
+          xq[w][0] = xq[w][1] = xq[w][2] = xq[w][3] = 0u;
+        }
+      }
+      if constexpr (P::kAffine) {
+        float cg[WR][4], xs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) cg[wr][i] = 0.f;
+#pragma unroll
+        for (int w = 0; w < NB; ++w) {
+#pragma unroll
+          for (int wr = 0; wr < WR; ++wr) {
+            uint32_t a0[4], a1[4];
+            qdec::Affine4BiasedPairs(raw[u][wr][0][w], a0);
+            qdec::Affine4BiasedPairs(raw[u][wr][1][w], a1);
+            MmaBf16(cg[wr], a0[0], a1[0], a0[1], a1[1], xq[w][0], xq[w][1]);
+            MmaBf16(cg[wr], a0[2], a1[2], a0[3], a1[3], xq[w][2], xq[w][3]);
+          }
+          MmaBf16(xs, kOnes, kOnes, kOnes, kOnes, xq[w][0], xq[w][1]);
+          MmaBf16(xs, kOnes, kOnes, kOnes, kOnes, xq[w][2], xq[w][3]);
+        }
+        // c0/c1: row g, tokens 2t/2t+1; c2/c3: row g+8. xs[0] = xs[2] = sum x of token 2t.
+#pragma unroll
+        for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float sc = P::S(sr[u][wr][h]);
+            const float bb = fmaf(-128.f, sc, P::B(sr[u][wr][h]));
+            acc[wr][2 * h] = fmaf(bb, xs[0], fmaf(sc, cg[wr][2 * h], acc[wr][2 * h]));
+            acc[wr][2 * h + 1] = fmaf(bb, xs[1], fmaf(sc, cg[wr][2 * h + 1], acc[wr][2 * h + 1]));
+          }
+        }
+      } else {
+        using F = typename P::Fmt;
+        using CS = ChunkScale<F>;
+        if (fast) {
+          if constexpr (CS::kHasFast) {
+            uint32_t f2[WR][2];
+#pragma unroll
+            for (int wr = 0; wr < WR; ++wr) {
+              f2[wr][0] = F::FastFactor(sr[u][wr][0]);
+              f2[wr][1] = F::FastFactor(sr[u][wr][1]);
+            }
+#pragma unroll
+            for (int w = 0; w < NB; ++w) {
+#pragma unroll
+              for (int wr = 0; wr < WR; ++wr) {
+                uint32_t a0[4], a1[4];
+                F::PairsFast(raw[u][wr][0][w], f2[wr][0], a0);
+                F::PairsFast(raw[u][wr][1][w], f2[wr][1], a1);
+                MmaBf16(acc[wr], a0[0], a1[0], a0[1], a1[1], xq[w][0], xq[w][1]);
+                MmaBf16(acc[wr], a0[2], a1[2], a0[3], a1[3], xq[w][2], xq[w][3]);
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int w = 0; w < NB; ++w) {
+#pragma unroll
+            for (int wr = 0; wr < WR; ++wr) {
+              uint32_t a0[4], a1[4];
+              // F::Pairs may branch per lane (mxfp4's rare huge scales take the generic path).
+              F::Pairs(raw[u][wr][0], w, CS::Make(sr[u][wr][0], p.w), a0);
+              F::Pairs(raw[u][wr][1], w, CS::Make(sr[u][wr][1], p.w), a1);
+              __syncwarp();
+              MmaBf16(acc[wr], a0[0], a1[0], a0[1], a1[1], xq[w][0], xq[w][1]);
+              MmaBf16(acc[wr], a0[2], a1[2], a0[3], a1[3], xq[w][2], xq[w][3]);
+            }
+          }
+        }
+      }
+    }
+  };
+
+  int s0 = s_begin;
+  for (; s0 + U <= full_end; s0 += U) batch.template operator()<true>(s0);
+  for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
+  if (early) GridDepWait();  // warps that had no step still must not write before it
+
+  constexpr int V = WR * 4;
+  if (warps_k > 1) {
+    extern __shared__ float red[];  // [warp][V][32]
+#pragma unroll
+    for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[(warp * V + wr * 4 + i) * 32 + lane] = acc[wr][i];
+    __syncthreads();
+    if (wk != 0) return;
+    for (int j = 1; j < warps_k; ++j) {
+#pragma unroll
+      for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[wr][i] += red[((warp + j) * V + wr * 4 + i) * 32 + lane];
+    }
+  }
+  float* ybase = p.y + prob * p.y_pstride;
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
+      const int64_t tok = 2 * t + (i & 1);
+      if (row < p.w.rows && tok < p.m) {
+        ybase[tok * p.ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
+      }
+    }
+  }
+#else
+  __trap();  // host dispatch never selects this kernel below sm_80
+#endif
+}
+
+// ---- launch configuration ------------------------------------------------------------------
+// Rows per warp 16*WR; U steps per batch, BPR = bytes in flight per lane and weight row:
+// variant 0 = 16 rows, BPR 64 (4 steps of 16 bytes for 4-bit formats), variant 1 = 32 rows,
+// BPR 32 (AutoVariant chooses). K is split among warps_k warps of a block only as far as
+// needed to fill the GPU with about one wave of 16 warps per SM; blocks stay at <= 4 warps
+// (several per SM, so one block's tail does not idle its SM) unless the matrix has fewer row
+// tiles than SMs.
+struct Variant {
+  int wr, bpr;
+};
+constexpr Variant kVariants[] = {{1, 64}, {2, 32}};
+constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+
+// Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..1 = forced;
+// wk_cap <= 0 = automatic.
+std::atomic<int> g_variant{-1};
+std::atomic<int> g_wk_cap{0};
+
+int PowerOfTwoAtLeast(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+int PowerOfTwoAtMost(int64_t v) {
+  int p = 1;
+  while (static_cast<int64_t>(p) * 2 <= v) p *= 2;
+  return p;
+}
+
+template <class P>
+constexpr int UFor(int bpr) {
+  const int u = bpr / (4 * P::kWords);
+  return u < 1 ? 1 : u;
+}
+
+template <class P, int kV>
+void* KernelFor() {
+  constexpr Variant v = kVariants[kV];
+  return reinterpret_cast<void*>(&QgemvKernel<P, v.wr, UFor<P>(v.bpr)>);
+}
+
+absl::Status LaunchWith(void* fn, dim3 grid, int threads, size_t smem, const QmmParams& p,
+                        int wk, int tiles_pb, int pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  QmmParams pp = p;
+  int a_wk = wk, a_tpb = tiles_pb, a_pdl = pdl;
+  void* args[] = {&pp, &a_wk, &a_tpb, &a_pdl};
+  RING_CUDA_RETURN_IF_ERROR(cudaLaunchKernelExC(&cfg, fn, args));
+  return absl::OkStatus();
+}
+
+// Launch shape of variant `vi` (K split, block, grid) under the policy described above.
+struct LaunchShape {
+  int wr, u, wk, tiles_pb, threads;
+  size_t smem;
+  int64_t gx, warps;
+};
+template <class P>
+LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms) {
+  const Variant v = kVariants[vi];
+  LaunchShape sh{};
+  sh.wr = v.wr;
+  sh.u = vi == 0 ? UFor<P>(kVariants[0].bpr) : UFor<P>(kVariants[1].bpr);
+  const int64_t want = static_cast<int64_t>(sms) * 16;  // one wave of 16 warps per SM
+  const int64_t tile_rows = 16 * v.wr;
+  const int64_t row_tiles = (p.w.rows + tile_rows - 1) / tile_rows;
+  const int64_t tiles = row_tiles * problems;
+  const int64_t nsteps = (p.w.cols / P::kSliceElems + 3) / 4;
+  int cap = g_wk_cap.load(std::memory_order_relaxed);
+  if (cap <= 0) cap = tiles >= sms ? 4 : 16;
+  int wk = PowerOfTwoAtLeast((want + tiles - 1) / tiles);
+  wk = std::min({wk, PowerOfTwoAtMost(std::min(cap, 16)),
+                 PowerOfTwoAtMost(std::max<int64_t>(1, nsteps / sh.u))});
+  sh.wk = wk;
+  sh.tiles_pb = std::max(1, 4 / wk);
+  sh.threads = sh.tiles_pb * wk * 32;
+  sh.smem = wk > 1 ? static_cast<size_t>(sh.threads / 32) * tile_rows / 4 * 32 * sizeof(float) : 0;
+  sh.gx = (row_tiles + sh.tiles_pb - 1) / sh.tiles_pb;
+  sh.warps = tiles * wk;
+  return sh;
+}
+
+// Variant choice: 32 rows per warp halves the activation loads and permutes per weight (the
+// kernel is instruction-bound), so mxfp4 and the other single-chunk formats take it whenever
+// it still gives at least 11 warps per SM (H200 sweep, 2026-11: q_b_proj 31.6% -> 38.6% of
+// the probe, dense gate_up 43.5 -> 54.3, Qwen3 gate/up 34.5 -> 44.4, down 32.8 -> 40.6,
+// lm_head 64.3 -> 69.4; o_proj, whose 32-row tiles leave 6 warps per SM, 46.8 -> 36.3).
+// The affine kernel keeps 16 rows: with 32 it spills registers (lm_head 58.3% -> 40.7%).
+template <class P>
+int AutoVariant(const QmmParams& p, int64_t problems, int sms) {
+  if constexpr (P::kAffine) {
+    return 0;
+  } else {
+    return ShapeFor<P>(1, p, problems, sms).warps >= static_cast<int64_t>(sms) * 11 ? 1 : 0;
+  }
+}
+
+template <class P>
+absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStream_t stream,
+                    std::string* describe) {
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  if (!dev.ok()) return dev.status();
+  const int sms = (*dev)->sm_count;
+  const int pdl = (overlap != 0 && (*dev)->code_cc >= 90) ? overlap : 0;
+  const int forced = g_variant.load(std::memory_order_relaxed);
+  int vi = AutoVariant<P>(p, problems, sms);
+  if (forced >= 0 && forced < kNumVariants) vi = forced;
+  if (P::kAffine) vi = 0;  // no 32-row affine kernel (see AutoVariant)
+  const LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
+  if (sh.gx > 0x7fffffff) return absl::InvalidArgumentError("matrix too tall");
+  if (describe != nullptr) {
+    *describe = absl::StrFormat("gemv wr%d u%d wk%d blk%d grid%dx%d%s", sh.wr, sh.u, sh.wk,
+                                sh.threads, sh.gx, problems, pdl ? absl::StrFormat(" pdl%d", pdl) : "");
+    return absl::OkStatus();
+  }
+  void* fn = nullptr;
+  if constexpr (P::kAffine) {
+    fn = KernelFor<P, 0>();
+  } else {
+    fn = vi == 1 ? KernelFor<P, 1>() : KernelFor<P, 0>();
+  }
+  return LaunchWith(fn, dim3(static_cast<unsigned>(sh.gx), 1, static_cast<unsigned>(problems)),
+                    sh.threads, sh.smem, p, sh.wk, sh.tiles_pb, pdl, stream);
+}
+
+}  // namespace
+
+bool GemvSupports(const DeviceQuantWeight& w) {
+  switch (w.spec.mode) {
+    case QuantMode::kMxfp4:
+    case QuantMode::kMxfp8:
+      return true;
+    case QuantMode::kNvfp4:
+      return w.global_scale == 0.f;
+    case QuantMode::kNone:
+      return w.dtype == DType::kBF16;
+    case QuantMode::kAffine:
+      if (w.spec.bits != 4) return false;
+      if (w.scale_dtype == DType::kBF16) return true;
+      return w.scale_dtype == DType::kF16 && w.spec.group_size == 64;
+  }
+  return false;
+}
+
+absl::Status LaunchGemv(const DeviceQuantWeight& w, const QmmParams& p, int64_t problems,
+                        int overlap, cudaStream_t stream, std::string* describe) {
+  if (!GemvSupports(w)) return absl::InternalError("no GEMV kernel for this format");
+  switch (w.spec.mode) {
+    case QuantMode::kMxfp4:
+      return Launch<OwnChunk<qdec::Mxfp4>>(p, problems, overlap, stream, describe);
+    case QuantMode::kMxfp8:
+      return Launch<OwnChunk<qdec::Mxfp8>>(p, problems, overlap, stream, describe);
+    case QuantMode::kNvfp4:
+      return Launch<OwnChunk<qdec::Nvfp4>>(p, problems, overlap, stream, describe);
+    case QuantMode::kNone:
+      return Launch<OwnChunk<qdec::DenseBf16>>(p, problems, overlap, stream, describe);
+    case QuantMode::kAffine:
+      if (w.scale_dtype == DType::kF16) {
+        return Launch<Affine4<2, qdec::ScaleF16>>(p, problems, overlap, stream, describe);
+      }
+      switch (w.spec.group_size) {
+        case 32: return Launch<Affine4<1, qdec::ScaleBf16>>(p, problems, overlap, stream, describe);
+        case 64: return Launch<Affine4<2, qdec::ScaleBf16>>(p, problems, overlap, stream, describe);
+        default: return Launch<Affine4<4, qdec::ScaleBf16>>(p, problems, overlap, stream, describe);
+      }
+  }
+  return absl::InternalError("unreachable");
+}
+
+}  // namespace internal
+
+void TEST_SetQgemvTuning(int variant, int wk_cap) {
+  internal::g_variant.store(variant, std::memory_order_relaxed);
+  internal::g_wk_cap.store(wk_cap, std::memory_order_relaxed);
+}
+
+}  // namespace ring::cuda

@@ -1,0 +1,194 @@
+// File: kernels/cuda/qgemv_internal.cuh
+//
+// Internals shared by the quantized matmul translation units (qgemv.cu: host API, SIMT,
+// transpose=false, embedding, prefill GEMM; qgemv_gemv.cu: the decode GEMV): the kernels'
+// parameter block and small device helpers. Not a public header.
+#ifndef RINGSERVE_KERNELS_CUDA_QGEMV_INTERNAL_CUH_
+#define RINGSERVE_KERNELS_CUDA_QGEMV_INTERNAL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/qgemv.cuh"
+#include "kernels/cuda/quant_decode.cuh"
+
+namespace ring::cuda::internal {
+
+using qdec::kChunk;
+
+// Device view of a weight (POD, passed by value).
+struct WeightView {
+  const uint32_t* w;
+  const void* scales;
+  const void* biases;
+  int64_t batch, rows, cols;
+  int64_t row_words;   // words per logical row
+  int64_t scale_cols;  // scale entries per row
+  int group_shift;     // affine: log2(group / 32)
+  float gs_factor;     // nvfp4: global_scale / (448 * 6), 0 when absent
+};
+
+struct QmmParams {
+  WeightView w;
+  const void* x;
+  int x_bf16;
+  int64_t ldx, m;
+  float* y;
+  int64_t ldy;
+  const int32_t* ids;
+  int64_t batch_begin;
+  int64_t x_pstride, x_pdiv, y_pstride;
+  int round_bf16;
+};
+
+// ---- device helpers --------------------------------------------------------------------
+template <class F>
+struct ScaleLoader;
+
+template <int kBits, class ST>
+struct ScaleLoader<qdec::Affine<kBits, ST>> {
+  using F = qdec::Affine<kBits, ST>;
+  __device__ static typename F::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
+    using S = typename ST::Storage;
+    const int64_t i = srow + (chunk >> v.group_shift);
+    const S s = __ldg(static_cast<const S*>(v.scales) + i);
+    const S b = __ldg(static_cast<const S*>(v.biases) + i);
+    return F::MakeScale(ST::Load(s), ST::Load(b));
+  }
+};
+template <>
+struct ScaleLoader<qdec::Mxfp4> {
+  __device__ static qdec::Mxfp4::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
+    return qdec::Mxfp4::MakeScale(__ldg(static_cast<const uint8_t*>(v.scales) + srow + chunk));
+  }
+};
+template <>
+struct ScaleLoader<qdec::Mxfp8> {
+  __device__ static qdec::Mxfp8::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
+    return qdec::Mxfp8::MakeScale(__ldg(static_cast<const uint8_t*>(v.scales) + srow + chunk));
+  }
+};
+template <>
+struct ScaleLoader<qdec::Nvfp4> {
+  __device__ static qdec::Nvfp4::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
+    // Two 16-element groups per chunk: scale bytes 2c and 2c+1 (2-byte aligned).
+    const uint16_t two = __ldg(reinterpret_cast<const uint16_t*>(
+        static_cast<const uint8_t*>(v.scales) + srow + 2 * chunk));
+    return qdec::Nvfp4::MakeScale(two, v.gs_factor);
+  }
+};
+template <class F>
+struct DenseScaleLoader {
+  __device__ static typename F::Scale Load(const WeightView&, int64_t, int64_t) { return {}; }
+};
+template <>
+struct ScaleLoader<qdec::DenseBf16> : DenseScaleLoader<qdec::DenseBf16> {};
+template <>
+struct ScaleLoader<qdec::DenseF16> : DenseScaleLoader<qdec::DenseF16> {};
+template <>
+struct ScaleLoader<qdec::DenseF32> : DenseScaleLoader<qdec::DenseF32> {};
+
+// One chunk of one row: kWords words at p (aligned to the chunk size up to 16 bytes).
+// kStream marks weights that are read once (GEMV): evict-first keeps L2 for activations.
+template <int kWords, bool kStream>
+__device__ __forceinline__ void LoadRaw(const uint32_t* p, uint32_t (&raw)[kWords]) {
+  if constexpr (kWords % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4* q = reinterpret_cast<const uint4*>(p) + i;
+      const uint4 v = kStream ? __ldcs(q) : __ldg(q);
+      raw[4 * i] = v.x;
+      raw[4 * i + 1] = v.y;
+      raw[4 * i + 2] = v.z;
+      raw[4 * i + 3] = v.w;
+    }
+  } else if constexpr (kWords % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < kWords / 2; ++i) {
+      const uint2* q = reinterpret_cast<const uint2*>(p) + i;
+      const uint2 v = kStream ? __ldcs(q) : __ldg(q);
+      raw[2 * i] = v.x;
+      raw[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) raw[i] = kStream ? __ldcs(p + i) : __ldg(p + i);
+  }
+}
+
+// Slice of weight row `row` of batch b, and the start of its scale row.
+__device__ __forceinline__ const uint32_t* RowPtr(const WeightView& v, int64_t b, int64_t row) {
+  return v.w + (b * v.rows + row) * v.row_words;
+}
+__device__ __forceinline__ int64_t ScaleRow(const WeightView& v, int64_t b, int64_t row) {
+  return (b * v.rows + row) * v.scale_cols;
+}
+
+// Which batch slice problem p uses; false when an expert id is out of range.
+__device__ __forceinline__ bool ProblemBatch(const QmmParams& p, int64_t prob, int64_t* b) {
+  const int64_t v = p.ids != nullptr ? static_cast<int64_t>(__ldg(p.ids + prob))
+                                     : (p.w.batch == 1 ? 0 : p.batch_begin + prob);
+  *b = v;
+  return v >= 0 && v < p.w.batch;
+}
+
+__device__ __forceinline__ float FinishOutput(float v, bool bad, int round_bf16) {
+  if (bad) return __int_as_float(0x7fc00000);
+  return round_bf16 ? qdec::RoundToBf16(v) : v;
+}
+
+// Eight activations x[k..k+8) of one row as fp32.
+__device__ __forceinline__ void LoadX8(const void* row, int x_bf16, int64_t k, float out[8]) {
+  if (x_bf16) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = qdec::Bf16ToF32(w[i]);
+      out[2 * i + 1] = qdec::Bf16ToF32(w[i] >> 16);
+    }
+  } else {
+    const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(row) + k);
+    const float4 a = __ldg(q), b = __ldg(q + 1);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+  }
+}
+__device__ __forceinline__ float LoadX1(const void* row, int x_bf16, int64_t k) {
+  return x_bf16 ? qdec::Bf16ToF32(__ldg(static_cast<const uint16_t*>(row) + k))
+                : __ldg(static_cast<const float*>(row) + k);
+}
+__device__ __forceinline__ const void* XRow(const QmmParams& p, int64_t prob, int64_t tok) {
+  const int64_t off = (prob / p.x_pdiv) * p.x_pstride + tok * p.ldx;
+  return p.x_bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(p.x) + off)
+                  : static_cast<const void*>(static_cast<const float*>(p.x) + off);
+}
+
+__device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+
+// ---- decode GEMV (qgemv_gemv.cu) -------------------------------------------------------------
+// Whether the tensor-core GEMV (M <= 8, bf16 x) has a kernel for this weight's format: mxfp4,
+// nvfp4 without a global scale, mxfp8, bf16 matrices (values exact in bf16), and 4-bit affine
+// with bf16 scales (groups 32/64/128) or fp16 scales (group 64), computed exactly.
+bool GemvSupports(const DeviceQuantWeight& w);
+// Launches it (p.m <= 8, bf16 x; `overlap` as QMatmulArgs::overlap, already checked against the
+// device). `describe`, when non-null, receives the launch configuration instead of launching.
+absl::Status LaunchGemv(const DeviceQuantWeight& w, const QmmParams& p, int64_t problems,
+                        int overlap, cudaStream_t stream, std::string* describe = nullptr);
+
+}  // namespace ring::cuda::internal
+
+#endif  // RINGSERVE_KERNELS_CUDA_QGEMV_INTERNAL_CUH_
