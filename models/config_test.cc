@@ -6,6 +6,7 @@
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/temp_dir_for_test.h"
 
 namespace ring {
 namespace {
@@ -445,18 +446,11 @@ TEST(ModelConfigTest, ErrorsNameFieldAndFile) {
   }
 }
 
-class LoadModelConfigTest : public ::testing::Test {
+class LoadModelConfigTest : public TempDirTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ring_config_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   void Write(const std::string& name, const std::string& text) {
     std::ofstream(dir_ / name) << text;
   }
-  fs::path dir_;
 };
 
 TEST_F(LoadModelConfigTest, MergesGenerationConfigEos) {

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/temp_dir_for_test.h"
 #include "nlohmann/json.hpp"
 
 namespace ring {
@@ -54,17 +55,10 @@ std::string RawFile(const std::string& header, const std::string& data,
   return out + header + data;
 }
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public TempDirTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ring_safetensors_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
-  fs::path dir_;
 };
 
 TEST_F(SafetensorsTest, WriteSafetensorsRoundTrip) {
