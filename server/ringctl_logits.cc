@@ -20,12 +20,10 @@
 #include "absl/strings/str_split.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/status.h"
-#include "models/model.h"
-#include "models/stage_runner.h"
-#ifdef RING_HAVE_WORKER
 #include "absl/time/clock.h"
+#include "models/model.h"
+#include "server/ring.h"
 #include "worker/stage_client.h"
-#endif
 #include "server/ringctl_command.h"
 
 namespace ring::ctl {
@@ -65,113 +63,24 @@ absl::Status WriteNpy(const std::string& path, const std::vector<float>& data, i
 
 struct Options {
   std::string model, tokens, force_decode, out, backend = "cpu", act = "auto";
-  std::string workers, split;
+  std::string workers, split, auth_token_file, tls_ca, tls_cert, tls_key;
   int decode = 0, stages = 1, prefill_chunk = 0;
   double step_timeout_s = 30;
 };
 
-// --split 2,1,1: explicit layer counts per stage (must sum to the layer count), e.g. to
-// put a boundary right before a GLM IndexShare "shared" layer. Empty: SplitLayers(n, parts).
-absl::StatusOr<std::vector<StageRange>> StageRanges(const std::string& split, int64_t n, int parts) {
-  if (split.empty()) {
-    if (parts < 1 || parts > n) {
-      return absl::InvalidArgumentError(absl::StrCat("stage count must be in [1, ", n, "]"));
-    }
-    return SplitLayers(n, parts);
-  }
-  std::vector<StageRange> out;
-  int64_t begin = 0;
-  for (absl::string_view part : absl::StrSplit(split, ',')) {
+// --split 2,1,1: explicit layer counts per stage, e.g. to put a boundary right before a
+// GLM IndexShare "shared" layer.
+absl::StatusOr<std::vector<int64_t>> ParseSplit(const std::string& split) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(split, ',', absl::SkipWhitespace())) {
     int64_t len;
     if (!absl::SimpleAtoi(part, &len) || len < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--split: '", part, "' is not a layer count >= 1"));
     }
-    out.push_back({begin, begin + len});
-    begin += len;
-  }
-  if (begin != n || static_cast<int>(out.size()) != parts) {
-    return absl::InvalidArgumentError(absl::StrCat("--split must give ", parts,
-                                                   " layer counts summing to ", n));
+    out.push_back(len);
   }
   return out;
 }
-
-// The stages of one sequence, in ring order, and what the step loop needs to know.
-struct Ring {
-  std::vector<std::unique_ptr<StageRunner>> runners;
-  int64_t vocab = 0;
-  std::function<void()> release;  // frees remote KV caches; empty in-process
-};
-
-absl::StatusOr<Ring> LocalRing(const Options& o, LoadOptions lo) {
-  Ring ring;
-  // Layer count comes from the checkpoint; load it whole when a single stage is asked for.
-  lo.layers = {0, -1};
-  RING_ASSIGN_OR_RETURN(std::unique_ptr<Stage> whole, LoadStage(o.model, lo));
-  const int64_t n = whole->config().num_hidden_layers;
-  ring.vocab = whole->config().vocab_size;
-  const int parts = o.split.empty() ? o.stages : 1 + std::count(o.split.begin(), o.split.end(), ',');
-  RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges, StageRanges(o.split, n, parts));
-  if (ranges.size() == 1) {
-    ring.runners.push_back(std::make_unique<LocalStageRunner>(std::move(whole)));
-    return ring;
-  }
-  whole.reset();
-  for (const StageRange& r : ranges) {
-    lo.layers = r;
-    RING_ASSIGN_OR_RETURN(std::unique_ptr<Stage> s, LoadStage(o.model, lo));
-    ring.runners.push_back(std::make_unique<LocalStageRunner>(std::move(s)));
-  }
-  return ring;
-}
-
-#ifdef RING_HAVE_WORKER
-absl::StatusOr<Ring> RemoteRing(const Options& o, const LoadOptions& lo) {
-  namespace pb = ringserve::v1;
-  worker::StageClientOptions co;
-  co.call_timeout = absl::Seconds(o.step_timeout_s);
-  // Clients outlive the runners and the release callback that point at them.
-  auto clients = std::make_shared<std::vector<std::unique_ptr<worker::StageClient>>>();
-  for (absl::string_view addr : absl::StrSplit(o.workers, ',', absl::SkipWhitespace())) {
-    clients->push_back(std::make_unique<worker::StageClient>(
-        std::string(addr), static_cast<int>(clients->size()), co));
-  }
-  RING_ASSIGN_OR_RETURN(pb::DescribeResponse d, clients->front()->Describe(o.model));
-  const pb::ModelInfo& info = d.probed();
-  RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges,
-                        StageRanges(o.split, info.num_layers(), static_cast<int>(clients->size())));
-  // fp32 on the wire when asked for (bit-exact); otherwise the model's activation dtype.
-  pb::DType act = pb::DTYPE_UNSPECIFIED;
-  if (lo.act_dtype) act = *lo.act_dtype == cpu::ActDType::kF32 ? pb::DTYPE_F32 : pb::DTYPE_BF16;
-  const pb::DType wire = act != pb::DTYPE_UNSPECIFIED ? act
-                         : info.dtype() == "bf16"     ? pb::DTYPE_BF16
-                                                      : pb::DTYPE_F32;
-  const std::string seq_id = absl::StrCat("ringctl-", getpid(), "-", absl::ToUnixMicros(absl::Now()));
-  Ring ring;
-  ring.vocab = info.vocab_size();
-  for (size_t i = 0; i < clients->size(); ++i) {
-    pb::LoadStageRequest req;
-    req.set_model(o.model);
-    req.set_layer_begin(ranges[i].begin);
-    req.set_layer_end(ranges[i].end);
-    req.set_act_dtype(act);
-    req.set_all_logits(lo.all_logits);
-    RING_ASSIGN_OR_RETURN(pb::LoadStageResponse loaded, (*clients)[i]->LoadStage(req));
-    if (loaded.model().model_hash() != info.model_hash()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          (*clients)[i]->name(), " holds a different '", o.model, "' than ", clients->front()->name()));
-    }
-    ring.runners.push_back(std::make_unique<worker::RemoteStageRunner>(
-        (*clients)[i].get(), seq_id, loaded.epoch(), info.hidden_size(), wire));
-  }
-  ring.release = [clients, seq_id] {
-    for (auto& c : *clients) {
-      if (auto r = c->Release(seq_id); !r.ok()) std::cerr << "warning: " << r.status().message() << "\n";
-    }
-  };
-  return ring;
-}
-#endif
 
 absl::Status Run(const Options& o) {
   if (o.backend != "cpu") {
@@ -185,37 +94,43 @@ absl::Status Run(const Options& o) {
   if (!forced.empty() && o.decode > 0 && static_cast<int>(forced.size()) != o.decode) {
     return absl::InvalidArgumentError("--decode and --force-decode disagree on the step count");
   }
-  LoadOptions lo;
-  if (o.act == "f32") lo.act_dtype = cpu::ActDType::kF32;
-  else if (o.act == "bf16") lo.act_dtype = cpu::ActDType::kBF16;
+  RingOptions ro;
+  ro.model = o.model;
+  ro.all_logits = true;
+  ro.local_stages = o.stages;
+  ro.step_timeout = absl::Seconds(o.step_timeout_s);
+  if (o.act == "f32") ro.act_dtype = cpu::ActDType::kF32;
+  else if (o.act == "bf16") ro.act_dtype = cpu::ActDType::kBF16;
   else if (o.act != "auto") return absl::InvalidArgumentError("--act must be auto, bf16 or f32");
-
-  Ring ring;
-  if (o.workers.empty()) {
-    RING_ASSIGN_OR_RETURN(ring, LocalRing(o, lo));
-  } else {
-#ifdef RING_HAVE_WORKER
-    RING_ASSIGN_OR_RETURN(ring, RemoteRing(o, lo));
-#else
-    return absl::UnimplementedError("--workers: this ringctl was built without gRPC");
-#endif
+  RING_ASSIGN_OR_RETURN(ro.split, ParseSplit(o.split));
+  if (!o.auth_token_file.empty()) {
+    RING_ASSIGN_OR_RETURN(ro.auth_token, worker::ReadSecretFile(o.auth_token_file, "--auth-token-file"));
   }
-  const int64_t vocab = ring.vocab;
-
+  if (!o.tls_ca.empty()) {
+    RING_ASSIGN_OR_RETURN(ro.tls_ca, worker::ReadSecretFile(o.tls_ca, "--tls-ca"));
+  }
+  if (!o.tls_cert.empty()) {
+    RING_ASSIGN_OR_RETURN(ro.tls_cert, worker::ReadSecretFile(o.tls_cert, "--tls-cert"));
+  }
+  if (!o.tls_key.empty()) {
+    RING_ASSIGN_OR_RETURN(ro.tls_key, worker::ReadSecretFile(o.tls_key, "--tls-key"));
+  }
+  for (absl::string_view addr : absl::StrSplit(o.workers, ',', absl::SkipWhitespace())) {
+    ro.workers.emplace_back(addr);
+  }
+  if (!ro.workers.empty() && !ro.split.empty() && ro.split.size() != ro.workers.size()) {
+    return absl::InvalidArgumentError("--split must give one layer count per worker");
+  }
+  RING_ASSIGN_OR_RETURN(std::unique_ptr<Ring> ring, Ring::Connect(ro));
+  const int64_t vocab = ring->model().vocab_size;
+  const std::string seq_id = absl::StrCat("ringctl-", getpid(), "-", absl::ToUnixMicros(absl::Now()));
   std::vector<float> all;
+  std::vector<int32_t> emitted;
+  {
+  RING_ASSIGN_OR_RETURN(std::unique_ptr<RingSequence> seq, ring->NewSequence(seq_id));
   auto step = [&](const std::vector<int32_t>& toks) -> absl::Status {
-    StageInput in;
-    in.tokens = toks;
-    for (size_t i = 0; i < ring.runners.size(); ++i) {
-      RING_ASSIGN_OR_RETURN(StageOutput out, ring.runners[i]->Forward(in));
-      if (i + 1 == ring.runners.size()) {
-        all.insert(all.end(), out.logits.begin(), out.logits.end());
-      } else {
-        in = StageInput{};
-        in.hidden = std::move(out.hidden);
-        in.topk = std::move(out.topk);
-      }
-    }
+    RING_ASSIGN_OR_RETURN(std::vector<float> logits, seq->Step(toks));
+    all.insert(all.end(), logits.begin(), logits.end());
     return absl::OkStatus();
   };
   const size_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : prompt.size();
@@ -225,7 +140,6 @@ absl::Status Run(const Options& o) {
     if (auto s = step(part); !s.ok()) return s;
   }
   const int steps = forced.empty() ? o.decode : static_cast<int>(forced.size());
-  std::vector<int32_t> emitted;
   for (int i = 0; i < steps; ++i) {
     const int32_t next =
         forced.empty() ? static_cast<int32_t>(cpu::ArgMax(all.data() + all.size() - vocab, vocab))
@@ -233,12 +147,12 @@ absl::Status Run(const Options& o) {
     emitted.push_back(next);
     if (auto s = step({next}); !s.ok()) return s;
   }
-  if (ring.release) ring.release();
+  }  // the sequence frees its KV caches on every stage here
   const int64_t rows = static_cast<int64_t>(all.size()) / vocab;
   if (!o.out.empty()) {
     if (auto s = WriteNpy(o.out, all, rows, vocab); !s.ok()) return s;
   }
-  std::cerr << "logits: " << rows << " rows x " << vocab << " (" << ring.runners.size()
+  std::cerr << "logits: " << rows << " rows x " << vocab << " (" << ring->stages().size()
             << (o.workers.empty() ? " stage(s))" : " remote stage(s))");
   if (!emitted.empty()) {
     std::cerr << ", decode tokens:";
@@ -264,6 +178,11 @@ Registration reg("logits", "Run the CPU reference engine and write float32 logit
                    cmd->add_option("--workers", o->workers,
                                    "Run the stages on these ring-workers (ADDR,ADDR,...; --model is "
                                    "then a name under their --model-root)");
+                   cmd->add_option("--auth-token-file", o->auth_token_file,
+                                   "Shared ring token the workers require");
+                   cmd->add_option("--tls-ca", o->tls_ca, "CA of the workers' TLS certificates (PEM)");
+                   cmd->add_option("--tls-cert", o->tls_cert, "Client certificate for mutual TLS (PEM)");
+                   cmd->add_option("--tls-key", o->tls_key, "Key of --tls-cert (PEM)");
                    cmd->add_option("--step-timeout", o->step_timeout_s,
                                    "Deadline in seconds of each remote call (default 30)");
                    cmd->add_option("--backend", o->backend, "cpu");

@@ -12,3 +12,13 @@ if(TARGET ring-worker AND TARGET ringctl)
     message(STATUS "RingServe: ${RING_VENV_PYTHON} missing; ring integration test not registered")
   endif()
 endif()
+
+# OpenAI API end to end: ring-server + 2 ring-workers on loopback, driven by the official
+# `openai` client (tests/openai_api_test.py).
+if(TARGET ring-server AND TARGET ring-worker AND TARGET ringctl AND EXISTS ${RING_VENV_PYTHON})
+  add_test(NAME openai_api
+           COMMAND ${RING_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/openai_api_test.py
+                   --ringctl $<TARGET_FILE:ringctl> --worker $<TARGET_FILE:ring-worker>
+                   --server $<TARGET_FILE:ring-server> --work ${CMAKE_CURRENT_BINARY_DIR}/openai_api)
+  set_tests_properties(openai_api PROPERTIES TIMEOUT 400 LABELS "python;api")
+endif()

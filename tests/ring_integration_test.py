@@ -37,9 +37,9 @@ def check(name, ok, detail="", show=False):
     print(("PASS " if ok else "FAIL ") + name + ("" if ok and not show else f": {detail}"), flush=True)
 
 
-def start_worker(ringctl_args, root, env_extra=None):
+def start_worker(ringctl_args, root, env_extra=None, extra=()):
     env = dict(os.environ, **(env_extra or {}))
-    p = subprocess.Popen([ringctl_args.worker, "--listen", "127.0.0.1:0", "--model-root", root],
+    p = subprocess.Popen([ringctl_args.worker, "--listen", "127.0.0.1:0", "--model-root", root, *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     WORKERS.append(p)
     line = p.stdout.readline()  # "ring-worker listening on ADDR"; EOF if it died
@@ -170,6 +170,58 @@ def main():
     for bad_model, word in [("../models/glm", "escape"), ("/etc", "absolute"), (root + "/glm", "absolute")]:
         r = ringctl(args, ["logits", "--workers", addrs[0], "--model", bad_model, "--tokens", "1"], timeout=60)
         check(f"model path {bad_model!r} refused", r.returncode != 0 and word in r.stderr, r.stderr.strip())
+
+    # --- inter-node auth: shared token, mutual TLS, no open listener without either ------
+    token = os.path.join(args.work, "ring.token")
+    with open(token, "w") as f:
+        f.write("s3cret-ring-token-0123456789\n")
+    _, taddr = start_worker(args, root, extra=("--auth-token-file", token))
+    base = ["logits", "--workers", taddr, "--model", "glm", "--tokens", "1,2,3", "--act", "f32"]
+    r = ringctl(args, base, timeout=60)
+    check("token worker refuses a caller without the token",
+          r.returncode != 0 and "no ring auth token" in r.stderr and taddr in r.stderr, r.stderr.strip(), show=True)
+    wrong = os.path.join(args.work, "wrong.token")
+    with open(wrong, "w") as f:
+        f.write("not-the-ring-token-000000000\n")
+    r = ringctl(args, base + ["--auth-token-file", wrong], timeout=60)
+    check("token worker refuses a wrong token", r.returncode != 0 and "wrong ring auth token" in r.stderr,
+          r.stderr.strip())
+    r = ringctl(args, base + ["--auth-token-file", token], timeout=60)
+    check("token worker serves a caller with the token", r.returncode == 0, r.stderr.strip())
+    pki = os.path.join(args.work, "pki")
+    os.makedirs(pki, exist_ok=True)
+
+    def ossl(*a):
+        subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=60)
+    try:
+        ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{pki}/ca.key", "-out", f"{pki}/ca.pem",
+             "-days", "2", "-subj", "/CN=ringserve-test-ca")
+        for name, ext in [("worker", "subjectAltName=IP:127.0.0.1"), ("coord", "extendedKeyUsage=clientAuth")]:
+            ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{pki}/{name}.key", "-out", f"{pki}/{name}.csr",
+                 "-subj", f"/CN={name}")
+            with open(f"{pki}/{name}.ext", "w") as f:
+                f.write(ext + "\n")
+            ossl("x509", "-req", "-in", f"{pki}/{name}.csr", "-CA", f"{pki}/ca.pem", "-CAkey", f"{pki}/ca.key",
+                 "-CAcreateserial", "-out", f"{pki}/{name}.pem", "-days", "2", "-extfile", f"{pki}/{name}.ext")
+        _, maddr = start_worker(args, root, extra=("--tls-cert", f"{pki}/worker.pem", "--tls-key",
+                                                   f"{pki}/worker.key", "--tls-client-ca", f"{pki}/ca.pem"))
+        mbase = ["logits", "--workers", maddr, "--model", "glm", "--tokens", "1,2,3", "--act", "f32",
+                 "--step-timeout", "5"]
+        r = ringctl(args, mbase + ["--tls-ca", f"{pki}/ca.pem", "--tls-cert", f"{pki}/coord.pem",
+                                   "--tls-key", f"{pki}/coord.key"], timeout=60)
+        check("mutual TLS: a coordinator with a CA-signed client certificate is served", r.returncode == 0,
+              r.stderr.strip())
+        r = ringctl(args, mbase + ["--tls-ca", f"{pki}/ca.pem"], timeout=60)
+        check("mutual TLS: a coordinator without a client certificate is refused", r.returncode != 0,
+              r.stderr.strip(), show=True)
+        r = ringctl(args, mbase, timeout=60)
+        check("mutual TLS: a plaintext coordinator is refused", r.returncode != 0, r.stderr.strip())
+    except subprocess.CalledProcessError as e:
+        check("mutual TLS setup (openssl)", False, e.stderr)
+    r = subprocess.run([args.worker, "--listen", "0.0.0.0:0", "--model-root", root], capture_output=True,
+                       text=True, timeout=30)
+    check("a worker will not listen beyond loopback without a token or mTLS",
+          r.returncode == 2 and "refusing" in r.stderr, r.stderr.strip())
 
     # --- SIGTERM: clean exit ------------------------------------------------------------
     term, _ = start_worker(args, root)

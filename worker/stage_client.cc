@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/status.h"
 #include "worker/frame.h"
@@ -13,19 +16,40 @@ namespace {
 
 namespace pb = ringserve::v1;
 
-void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+}  // namespace
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat(what, " file ", path, ": cannot open"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  if (s.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is empty"));
+  return s;
 }
 
-}  // namespace
+void StageClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!options_.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.auth_token);
+}
 
 StageClient::StageClient(std::string address, int stage_index, StageClientOptions options)
     : address_(std::move(address)), stage_index_(stage_index), options_(options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  stub_ = pb::Worker::NewStub(
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (options_.tls_ca.empty()) {
+    creds = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options_.tls_ca;
+    ssl.pem_cert_chain = options_.tls_cert;
+    ssl.pem_private_key = options_.tls_key;
+    creds = grpc::SslCredentials(ssl);
+  }
+  stub_ = pb::Worker::NewStub(grpc::CreateCustomChannel(address_, creds, args));
 }
 
 std::string StageClient::name() const {
@@ -34,7 +58,7 @@ std::string StageClient::name() const {
 
 absl::StatusOr<pb::DescribeResponse> StageClient::Describe(const std::string& probe_model) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.call_timeout);
+  Prepare(&ctx, options_.call_timeout);
   pb::DescribeRequest req;
   req.set_probe_model(probe_model);
   pb::DescribeResponse resp;
@@ -44,7 +68,7 @@ absl::StatusOr<pb::DescribeResponse> StageClient::Describe(const std::string& pr
 
 absl::StatusOr<pb::LoadStageResponse> StageClient::LoadStage(pb::LoadStageRequest req) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.load_timeout);
+  Prepare(&ctx, options_.load_timeout);
   req.set_stage_index(stage_index_);
   pb::LoadStageResponse resp;
   RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->LoadStage(&ctx, req, &resp), "LoadStage " + name()));
@@ -55,7 +79,7 @@ absl::StatusOr<pb::ActivationFrame> StageClient::Forward(const pb::ActivationFra
   // One stream per step keeps a deadline on every step; a pipelined coordinator will keep
   // the stream open and cancel it from a watchdog instead.
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.call_timeout);
+  Prepare(&ctx, options_.call_timeout);
   auto stream = stub_->Forward(&ctx);
   const std::string what = "Forward " + name();
   pb::ActivationFrame reply;
@@ -69,7 +93,7 @@ absl::StatusOr<pb::ActivationFrame> StageClient::Forward(const pb::ActivationFra
 
 absl::StatusOr<pb::ReleaseResponse> StageClient::Release(const std::string& sequence_id) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.call_timeout);
+  Prepare(&ctx, options_.call_timeout);
   pb::ReleaseRequest req;
   req.set_sequence_id(sequence_id);
   pb::ReleaseResponse resp;
@@ -79,7 +103,7 @@ absl::StatusOr<pb::ReleaseResponse> StageClient::Release(const std::string& sequ
 
 absl::StatusOr<pb::FlightRecorderResponse> StageClient::FlightRecorder() {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.call_timeout);
+  Prepare(&ctx, options_.call_timeout);
   pb::FlightRecorderResponse resp;
   RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->FlightRecorder(&ctx, {}, &resp),
                                       "FlightRecorder " + name()));

@@ -24,7 +24,14 @@ namespace ring::worker {
 struct StageClientOptions {
   absl::Duration call_timeout = absl::Seconds(30);   // Describe, Release, FlightRecorder, one Forward step
   absl::Duration load_timeout = absl::Minutes(10);   // LoadStage reads weights
+  std::string auth_token;  // sent as "authorization: Bearer TOKEN" when set
+  // TLS (PEM contents, not paths): the CA that signed the workers' certificates, and this
+  // client's certificate + key for mutual TLS. Empty tls_ca: plaintext.
+  std::string tls_ca, tls_cert, tls_key;
 };
+
+// Reads a secret or PEM file for the options above; errors name the file.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what);
 
 // Thread-compatible; one client per worker.
 class StageClient {
@@ -39,12 +46,15 @@ class StageClient {
   absl::StatusOr<ringserve::v1::FlightRecorderResponse> FlightRecorder();
 
   const std::string& address() const { return address_; }
+  const StageClientOptions& options() const { return options_; }
   int stage_index() const { return stage_index_; }
   std::string name() const;  // "stage i (address)"
 
  private:
   const std::string address_;
   const int stage_index_;
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+
   const StageClientOptions options_;
   std::unique_ptr<ringserve::v1::Worker::Stub> stub_;
 };

@@ -3,7 +3,8 @@
 //   ring-worker --listen 127.0.0.1:7001 --model-root /srv/models [--device cpu]
 //
 // --listen PORT or :PORT binds 127.0.0.1; all interfaces only when the address says so
-// (0.0.0.0:PORT or [::]:PORT), since the service has no authentication yet. Port 0 picks a
+// (0.0.0.0:PORT or [::]:PORT), and then only with a shared token (--auth-token-file) or
+// mutual TLS (--tls-cert/--tls-key/--tls-client-ca), unless --allow-insecure. Port 0 picks a
 // free port; the bound address is printed as "ring-worker listening on ADDR" on stdout.
 // SIGTERM/SIGINT: health flips to NOT_SERVING, in-flight calls get kShutdownGrace, exit 0.
 #include <csignal>
@@ -18,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "worker/stage_client.h"
 #include "worker/worker_service.h"
 
 namespace {
@@ -41,6 +43,16 @@ int main(int argc, char** argv) {
   app.add_option("--model-root", model_root, "Directory holding the models LoadStage may load")
       ->required()->check(CLI::ExistingDirectory);
   app.add_option("--device", device, "Compute device (this build: cpu)");
+  std::string token_file, tls_cert, tls_key, tls_client_ca;
+  bool allow_insecure = false;
+  app.add_option("--auth-token-file", token_file,
+                 "Shared ring token: callers must send it (same file as the coordinator's)");
+  app.add_option("--tls-cert", tls_cert, "Serve TLS with this certificate (PEM)");
+  app.add_option("--tls-key", tls_key, "Private key of --tls-cert (PEM)");
+  app.add_option("--tls-client-ca", tls_client_ca,
+                 "Require client certificates signed by this CA (mutual TLS)");
+  app.add_flag("--allow-insecure", allow_insecure,
+               "Listen beyond loopback without a token or TLS (trusted networks only)");
   CLI11_PARSE(app, argc, argv);
   if (device != "cpu") {
     std::cerr << "ring-worker: --device " << device << " is not built in this version; use cpu\n";
@@ -67,10 +79,51 @@ int main(int argc, char** argv) {
   }
 
   const std::string address = NormalizeListen(listen);
+  const std::string host_part = address.substr(0, address.rfind(':'));
+  const bool loopback = host_part == "127.0.0.1" || host_part == "localhost" || host_part == "[::1]";
+  if (!token_file.empty()) {
+    auto t = ring::worker::ReadSecretFile(token_file, "--auth-token-file");
+    if (!t.ok()) {
+      std::cerr << "ring-worker: " << t.status().message() << "\n";
+      return 2;
+    }
+    options.auth_token = *t;
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!tls_cert.empty() || !tls_key.empty() || !tls_client_ca.empty()) {
+    if (tls_cert.empty() || tls_key.empty()) {
+      std::cerr << "ring-worker: --tls-cert and --tls-key go together\n";
+      return 2;
+    }
+    auto cert = ring::worker::ReadSecretFile(tls_cert, "--tls-cert");
+    auto key = ring::worker::ReadSecretFile(tls_key, "--tls-key");
+    if (!cert.ok() || !key.ok()) {
+      std::cerr << "ring-worker: " << (cert.ok() ? key.status() : cert.status()).message() << "\n";
+      return 2;
+    }
+    grpc::SslServerCredentialsOptions ssl(
+        tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (!tls_client_ca.empty()) {
+      auto ca = ring::worker::ReadSecretFile(tls_client_ca, "--tls-client-ca");
+      if (!ca.ok()) {
+        std::cerr << "ring-worker: " << ca.status().message() << "\n";
+        return 2;
+      }
+      ssl.pem_root_certs = *ca;
+    }
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  if (!loopback && options.auth_token.empty() && tls_client_ca.empty() && !allow_insecure) {
+    std::cerr << "ring-worker: refusing to listen on " << address
+              << " without --auth-token-file or --tls-client-ca (or --allow-insecure)\n";
+    return 2;
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, creds, &port);
   builder.SetMaxReceiveMessageSize(ring::worker::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(ring::worker::kMaxMessageBytes);
   const std::string host = address.substr(0, address.rfind(':'));

@@ -74,6 +74,7 @@ absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::str
   info.set_num_layers(cfg.num_hidden_layers);
   info.set_hidden_size(cfg.hidden_size);
   info.set_vocab_size(cfg.vocab_size);
+  info.set_max_position_embeddings(cfg.max_position_embeddings);
   info.set_dtype(cfg.torch_dtype == "float32"   ? "f32"
                  : cfg.torch_dtype == "float16" ? "f16"
                                                 : "bf16");
@@ -113,6 +114,23 @@ absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::
 WorkerService::WorkerService(WorkerOptions options)
     : options_(std::move(options)), listen_address_(options_.listen_address) {}
 
+grpc::Status WorkerService::CheckAuth(const grpc::ServerContext* ctx) const {
+  if (options_.auth_token.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  const std::string want = "Bearer " + options_.auth_token;
+  bool ok = false;
+  if (it != md.end() && it->second.size() == want.size()) {
+    unsigned char d = 0;  // constant time: no early exit on the first wrong byte
+    for (size_t i = 0; i < want.size(); ++i) d |= static_cast<unsigned char>(it->second.data()[i] ^ want[i]);
+    ok = d == 0;
+  }
+  if (ok) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      absl::StrCat(HopName(), ": caller ", ctx->peer(),
+                                   it == md.end() ? " sent no ring auth token" : " sent a wrong ring auth token"));
+}
+
 void WorkerService::SetListenAddress(std::string address) {
   absl::MutexLock l(&mu_);
   listen_address_ = std::move(address);
@@ -142,8 +160,9 @@ void WorkerService::Record(bool sent, const pb::ActivationFrame& f, const std::s
   if (events_.size() > kMaxEvents) events_.pop_front();
 }
 
-grpc::Status WorkerService::Describe(grpc::ServerContext*, const pb::DescribeRequest* req,
+grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::DescribeRequest* req,
                                      pb::DescribeResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
   resp->set_backend(options_.device);
   resp->add_devices(options_.device);
   resp->set_memory_free_bytes(MemAvailableBytes());
@@ -174,6 +193,7 @@ grpc::Status WorkerService::Describe(grpc::ServerContext*, const pb::DescribeReq
 
 grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadStageRequest* req,
                                       pb::LoadStageResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
   absl::MutexLock load_lock(&load_mu_);
   auto fill = [resp](const Loaded& l, bool reused) {
     resp->set_epoch(l.epoch);
@@ -279,6 +299,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
 grpc::Status WorkerService::Forward(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<pb::ActivationFrame, pb::ActivationFrame>* stream) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
   const std::string peer = ctx->peer();
   pb::ActivationFrame in;
   while (stream->Read(&in)) {
@@ -301,8 +322,9 @@ grpc::Status WorkerService::Forward(
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Release(grpc::ServerContext*, const pb::ReleaseRequest* req,
+grpc::Status WorkerService::Release(grpc::ServerContext* ctx, const pb::ReleaseRequest* req,
                                     pb::ReleaseResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
   std::shared_ptr<SequenceState> state;
   {
     absl::MutexLock l(&mu_);
@@ -318,8 +340,9 @@ grpc::Status WorkerService::Release(grpc::ServerContext*, const pb::ReleaseReque
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::FlightRecorder(grpc::ServerContext*, const pb::FlightRecorderRequest*,
+grpc::Status WorkerService::FlightRecorder(grpc::ServerContext* ctx, const pb::FlightRecorderRequest*,
                                            pb::FlightRecorderResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
   std::map<std::string, std::shared_ptr<SequenceState>> seqs;
   {
     absl::MutexLock l(&mu_);

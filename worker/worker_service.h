@@ -32,6 +32,9 @@ struct WorkerOptions {
   std::string model_root;      // LoadStage paths are resolved inside this directory
   std::string listen_address;  // names this worker in error messages
   std::string device = "cpu";
+  // Shared secret every caller must send as "authorization: Bearer TOKEN" metadata
+  // (compared in constant time). Empty: no token check (loopback development).
+  std::string auth_token;
   // Test-only fault injection: corrupt the payload (after checksumming) of the N-th frame
   // this worker sends, counting from 1; 0 never.
   int64_t TEST_corrupt_frame = 0;
@@ -75,6 +78,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     uint64_t epoch = 0;
   };
 
+  // UNAUTHENTICATED unless the call carries the configured token.
+  grpc::Status CheckAuth(const grpc::ServerContext* ctx) const;
   // One frame through the stage; the reply is ready to send. Errors name the hop.
   absl::StatusOr<ringserve::v1::ActivationFrame> Step(const ringserve::v1::ActivationFrame& in,
                                                       const std::string& peer);

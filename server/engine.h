@@ -1,0 +1,129 @@
+// File: server/engine.h
+//
+// Token generation over a ring: admission (a fixed number of generation slots, so excess
+// requests are refused with 429 instead of queueing without bound), the prefill / decode
+// step loop with sampling, cancellation, and ring supervision: the ring is formed in the
+// background (the server is live but not ready until it is), and a step that fails
+// because a stage is gone marks the ring broken and re-forms it, so later requests work
+// again once the workers are back.
+//
+//   Engine engine(ring_options, {.max_concurrent = 4}, &metrics);
+//   engine.Start();
+//   auto slot = engine.TryAcquire();                 // nullptr: full -> 429
+//   engine.Submit([&] { engine.Generate(req, sink, &cancelled); });
+#ifndef RINGSERVE_SERVER_ENGINE_H_
+#define RINGSERVE_SERVER_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/metrics.h"
+#include "server/ring.h"
+#include "server/sampler.h"
+
+namespace ring {
+
+struct GenerateRequest {
+  std::string id;  // unique; names the sequence on every stage
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;  // EOS and friends; the token is not returned
+};
+
+enum class FinishReason { kStop, kLength, kCancelled };
+
+struct GenerateResult {
+  FinishReason finish = FinishReason::kLength;
+  int32_t completion_tokens = 0;
+};
+
+// Receives each generated token on the generation thread; returning false stops the
+// generation with FinishReason::kStop (e.g. a stop string matched).
+using TokenSink = std::function<bool(const SampledToken&)>;
+
+class Engine {
+ public:
+  struct Options {
+    int max_concurrent = 4;
+    int64_t prefill_chunk = 512;
+    // Context limit (prompt + generated). 0: the model's max_position_embeddings.
+    int64_t max_context = 0;
+    absl::Duration reform_backoff = absl::Seconds(1);
+  };
+
+  Engine(RingOptions ring_options, Options options, ServerMetrics* metrics);
+  ~Engine();  // stops the pool; callers must have finished their generations
+
+  // Starts forming the ring in the background.
+  void Start();
+  // Ok when the ring is formed; otherwise Unavailable with what is missing.
+  absl::Status Ready() const;
+  // Waits until Ready() or the timeout (for tests and start-up scripts).
+  absl::Status WaitReady(absl::Duration timeout) const;
+
+  // A generation slot; released when destroyed. nullptr when all are taken.
+  class Slot {
+   public:
+    explicit Slot(Engine* e) : engine_(e) {}
+    ~Slot();
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+
+   private:
+    Engine* engine_;
+  };
+  std::unique_ptr<Slot> TryAcquire();
+  int64_t active() const { return active_.load(); }
+
+  // Runs `job` on the generation pool (one thread per slot, so an admitted job starts at
+  // once).
+  void Submit(std::function<void()> job);
+
+  // Blocking: prefill + decode of one request on the calling thread. Checks `cancelled`
+  // between steps. Errors name the stage that failed.
+  absl::StatusOr<GenerateResult> Generate(const GenerateRequest& req, const TokenSink& sink,
+                                          const std::atomic<bool>* cancelled);
+
+  // Model facts; valid once Ready().
+  RingModelInfo model() const;
+  std::vector<RingStageInfo> stages() const;
+  int64_t max_context() const;
+
+ private:
+  std::shared_ptr<Ring> CurrentRing() const;
+  void SuperviseLoop();
+  void MarkBroken(const absl::Status& why);
+
+  const RingOptions ring_options_;
+  const Options options_;
+  ServerMetrics* metrics_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::shared_ptr<Ring> ring_;      // null until formed / while broken
+  absl::Status ring_status_ = absl::UnavailableError("ring not formed yet");
+  bool stopping_ = false;
+  std::thread supervisor_;
+
+  std::atomic<int64_t> active_{0};
+  std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool pool_stopping_ = false;  // guarded by pool_mu_
+  std::vector<std::thread> pool_;
+};
+
+}  // namespace ring
+
+#endif  // RINGSERVE_SERVER_ENGINE_H_

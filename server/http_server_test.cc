@@ -1,0 +1,152 @@
+#include "server/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <boost/asio.hpp>
+
+#include "gtest/gtest.h"
+
+namespace ring::http {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HttpServer::Options o;
+    o.address = "127.0.0.1";
+    o.port = 0;
+    o.max_body_bytes = 1024;
+    o.read_timeout = absl::Milliseconds(300);
+    o.idle_timeout = absl::Milliseconds(600);
+    auto s = HttpServer::Start(o, [this](HttpRequest req, std::shared_ptr<HttpResponder> r) {
+      if (req.path == "/echo") {
+        r->Send(200, "text/plain", req.method + " " + req.body);
+      } else if (req.path == "/stream") {
+        std::thread([r] {
+          r->StartStream(200, "text/event-stream");
+          for (int i = 0; i < 3; ++i) r->WriteChunk("data: " + std::to_string(i) + "\n\n");
+          r->EndStream();
+        }).detach();
+      } else if (req.path == "/wait") {
+        r->OnClientGone([this] { gone_ = true; });
+        held_ = r;  // never answered: only the disconnect ends it
+      } else {
+        r->Send(404, "text/plain", "no");
+      }
+    });
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+  void TearDown() override {
+    held_.reset();
+    server_->Shutdown();
+  }
+
+  tcp::socket Connect() {
+    tcp::socket s(ioc_);
+    s.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(server_->port())});
+    return s;
+  }
+  // Reads until the peer closes or `until` appears; returns what was read.
+  static std::string ReadUntil(tcp::socket& s, const std::string& until, int timeout_ms = 3000) {
+    std::string out;
+    char buf[4096];
+    s.non_blocking(true);
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < end) {
+      boost::system::error_code ec;
+      size_t n = s.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      if (ec) break;
+      out.append(buf, n);
+      if (!until.empty() && out.find(until) != std::string::npos) break;
+    }
+    return out;
+  }
+
+  asio::io_context ioc_;
+  std::unique_ptr<HttpServer> server_;
+  std::atomic<bool> gone_{false};
+  std::shared_ptr<HttpResponder> held_;
+};
+
+TEST_F(HttpServerTest, KeepAliveServesTwoRequests) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")));
+  std::string a = ReadUntil(s, "POST hi");
+  EXPECT_NE(a.find("HTTP/1.1 200 OK"), std::string::npos) << a;
+  asio::write(s, asio::buffer(std::string("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")));
+  std::string b = ReadUntil(s, "GET ");
+  EXPECT_NE(b.find("200 OK"), std::string::npos) << b;
+}
+
+TEST_F(HttpServerTest, BodyOverLimitIs413) {
+  tcp::socket s = Connect();
+  const std::string body(5000, 'x');
+  asio::write(s, asio::buffer("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + body));
+  std::string a = ReadUntil(s, "}\n");
+  EXPECT_NE(a.find("413 Payload Too Large"), std::string::npos) << a;
+}
+
+TEST_F(HttpServerTest, MalformedRequestIs400) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GARBAGE\x01 / HTTP/9\r\n\r\n")));
+  std::string a = ReadUntil(s, "}\n");
+  EXPECT_NE(a.find("400 Bad Request"), std::string::npos) << a;
+}
+
+TEST_F(HttpServerTest, SlowLorisIsCutOff) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GET /echo HTTP/1.1\r\nHost: x\r\n")));  // never finished
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string a = ReadUntil(s, "", 3000);  // returns when the server closes
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(a.empty()) << a;
+  EXPECT_LT(waited, std::chrono::milliseconds(2500));
+}
+
+TEST_F(HttpServerTest, ChunkedStream) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")));
+  std::string a = ReadUntil(s, "0\r\n\r\n");
+  EXPECT_NE(a.find("Transfer-Encoding: chunked"), std::string::npos) << a;
+  EXPECT_NE(a.find("data: 0"), std::string::npos);
+  EXPECT_NE(a.find("data: 2"), std::string::npos);
+  EXPECT_NE(a.find("0\r\n\r\n"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, DisconnectRunsGoneCallback) {
+  {
+    tcp::socket s = Connect();
+    asio::write(s, asio::buffer(std::string("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(gone_.load());
+  }  // closes
+  for (int i = 0; i < 200 && !gone_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(gone_.load());
+}
+
+TEST_F(HttpServerTest, IdleKeepAliveIsClosed) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")));
+  ReadUntil(s, "GET ");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string rest = ReadUntil(s, "", 3000);
+  EXPECT_TRUE(rest.empty());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2500));
+  for (int i = 0; i < 100 && server_->open_connections() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server_->open_connections(), 0);
+}
+
+}  // namespace
+}  // namespace ring::http

@@ -1,0 +1,54 @@
+// File: server/metrics.h
+//
+// The Prometheus metrics of ring-server (served as text at GET /metrics). One object,
+// created once, passed by pointer; every member is thread-safe (prometheus-cpp).
+// Names are prefixed `ringserve_`; see README "Metrics" for the list.
+#ifndef RINGSERVE_SERVER_METRICS_H_
+#define RINGSERVE_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace ring {
+
+class ServerMetrics {
+ private:
+  // Declared first: the public metric references below are built from it.
+  std::shared_ptr<prometheus::Registry> registry_;
+
+ public:
+  ServerMetrics();
+  std::string Render() const;  // Prometheus text exposition format
+
+  void CountHttp(const std::string& route, int status);
+  void CountStageError(const std::string& stage);
+
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generated_tokens;
+  prometheus::Counter& requests_cancelled;
+  prometheus::Counter& requests_failed;
+  prometheus::Counter& ring_reforms;
+  prometheus::Gauge& requests_in_flight;
+  prometheus::Gauge& sequences_live;
+  prometheus::Gauge& ready;
+  prometheus::Gauge& checksum_failures;
+  prometheus::Histogram& ttft_seconds;
+  prometheus::Histogram& inter_token_seconds;
+  prometheus::Histogram& request_seconds;
+  prometheus::Histogram& prefill_step_seconds;
+  prometheus::Histogram& decode_step_seconds;
+
+ private:
+  prometheus::Family<prometheus::Counter>* http_requests_;
+  prometheus::Family<prometheus::Counter>* stage_errors_;
+};
+
+}  // namespace ring
+
+#endif  // RINGSERVE_SERVER_METRICS_H_

@@ -1,0 +1,265 @@
+#include "server/ring.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/status.h"
+#include "models/stage_runner.h"
+#include "worker/stage_client.h"
+
+namespace ring {
+namespace {
+
+namespace pb = ringserve::v1;
+
+// Runs `tokens` through runners in order; the last one's logits come back.
+absl::StatusOr<std::vector<float>> StepThrough(std::vector<std::unique_ptr<StageRunner>>& runners,
+                                               const std::vector<int32_t>& tokens) {
+  StageInput in;
+  in.tokens = tokens;
+  for (size_t i = 0; i < runners.size(); ++i) {
+    RING_ASSIGN_OR_RETURN(StageOutput out, runners[i]->Forward(in));
+    if (i + 1 == runners.size()) return std::move(out.logits);
+    in = StageInput{};
+    in.hidden = std::move(out.hidden);
+    in.topk = std::move(out.topk);
+  }
+  return absl::InternalError("ring without stages");
+}
+
+// A Stage shared by many sequences: Stage::Forward is const and safe across sequences.
+class SharedStageRunner final : public StageRunner {
+ public:
+  explicit SharedStageRunner(std::shared_ptr<const Stage> stage)
+      : stage_(std::move(stage)), seq_(stage_->NewSequence()) {}
+  absl::StatusOr<StageOutput> Forward(const StageInput& in) override {
+    return stage_->Forward(*seq_, in);
+  }
+
+ private:
+  std::shared_ptr<const Stage> stage_;
+  std::unique_ptr<Sequence> seq_;
+};
+
+class LocalSequence final : public RingSequence {
+ public:
+  explicit LocalSequence(std::vector<std::unique_ptr<StageRunner>> runners)
+      : runners_(std::move(runners)) {}
+  absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>& tokens) override {
+    RING_ASSIGN_OR_RETURN(std::vector<float> logits, StepThrough(runners_, tokens));
+    position_ += static_cast<int64_t>(tokens.size());
+    return logits;
+  }
+  int64_t position() const override { return position_; }
+
+ private:
+  std::vector<std::unique_ptr<StageRunner>> runners_;
+  int64_t position_ = 0;
+};
+
+class LocalRing final : public Ring {
+ public:
+  static absl::StatusOr<std::unique_ptr<Ring>> Load(const RingOptions& o) {
+    auto ring = std::make_unique<LocalRing>();
+    LoadOptions lo;
+    lo.act_dtype = o.act_dtype;
+    lo.all_logits = o.all_logits;
+    RING_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(o.model));
+    const int parts = o.split.empty() ? o.local_stages : static_cast<int>(o.split.size());
+    RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges,
+                          PlanStageRanges(o.split, cfg.num_hidden_layers, parts));
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      lo.layers = ranges[i];
+      RING_ASSIGN_OR_RETURN(std::unique_ptr<Stage> s, LoadStage(o.model, lo));
+      ring->stages_info_.push_back({absl::StrCat("stage ", i, " (local)"), ranges[i], s->weight_bytes()});
+      ring->stages_.push_back(std::move(s));
+    }
+    ring->info_ = {cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size,
+                   cfg.max_position_embeddings};
+    return ring;
+  }
+
+  const RingModelInfo& model() const override { return info_; }
+  const std::vector<RingStageInfo>& stages() const override { return stages_info_; }
+  absl::StatusOr<std::unique_ptr<RingSequence>> NewSequence(const std::string&) override {
+    std::vector<std::unique_ptr<StageRunner>> runners;
+    for (const auto& s : stages_) runners.push_back(std::make_unique<SharedStageRunner>(s));
+    return std::make_unique<LocalSequence>(std::move(runners));
+  }
+  uint64_t checksum_failures() const override { return 0; }
+  std::string Diagnose() override { return "in-process stages"; }
+
+ private:
+  std::vector<std::shared_ptr<const Stage>> stages_;
+  std::vector<RingStageInfo> stages_info_;
+  RingModelInfo info_;
+};
+
+class RemoteRing;
+
+class RemoteSequence final : public RingSequence {
+ public:
+  RemoteSequence(RemoteRing* ring, std::string id,
+                 std::vector<std::unique_ptr<worker::RemoteStageRunner>> runners)
+      : ring_(ring), id_(std::move(id)), runners_(std::move(runners)) {}
+  ~RemoteSequence() override;
+  absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>& tokens) override;
+  int64_t position() const override { return position_; }
+
+ private:
+  RemoteRing* ring_;
+  const std::string id_;
+  std::vector<std::unique_ptr<worker::RemoteStageRunner>> runners_;
+  int64_t position_ = 0;
+};
+
+class RemoteRing final : public Ring {
+ public:
+  static absl::StatusOr<std::unique_ptr<Ring>> Load(const RingOptions& o) {
+    auto ring = std::make_unique<RemoteRing>();
+    worker::StageClientOptions co;
+    co.call_timeout = o.step_timeout;
+    co.load_timeout = o.load_timeout;
+    co.auth_token = o.auth_token;
+    co.tls_ca = o.tls_ca;
+    co.tls_cert = o.tls_cert;
+    co.tls_key = o.tls_key;
+    for (const std::string& addr : o.workers) {
+      ring->clients_.push_back(std::make_unique<worker::StageClient>(
+          addr, static_cast<int>(ring->clients_.size()), co));
+    }
+    RING_ASSIGN_OR_RETURN(pb::DescribeResponse d, ring->clients_.front()->Describe(o.model));
+    const pb::ModelInfo& info = d.probed();
+    RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges,
+                          PlanStageRanges(o.split, info.num_layers(),
+                                          static_cast<int>(ring->clients_.size())));
+    // fp32 on the wire when asked for (bit-exact); otherwise the model's activation dtype.
+    pb::DType act = pb::DTYPE_UNSPECIFIED;
+    if (o.act_dtype) act = *o.act_dtype == cpu::ActDType::kF32 ? pb::DTYPE_F32 : pb::DTYPE_BF16;
+    ring->wire_ = act != pb::DTYPE_UNSPECIFIED ? act
+                  : info.dtype() == "bf16"     ? pb::DTYPE_BF16
+                                               : pb::DTYPE_F32;
+    for (size_t i = 0; i < ring->clients_.size(); ++i) {
+      pb::LoadStageRequest req;
+      req.set_model(o.model);
+      req.set_layer_begin(ranges[i].begin);
+      req.set_layer_end(ranges[i].end);
+      req.set_act_dtype(act);
+      req.set_all_logits(o.all_logits);
+      RING_ASSIGN_OR_RETURN(pb::LoadStageResponse loaded, ring->clients_[i]->LoadStage(req));
+      if (loaded.model().model_hash() != info.model_hash()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(ring->clients_[i]->name(), " holds a different '", o.model, "' than ",
+                         ring->clients_.front()->name()));
+      }
+      ring->epochs_.push_back(loaded.epoch());
+      ring->stages_info_.push_back({ring->clients_[i]->name(), ranges[i], loaded.weight_bytes()});
+    }
+    ring->info_ = {info.model_type(), info.num_layers(), info.hidden_size(), info.vocab_size(),
+                   info.max_position_embeddings()};
+    return ring;
+  }
+
+  const RingModelInfo& model() const override { return info_; }
+  const std::vector<RingStageInfo>& stages() const override { return stages_info_; }
+  absl::StatusOr<std::unique_ptr<RingSequence>> NewSequence(const std::string& id) override {
+    std::vector<std::unique_ptr<worker::RemoteStageRunner>> runners;
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      runners.push_back(std::make_unique<worker::RemoteStageRunner>(
+          clients_[i].get(), id, epochs_[i], info_.hidden_size, wire_));
+    }
+    return std::make_unique<RemoteSequence>(this, id, std::move(runners));
+  }
+  uint64_t checksum_failures() const override { return checksum_failures_.load(); }
+
+  std::string Diagnose() override {
+    std::string out;
+    for (auto& c : clients_) {
+      if (!out.empty()) out += "; ";
+      worker::StageClientOptions quick = c->options();
+      quick.call_timeout = absl::Seconds(2);
+      worker::StageClient probe(c->address(), c->stage_index(), quick);
+      auto fr = probe.FlightRecorder();
+      if (!fr.ok()) {
+        absl::StrAppend(&out, c->name(), ": no answer (", fr.status().message(), ")");
+      } else {
+        absl::StrAppend(&out, c->name(), ": ", fr->waiting_on());
+      }
+    }
+    return out;
+  }
+
+  void Release(const std::string& id) {
+    // Best effort: a worker that is gone has no cache to free; the error is not the
+    // request's (it already finished or failed).
+    for (auto& c : clients_) (void)c->Release(id);
+  }
+  void CountChecksumFailures(uint64_t n) { checksum_failures_ += n; }
+
+ private:
+  std::vector<std::unique_ptr<worker::StageClient>> clients_;
+  std::vector<uint64_t> epochs_;
+  std::vector<RingStageInfo> stages_info_;
+  RingModelInfo info_;
+  pb::DType wire_ = pb::DTYPE_F32;
+  std::atomic<uint64_t> checksum_failures_{0};
+};
+
+RemoteSequence::~RemoteSequence() { ring_->Release(id_); }
+
+absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_t>& tokens) {
+  StageInput in;
+  in.tokens = tokens;
+  for (size_t i = 0; i < runners_.size(); ++i) {
+    const uint64_t before = runners_[i]->checksum_failures();
+    auto out = runners_[i]->Forward(in);
+    ring_->CountChecksumFailures(runners_[i]->checksum_failures() - before);
+    if (!out.ok()) return out.status();
+    if (i + 1 == runners_.size()) {
+      position_ += static_cast<int64_t>(tokens.size());
+      return std::move(out->logits);
+    }
+    in = StageInput{};
+    in.hidden = std::move(out->hidden);
+    in.topk = std::move(out->topk);
+  }
+  return absl::InternalError("ring without stages");
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_t>& split,
+                                                        int64_t num_layers, int stages) {
+  if (split.empty()) {
+    if (stages < 1 || stages > num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(stages, " stages for ", num_layers, " layers: need 1..", num_layers));
+    }
+    return SplitLayers(num_layers, stages);
+  }
+  if (static_cast<int>(split.size()) != stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split has ", split.size(), " entries for ", stages, " stages"));
+  }
+  std::vector<StageRange> out;
+  int64_t begin = 0;
+  for (int64_t len : split) {
+    if (len < 1) return absl::InvalidArgumentError(absl::StrCat("split: layer count ", len, " < 1"));
+    out.push_back({begin, begin + len});
+    begin += len;
+  }
+  if (begin != num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split sums to ", begin, " layers; the model has ", num_layers));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Ring>> Ring::Connect(const RingOptions& options) {
+  if (options.model.empty()) return absl::InvalidArgumentError("ring: no model given");
+  if (options.workers.empty()) return LocalRing::Load(options);
+  return RemoteRing::Load(options);
+}
+
+}  // namespace ring

@@ -1,0 +1,100 @@
+// File: server/ring.h
+//
+// The coordinator's view of a formed ring: the stages of one model, in order, either on
+// ring-worker processes (gRPC) or in this process, and per-sequence step runners over
+// them. Both `ringctl logits` and `ring-server` drive generation through this, so a
+// remote ring and a local one run the same step loop and compare bit for bit.
+//
+//   RING_ASSIGN_OR_RETURN(auto ring, Ring::Connect({.workers = {"127.0.0.1:7001", ...},
+//                                                   .model = "tiny-glm"}));
+//   RING_ASSIGN_OR_RETURN(auto seq, ring->NewSequence("req-1"));
+//   RING_ASSIGN_OR_RETURN(std::vector<float> logits, seq->Step({1, 2, 3}));
+//
+// A Ring is thread-safe; a RingSequence is used by one thread at a time and frees its KV
+// caches on every stage when destroyed.
+#ifndef RINGSERVE_SERVER_RING_H_
+#define RINGSERVE_SERVER_RING_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/cpu/ops.h"
+#include "models/model.h"
+
+namespace ring {
+
+struct RingOptions {
+  // Remote ring: worker addresses in ring order; `model` is a path under their
+  // --model-root. Empty: the stages run in this process and `model` is a directory.
+  std::vector<std::string> workers;
+  std::string model;
+  // Layer counts per stage (must sum to the layer count); empty: near-equal split into
+  // workers.size() stages (remote) or `local_stages` stages (local).
+  std::vector<int64_t> split;
+  int local_stages = 1;
+  std::optional<cpu::ActDType> act_dtype;  // unset: the checkpoint's
+  // Last stage returns logits for every row of a step (ringctl) or only the last (serving).
+  bool all_logits = false;
+  absl::Duration step_timeout = absl::Seconds(30);
+  absl::Duration load_timeout = absl::Minutes(10);
+  // Inter-node auth (worker/stage_client.h): shared token and/or TLS, PEM contents.
+  std::string auth_token;
+  std::string tls_ca, tls_cert, tls_key;
+};
+
+struct RingModelInfo {
+  std::string model_type;
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;  // 0: unknown
+};
+
+struct RingStageInfo {
+  std::string name;  // "stage 1 (127.0.0.1:7001)" or "stage 1 (local)"
+  StageRange layers;
+  int64_t weight_bytes = 0;
+};
+
+// One sequence's steps through every stage.
+class RingSequence {
+ public:
+  virtual ~RingSequence() = default;
+  // Runs `tokens` (a prefill chunk, or one decode token) through all stages and returns
+  // the last stage's logits: [rows, vocab] with all_logits, else [vocab] for the last row.
+  // A failure leaves the sequence unusable (positions on the stages may disagree).
+  virtual absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>& tokens) = 0;
+  virtual int64_t position() const = 0;
+};
+
+class Ring {
+ public:
+  virtual ~Ring() = default;
+  // Loads the stages (remote: LoadStage on every worker, checking they hold the same
+  // model) and returns the formed ring.
+  static absl::StatusOr<std::unique_ptr<Ring>> Connect(const RingOptions& options);
+
+  virtual const RingModelInfo& model() const = 0;
+  virtual const std::vector<RingStageInfo>& stages() const = 0;
+  // `id` must be unique among live sequences of this ring.
+  virtual absl::StatusOr<std::unique_ptr<RingSequence>> NewSequence(const std::string& id) = 0;
+  // Checksum mismatches detected on replies so far.
+  virtual uint64_t checksum_failures() const = 0;
+  // What every stage is doing now (remote: each worker's flight recorder, with a short
+  // deadline), for the error of a step that timed out: names the stage that is stuck.
+  virtual std::string Diagnose() = 0;
+};
+
+// Layer ranges from explicit counts (validated against `num_layers`) or a near-equal split.
+absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_t>& split,
+                                                        int64_t num_layers, int stages);
+
+}  // namespace ring
+
+#endif  // RINGSERVE_SERVER_RING_H_

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""End-to-end test of ring-server's OpenAI API with the official `openai` client.
+
+Starts two ring-worker processes and ring-server on loopback (CPU backend) over a tiny
+synthetic GLM-5.2-style checkpoint, then checks: models, chat and completions (plain and
+streaming, usage), greedy output against `ringctl logits` (the reference step loop) and the
+prompt against Python jinja2 + HF tokenizers, seeds, stop strings, logprobs, tools,
+every error status (400, 401, 404, 413, 429, context length), cancellation by closing a
+stream, a worker killed mid-stream (error event, then the ring re-forms once it is back),
+and graceful shutdown. Every wait has a deadline; the whole test is bounded by CTest.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jinja2
+import jinja2.sandbox
+import openai
+from tokenizers import Tokenizer
+
+import ringproc
+from ringproc import start, wait_ready
+
+KEY = "sk-ringserve-test-key"
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+
+
+def raw(port, method, path, body=b"", headers=None, timeout=10):
+    h = {"Authorization": f"Bearer {KEY}"}
+    h.update(headers or {})
+    return ringproc.raw(port, method, path, body=body, headers=h, timeout=timeout)
+
+
+def metric(port, name):
+    return ringproc.metric(port, name, key=KEY)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ringctl", required=True)
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    root = os.path.join(a.work, "models")
+    model_dir = os.path.join(root, "tiny-glm")
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        subprocess.run([a.ringctl, "synth", "--arch", "glm_moe_dsa", "--preset", "tiny", "--quant", "mxfp4",
+                        "--seed", "1", "--out", model_dir], check=True, timeout=120)
+    procs = []
+    try:
+        workers = []
+        for i in range(2):
+            p, addr = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", root],
+                            os.path.join(a.work, f"worker{i}.log"), r"listening on (\S+)")
+            procs.append(p)
+            workers.append(addr)
+        cfg = os.path.join(a.work, "ring.toml")
+        with open(cfg, "w") as f:
+            f.write(f"""
+[server]
+listen = "127.0.0.1:0"
+api_keys = ["{KEY}"]
+max_concurrent_requests = 2
+max_body_bytes = 65536
+read_timeout_s = 2
+shutdown_grace_s = 20
+[model]
+name = "tiny-glm"
+path = "tiny-glm"
+local_dir = "{model_dir}"
+act_dtype = "f32"
+prefill_chunk = 16
+[ring]
+workers = {json.dumps(workers)}
+step_timeout_s = 5
+""")
+        server, url = start([a.server, "--config", cfg], os.path.join(a.work, "server.log"),
+                            r"listening on (http://\S+)")
+        procs.append(server)
+        port = int(url.rsplit(":", 1)[1])
+        check(wait_ready(port), "/ready turns 200 once the ring is formed")
+        run_tests(a, port, model_dir, workers, procs, server)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if FAILS:
+        print(f"{len(FAILS)} failure(s):\n  " + "\n  ".join(FAILS))
+        return 1
+    print("all openai API checks passed")
+    return 0
+
+
+def run_tests(a, port, model_dir, workers, procs, server):
+    base = f"http://127.0.0.1:{port}/v1"
+    client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=60)
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    gen_cfg = json.load(open(os.path.join(model_dir, "generation_config.json")))
+    eos = set(gen_cfg["eos_token_id"] if isinstance(gen_cfg["eos_token_id"], list) else [gen_cfg["eos_token_id"]])
+
+    # Public endpoints.
+    st, _, body = raw(port, "GET", "/health", headers={"Authorization": ""})
+    check(st == 200, "/health is public")
+    models = client.models.list()
+    check([m.id for m in models.data] == ["tiny-glm"], "models.list names the served model")
+
+    # Greedy completion from token ids == the reference step loop (ringctl logits).
+    prompt_ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108]
+    n = 12
+    ref = subprocess.run([a.ringctl, "logits", "--model", model_dir, "--tokens", ",".join(map(str, prompt_ids)),
+                          "--decode", str(n), "--act", "f32", "--prefill-chunk", "16"],
+                         capture_output=True, text=True, timeout=120)
+    m = re.search(r"decode tokens:([\d ]+)", ref.stderr)
+    ref_ids = [int(x) for x in m.group(1).split()] if m else []
+    expect_ids = []
+    for t in ref_ids:
+        if t in eos:
+            break
+        expect_ids.append(t)
+    expect_text = tok.decode(expect_ids, skip_special_tokens=True)
+    c = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0, logprobs=2)
+    check(c.choices[0].text == expect_text,
+          f"greedy completion equals ringctl logits through the reference loop ({expect_text!r})")
+    check(c.usage.prompt_tokens == len(prompt_ids) and c.usage.completion_tokens == len(expect_ids),
+          f"usage counts prompt and completion tokens ({c.usage})")
+    check(c.choices[0].finish_reason == ("length" if len(expect_ids) == n else "stop"), "finish_reason")
+    lp = c.choices[0].logprobs
+    check(lp is not None and len(lp.token_logprobs) == len(expect_ids) and
+          all(len(d) == 2 for d in lp.top_logprobs) and
+          all(abs(x - max(d.values())) < 1e-5 for x, d in zip(lp.token_logprobs, lp.top_logprobs)),
+          "completion logprobs: greedy token has the top logprob")
+    stream = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0,
+                                       stream=True)
+    check("".join(ch.choices[0].text for ch in stream if ch.choices) == expect_text,
+          "streamed completion text equals the non-streamed one")
+
+    # Chat: the prompt is the checkpoint's template rendered as transformers would.
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Say something about rings, 123 and 漢字."}]
+    tmpl_src = open(os.path.join(model_dir, "chat_template.jinja")).read()
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals["raise_exception"] = lambda msg: (_ for _ in ()).throw(jinja2.exceptions.TemplateError(msg))
+    rendered = env.from_string(tmpl_src).render(messages=messages, add_generation_prompt=True, tools=None)
+    want_prompt_tokens = len(tok.encode(rendered, add_special_tokens=False).ids)
+    r1 = client.chat.completions.create(model="tiny-glm", messages=messages, max_tokens=10, temperature=0.8,
+                                        seed=7)
+    check(r1.usage.prompt_tokens == want_prompt_tokens,
+          f"chat prompt tokens match jinja2 + HF tokenizers ({r1.usage.prompt_tokens} vs {want_prompt_tokens})")
+    check(r1.choices[0].message.role == "assistant" and r1.choices[0].finish_reason in ("stop", "length"),
+          "chat completion shape")
+    r2 = client.chat.completions.create(model="tiny-glm", messages=messages, max_tokens=10, temperature=0.8,
+                                        seed=7)
+    same = (r1.choices[0].message.content, getattr(r1.choices[0].message, "reasoning_content", None)) == \
+           (r2.choices[0].message.content, getattr(r2.choices[0].message, "reasoning_content", None))
+    check(same, "same seed, same output")
+    outs = set()
+    for seed in range(8, 12):
+        r = client.chat.completions.create(model="tiny-glm", messages=messages, max_tokens=10, temperature=1.0,
+                                           seed=seed)
+        outs.add((r.choices[0].message.content, r.usage.completion_tokens))
+    check(len(outs) > 1, "different seeds give different outputs")
+
+    # Streaming chat with usage; concatenation equals the non-streamed answer.
+    chunks = list(client.chat.completions.create(model="tiny-glm", messages=messages, max_tokens=10,
+                                                 temperature=0.8, seed=7, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join((ch.choices[0].delta.content or "") for ch in chunks if ch.choices)
+    reason = "".join((getattr(ch.choices[0].delta, "reasoning_content", None) or "") for ch in chunks if ch.choices)
+    check(text == (r1.choices[0].message.content or "") and
+          reason == (getattr(r1.choices[0].message, "reasoning_content", None) or ""),
+          "streamed chat equals the non-streamed answer")
+    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r1.usage.completion_tokens
+          and not chunks[-1].choices, "include_usage: a final usage chunk")
+    fins = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    check(fins == [r1.choices[0].finish_reason], "exactly one finish_reason in the stream")
+
+    # Stop strings: cut the greedy text at a substring.
+    full = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0).choices[0].text
+    if len(full) >= 6:
+        stop = full[3:6]
+        cut = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0,
+                                        stop=[stop])
+        check(cut.choices[0].text == full[:full.find(stop)] and cut.choices[0].finish_reason == "stop",
+              f"stop string {stop!r} cuts the output")
+    else:
+        check(False, f"greedy output long enough for a stop-string test ({full!r})")
+
+    # Chat logprobs.
+    r = client.chat.completions.create(model="tiny-glm", messages=messages, max_tokens=5, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content if r.choices[0].logprobs else []
+    check(len(content) == r.usage.completion_tokens and all(len(e.top_logprobs) == 3 for e in content) and
+          all(abs(e.logprob - e.top_logprobs[0].logprob) < 1e-5 for e in content),
+          "chat logprobs: one entry per token, greedy token on top")
+
+    # Tools are rendered into the prompt.
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
+    rt = client.chat.completions.create(model="tiny-glm", messages=messages, max_tokens=3, tools=tools)
+    check(rt.usage.prompt_tokens > r1.usage.prompt_tokens, "tools are rendered into the prompt")
+
+    # Errors.
+    bad = openai.OpenAI(base_url=base, api_key="sk-wrong-key-000", max_retries=0)
+    try:
+        bad.models.list()
+        check(False, "wrong key -> 401")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401 and e.body and e.body.get("code") == "invalid_api_key", "wrong key -> 401")
+    try:
+        client.chat.completions.create(model="nope", messages=messages)
+        check(False, "unknown model -> 404")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "unknown model -> 404")
+    try:
+        client.chat.completions.create(model="tiny-glm", messages=messages, temperature="hot")
+        check(False, "wrong type -> 400")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == "temperature", "wrong type -> 400 naming the parameter")
+    try:
+        client.chat.completions.create(model="tiny-glm", messages=messages, n=2)
+        check(False, "n=2 -> 400")
+    except openai.BadRequestError:
+        check(True, "n=2 -> 400")
+    try:
+        client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=10**6)
+        check(False, "context length -> 400")
+    except openai.BadRequestError as e:
+        check(e.body.get("code") == "context_length_exceeded", "prompt + max_tokens over the context -> 400")
+    st, _, body = raw(port, "POST", "/v1/chat/completions", body=b'{"model": "tiny-glm", "messages": [')
+    check(st == 400 and b"malformed JSON" in body, "malformed JSON -> 400")
+    st, _, _ = raw(port, "POST", "/v1/chat/completions", body=b"x" * 70000)
+    check(st == 413, "body over max_body_bytes -> 413")
+    st, _, _ = raw(port, "GET", "/v1/nothing")
+    check(st == 404, "unknown route -> 404")
+
+    # Over the concurrency limit: 429 with Retry-After.
+    results = []
+
+    def long_stream():
+        try:
+            s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=3000, temperature=1.0,
+                                          seed=1, stream=True)
+            for _ in s:
+                pass
+            results.append("ok")
+        except openai.RateLimitError as e:
+            results.append(("429", e.response.headers.get("retry-after")))
+        except Exception as e:  # noqa: BLE001
+            results.append(repr(e))
+    ts = [threading.Thread(target=long_stream) for _ in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    n429 = [r for r in results if isinstance(r, tuple)]
+    check(len(n429) >= 1 and all(r[1] == "1" for r in n429) and results.count("ok") >= 2,
+          f"more than max_concurrent_requests -> 429 with Retry-After ({results})")
+
+    # Cancellation: close a stream early; the generation stops and its caches are freed.
+    before = metric(port, "ringserve_requests_cancelled_total") or 0
+    s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=3000, temperature=1.0,
+                                  seed=2, stream=True)
+    got = 0
+    for _ in s:
+        got += 1
+        if got == 3:
+            break
+    s.close()
+    deadline = time.time() + 10
+    while time.time() < deadline and (metric(port, "ringserve_requests_cancelled_total") or 0) <= before:
+        time.sleep(0.05)
+    check((metric(port, "ringserve_requests_cancelled_total") or 0) > before, "closing a stream cancels it")
+    deadline = time.time() + 10
+    while time.time() < deadline and metric(port, "ringserve_sequences_live") != 0:
+        time.sleep(0.05)
+    check(metric(port, "ringserve_sequences_live") == 0 and metric(port, "ringserve_requests_in_flight") == 0,
+          "no sequence left behind")
+
+    # A worker killed mid-stream: the stream ends with an error event naming the stage.
+    s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=3000, temperature=1.0,
+                                  seed=3, stream=True)
+    err = None
+    try:
+        got = 0
+        for _ in s:
+            got += 1
+            if got == 2:
+                procs[1].send_signal(signal.SIGKILL)
+                procs[1].wait(10)
+    except openai.APIError as e:
+        err = str(e)
+    check(err is not None and "stage 1" in err, f"killed worker -> error event naming the stage ({err})")
+    st, _, body = raw(port, "GET", "/ready")
+    check(st == 503, f"/ready is 503 while the ring is broken ({body[:120]!r})")
+    # Restart the worker on the same address: the ring re-forms by itself.
+    p, _ = start([a.worker, "--listen", workers[1], "--model-root", os.path.dirname(model_dir)],
+                 os.path.join(a.work, "worker1b.log"), r"listening on (\S+)")
+    procs.append(p)
+    check(wait_ready(port, 30), "ring re-forms after the worker restarts")
+    r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0)
+    check(r.choices[0].text == expect_text, "same greedy output after the ring re-formed")
+
+    # Graceful shutdown: an in-flight stream finishes, then the process exits 0.
+    s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=200, temperature=1.0,
+                                  seed=4, stream=True)
+    finish = None
+    first = True
+    for ch in s:
+        if first:
+            server.send_signal(signal.SIGTERM)
+            first = False
+        if ch.choices and ch.choices[0].finish_reason:
+            finish = ch.choices[0].finish_reason
+    check(finish in ("length", "stop"), "SIGTERM lets an in-flight stream finish")
+    try:
+        rc = server.wait(30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"server exits 0 after draining (rc={rc})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Process and HTTP helpers shared by the ring-server tests and benchmarks.
+
+Every wait has a deadline: a process that does not print its "listening on" line in time
+is killed and the caller fails with the log path.
+"""
+import http.client
+import re
+import subprocess
+import threading
+import time
+
+
+def start(cmd, log, pattern, timeout=30, env=None):
+    """Starts `cmd` (stderr to `log`) and waits for a stdout line matching `pattern`.
+
+    Returns (Popen, first regex group). stdout is drained in the background afterwards.
+    """
+    f = open(log, "w")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True, env=env)
+    found = []
+
+    def reader():
+        for line in p.stdout:
+            if not found:
+                m = re.search(pattern, line)
+                if m:
+                    found.append(m.group(1))
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    deadline = time.time() + timeout
+    while time.time() < deadline and not found and p.poll() is None:
+        time.sleep(0.02)
+    if not found:
+        p.kill()
+        raise SystemExit(f"{cmd[0]} did not start within {timeout}s; see {log}")
+    return p, found[0]
+
+
+def raw(port, method, path, body=b"", headers=None, key=None, timeout=10):
+    """One HTTP request on a fresh connection: (status, headers dict, body bytes)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    h.update(headers or {})
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def wait_ready(port, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if raw(port, "GET", "/ready", timeout=2)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def metric(port, name, key=None):
+    """Value of an unlabelled Prometheus metric from /metrics, or None."""
+    body = raw(port, "GET", "/metrics", key=key)[2].decode()
+    for line in body.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            return float(line.split()[-1])
+    return None
