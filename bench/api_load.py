@@ -5,7 +5,7 @@ Starts ring-workers + ring-server over the tiny synthetic model (or uses --port 
 already running), then each client loops: stream a chat completion, record time to first
 token (TTFT) and the gaps between tokens (inter-token latency, ITL). Prints requests/s,
 tokens/s, TTFT and ITL p50/p99, errors, and checks that no sequence is left on the ring
-afterwards (ringserve_sequences_live == 0). Exit 1 on any error or leak.
+afterwards (ring_sequences_live == 0). Exit 1 on any error or leak.
 
   .venv/bin/python bench/api_load.py --build build --clients 8 --seconds 20
 """
@@ -127,7 +127,7 @@ def run(a, port):
     deadline = time.time() + 10
     live = None
     while time.time() < deadline:
-        live = ringproc.metric(port, "ringserve_sequences_live", key=KEY)
+        live = ringproc.metric(port, "ring_sequences_live", key=KEY)
         if live == 0:
             break
         time.sleep(0.1)

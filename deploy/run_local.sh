@@ -44,6 +44,7 @@ cmp "$BUILD/ring.npy" "$BUILD/local.npy" && echo "ring of 3 workers == one proce
 cat > "$BUILD/ring.toml" <<TOML
 [server]
 listen = "127.0.0.1:$PORT"
+admin_listen = "127.0.0.1:$((PORT + 1))"
 api_key_env = "RINGSERVE_API_KEY"
 [model]
 name = "$MODEL"

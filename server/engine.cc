@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "kernels/status.h"
 
 namespace ring {
 namespace {
@@ -76,38 +79,194 @@ Engine::~Engine() {
 
 void Engine::Start() { supervisor_ = std::thread([this] { SuperviseLoop(); }); }
 
+absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Engine::Form() {
+  RingOptions use;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    use = ring_options_;
+    reform_requested_ = false;
+    if (!drained_.empty()) {
+      std::erase_if(use.workers, [this](const std::string& w) {
+        return std::find(drained_.begin(), drained_.end(), w) != drained_.end();
+      });
+      use.split.clear();
+    }
+  }
+  const size_t wanted = use.workers.size();
+  std::vector<std::string> missing;
+  if (options_.degraded_rings && wanted >= 2) {
+    // Probe first with a short deadline: a stalled worker would otherwise hold LoadStage
+    // for the whole load timeout.
+    std::vector<std::string> alive = ReachableWorkers(use, absl::Seconds(2));
+    if (!alive.empty() && alive.size() < wanted) {
+      for (const auto& w : use.workers) {
+        if (std::find(alive.begin(), alive.end(), w) == alive.end()) missing.push_back(w);
+      }
+      use.workers = alive;
+      use.split.clear();  // a manual split was for the full ring
+    }
+  }
+  auto ring = Ring::Connect(use);
+  if (!ring.ok()) {
+    if (missing.empty()) return ring.status();
+    return absl::Status(ring.status().code(),
+                        absl::StrCat("workers unreachable: ", absl::StrJoin(missing, ", "), "; on the ",
+                                     use.workers.size(), " reachable ones: ", ring.status().message()));
+  }
+  return std::make_pair(std::move(*ring), std::move(missing));
+}
+
 void Engine::SuperviseLoop() {
   while (true) {
+    bool probe_rejoin = false;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [this] { return stopping_ || ring_ == nullptr; });
+      auto wake = [this] { return stopping_ || ring_ == nullptr || reform_requested_; };
+      if (ring_ != nullptr && !missing_.empty()) {
+        // Degraded: look for the missing workers now and then.
+        probe_rejoin = !cv_.wait_for(l, absl::ToChronoNanoseconds(options_.rejoin_probe), wake);
+      } else {
+        cv_.wait(l, wake);
+      }
       if (stopping_) return;
     }
-    auto formed = Ring::Connect(ring_options_);
+    if (probe_rejoin) {
+      RingOptions probe;
+      size_t want;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        probe = ring_options_;
+        probe.workers = missing_;
+        want = missing_.size();
+      }
+      if (ReachableWorkers(probe, absl::Seconds(2)).size() != want) continue;
+      // Everyone is back: re-form (requests on the degraded ring see their stage epochs
+      // change and replay on the new one).
+    }
+    auto formed = Form();
     std::unique_lock<std::mutex> l(mu_);
     if (stopping_) return;
     if (formed.ok()) {
-      ring_ = std::move(*formed);
+      ring_ = std::move(formed->first);
+      missing_ = std::move(formed->second);
+      std::cerr << "ring-server: ring formed:";
+      for (const auto& st : ring_->stages()) {
+        std::cerr << " [" << st.name << " layers " << st.layers.begin << ".." << st.layers.end << ")";
+      }
+      if (!missing_.empty()) std::cerr << " (degraded; unreachable: " << absl::StrJoin(missing_, ", ") << ")";
+      std::cerr << std::endl;
       ring_status_ = absl::OkStatus();
       metrics_->ready.Set(1);
+      metrics_->workers_missing.Set(static_cast<double>(missing_.size()));
       metrics_->ring_reforms.Increment();
       cv_.notify_all();
-    } else {
+    } else if (ring_ == nullptr) {
       ring_status_ = absl::UnavailableError(
           absl::StrCat("ring not formed: ", formed.status().message(), " (retrying)"));
       cv_.wait_for(l, absl::ToChronoNanoseconds(options_.reform_backoff),
                    [this] { return stopping_; });
     }
+    // else: a requested re-form failed; the current ring keeps serving.
   }
 }
 
-void Engine::MarkBroken(const absl::Status& why) {
+absl::Status Engine::Drain(const std::string& address) {
   std::lock_guard<std::mutex> l(mu_);
-  if (ring_ == nullptr) return;
+  const auto& w = ring_options_.workers;
+  if (std::find(w.begin(), w.end(), address) == w.end()) {
+    return absl::NotFoundError(absl::StrCat("worker ", address, " is not in the ring"));
+  }
+  if (std::find(drained_.begin(), drained_.end(), address) != drained_.end()) return absl::OkStatus();
+  if (drained_.size() + 1 >= w.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("draining ", address, " would leave no worker to serve; join another first"));
+  }
+  drained_.push_back(address);
+  reform_requested_ = true;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Undrain(const std::string& address) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = std::find(drained_.begin(), drained_.end(), address);
+  if (it == drained_.end()) return absl::NotFoundError(absl::StrCat("worker ", address, " is not drained"));
+  drained_.erase(it);
+  reform_requested_ = true;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Join(const std::string& address) {
+  if (address.empty() || address.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("worker address '", address, "': want HOST:PORT"));
+  }
+  if (ring_options_.workers.empty()) {
+    return absl::FailedPreconditionError("this server runs its stages in-process; it has no ring to join");
+  }
+  RingOptions probe;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const auto& w = ring_options_.workers;
+    if (std::find(w.begin(), w.end(), address) != w.end()) return absl::OkStatus();
+    probe = ring_options_;
+  }
+  probe.workers = {address};
+  if (ReachableWorkers(probe, absl::Seconds(5)).empty()) {
+    return absl::UnavailableError(absl::StrCat("worker ", address, " does not answer Describe"));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  ring_options_.workers.push_back(address);
+  ring_options_.split.clear();
+  reform_requested_ = true;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Leave(const std::string& address) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto& w = ring_options_.workers;
+  auto it = std::find(w.begin(), w.end(), address);
+  if (it == w.end()) return absl::NotFoundError(absl::StrCat("worker ", address, " is not in the ring"));
+  if (w.size() == 1) return absl::FailedPreconditionError("cannot remove the last worker");
+  w.erase(it);
+  ring_options_.split.clear();
+  std::erase(drained_, address);
+  std::erase(missing_, address);
+  reform_requested_ = true;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+Engine::Membership Engine::membership() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return {ring_options_.workers, drained_, missing_, ring_status_.ok(), std::string(ring_status_.message())};
+}
+
+void Engine::MarkBroken(const Ring* failed, const absl::Status& why) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (ring_ == nullptr || ring_.get() != failed) return;
+  std::cerr << "ring-server: ring broken: " << why.message() << "; re-forming" << std::endl;
   ring_.reset();
   ring_status_ = absl::UnavailableError(absl::StrCat("ring broken (", why.message(), "); re-forming"));
   metrics_->ready.Set(0);
   cv_.notify_all();
+}
+
+std::string Engine::Degraded() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string out;
+  for (const auto& w : missing_) out += (out.empty() ? "" : ", ") + w;
+  return out;
+}
+
+std::shared_ptr<Ring> Engine::WaitForRing(absl::Time deadline, const std::atomic<bool>* cancelled) const {
+  std::unique_lock<std::mutex> l(mu_);
+  while (ring_ == nullptr && !stopping_ && absl::Now() < deadline) {
+    if (cancelled != nullptr && cancelled->load()) return nullptr;
+    cv_.wait_for(l, std::chrono::milliseconds(100));
+  }
+  return ring_;
 }
 
 absl::Status Engine::Ready() const {
@@ -181,87 +340,109 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
     return absl::InvalidArgumentError(absl::StrCat("prompt (", req.prompt.size(), " tokens) + max_tokens (",
                                                    req.max_tokens, ") exceeds the context length ", limit));
   }
-  auto fail = [&](const absl::Status& s) -> absl::Status {
-    metrics_->requests_failed.Increment();
-    metrics_->CountStageError(StageOf(s));
-    metrics_->checksum_failures.Set(static_cast<double>(ring->checksum_failures()));
-    absl::Status out = s;
-    if (absl::IsDeadlineExceeded(s)) {
-      out = absl::DeadlineExceededError(absl::StrCat(s.message(), " | ring state: ", ring->Diagnose()));
-    }
-    if (BreaksRing(s)) MarkBroken(out);
-    return out;
-  };
-
   const auto t0 = std::chrono::steady_clock::now();
-  GenerateResult result;
   metrics_->sequences_live.Increment();
   struct LiveGuard {
     ServerMetrics* m;
     ~LiveGuard() { m->sequences_live.Decrement(); }
   } live{metrics_};
-  auto seq_or = ring->NewSequence(req.id);
-  if (!seq_or.ok()) return fail(seq_or.status());
-  std::unique_ptr<RingSequence> seq = std::move(*seq_or);
+  auto is_cancelled = [&] { return cancelled != nullptr && cancelled->load(); };
+
+  GenerateResult result;
   Sampler sampler(req.sampling);
-
+  // Prompt + every token handed to the sink: what a replay must feed to get back here.
+  std::vector<int32_t> history = req.prompt;
   std::vector<float> logits;
-  const size_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : req.prompt.size();
-  for (size_t b = 0; b < req.prompt.size(); b += chunk) {
-    if (cancelled != nullptr && cancelled->load()) {
-      result.finish = FinishReason::kCancelled;
-      metrics_->requests_cancelled.Increment();
-      return result;
-    }
-    std::vector<int32_t> part(req.prompt.begin() + b,
-                              req.prompt.begin() + std::min(req.prompt.size(), b + chunk));
-    const auto s0 = std::chrono::steady_clock::now();
-    auto out = seq->Step(part);
-    if (!out.ok()) return fail(out.status());
-    metrics_->prefill_step_seconds.Observe(Seconds(s0, std::chrono::steady_clock::now()));
-    logits = std::move(*out);
-  }
-  metrics_->prompt_tokens.Increment(static_cast<double>(req.prompt.size()));
-
+  absl::Time failover_deadline = absl::InfiniteFuture();
+  int attempt = 0;
   auto last = std::chrono::steady_clock::now();
+
+  // One attempt on `ring`: feeds history[fed..] (all of it on a fresh sequence), then
+  // decodes. Returns OK when the generation is finished, or the step error.
+  auto run = [&](Ring& ring) -> absl::Status {
+    RING_ASSIGN_OR_RETURN(std::unique_ptr<RingSequence> seq,
+                          ring.NewSequence(attempt == 0 ? req.id : absl::StrCat(req.id, "-replay", attempt)));
+    const size_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : history.size();
+    for (size_t b = 0; b < history.size(); b += chunk) {
+      if (is_cancelled()) {
+        result.finish = FinishReason::kCancelled;
+        return absl::OkStatus();
+      }
+      std::vector<int32_t> part(history.begin() + b, history.begin() + std::min(history.size(), b + chunk));
+      const auto s0 = std::chrono::steady_clock::now();
+      RING_ASSIGN_OR_RETURN(logits, seq->Step(part));
+      metrics_->prefill_step_seconds.Observe(Seconds(s0, std::chrono::steady_clock::now()));
+    }
+    if (attempt == 0) metrics_->prompt_tokens.Increment(static_cast<double>(req.prompt.size()));
+    while (true) {
+      if (static_cast<int64_t>(logits.size()) != vocab) {
+        return absl::InternalError(absl::StrCat("last stage returned ", logits.size(), " logits, expected ", vocab));
+      }
+      const SampledToken tok = sampler.Sample(logits);
+      const auto now = std::chrono::steady_clock::now();
+      (result.completion_tokens == 0 ? metrics_->ttft_seconds : metrics_->inter_token_seconds)
+          .Observe(Seconds(result.completion_tokens == 0 ? t0 : last, now));
+      last = now;
+      if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok.id) != req.stop_token_ids.end()) {
+        result.finish = FinishReason::kStop;
+        return absl::OkStatus();
+      }
+      ++result.completion_tokens;
+      metrics_->generated_tokens.Increment();
+      history.push_back(tok.id);
+      if (!sink(tok)) {
+        result.finish = FinishReason::kStop;
+        return absl::OkStatus();
+      }
+      if (result.completion_tokens >= req.max_tokens) {
+        result.finish = FinishReason::kLength;
+        return absl::OkStatus();
+      }
+      if (is_cancelled()) {
+        result.finish = FinishReason::kCancelled;
+        return absl::OkStatus();
+      }
+      const auto s0 = std::chrono::steady_clock::now();
+      RING_ASSIGN_OR_RETURN(logits, seq->Step({tok.id}));
+      metrics_->decode_step_seconds.Observe(Seconds(s0, std::chrono::steady_clock::now()));
+    }
+  };
+
   while (true) {
-    if (static_cast<int64_t>(logits.size()) != vocab) {
-      return fail(absl::InternalError(absl::StrCat("last stage returned ", logits.size(),
-                                                   " logits, expected ", vocab)));
+    absl::Status s = run(*ring);
+    metrics_->checksum_failures.Set(static_cast<double>(ring->checksum_failures()));
+    if (s.ok()) break;
+    metrics_->CountStageError(StageOf(s));
+    if (absl::IsDeadlineExceeded(s)) {
+      s = absl::DeadlineExceededError(absl::StrCat(s.message(), " | ring state: ", ring->Diagnose()));
     }
-    const SampledToken tok = sampler.Sample(logits);
-    const auto now = std::chrono::steady_clock::now();
-    (result.completion_tokens == 0 ? metrics_->ttft_seconds : metrics_->inter_token_seconds)
-        .Observe(Seconds(result.completion_tokens == 0 ? t0 : last, now));
-    last = now;
-    if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok.id) !=
-        req.stop_token_ids.end()) {
-      result.finish = FinishReason::kStop;
-      break;
+    if (!BreaksRing(s)) {
+      metrics_->requests_failed.Increment();
+      return s;
     }
-    ++result.completion_tokens;
-    metrics_->generated_tokens.Increment();
-    if (!sink(tok)) {
-      result.finish = FinishReason::kStop;
-      break;
+    MarkBroken(ring.get(), s);
+    // Replay on the re-formed ring, within the failover budget.
+    if (failover_deadline == absl::InfiniteFuture()) failover_deadline = absl::Now() + options_.failover_timeout;
+    if (++attempt > options_.max_replays || options_.failover_timeout <= absl::ZeroDuration()) {
+      metrics_->requests_failed.Increment();
+      return s;
     }
-    if (result.completion_tokens >= req.max_tokens) {
-      result.finish = FinishReason::kLength;
-      break;
-    }
-    if (cancelled != nullptr && cancelled->load()) {
+    std::shared_ptr<Ring> next = WaitForRing(failover_deadline, cancelled);
+    if (is_cancelled()) {
       result.finish = FinishReason::kCancelled;
       break;
     }
-    const auto s0 = std::chrono::steady_clock::now();
-    auto out = seq->Step({tok.id});
-    if (!out.ok()) return fail(out.status());
-    metrics_->decode_step_seconds.Observe(Seconds(s0, std::chrono::steady_clock::now()));
-    logits = std::move(*out);
+    if (next == nullptr) {
+      metrics_->requests_failed.Increment();
+      return absl::Status(s.code(), absl::StrCat(s.message(), " (no ring re-formed within the failover timeout)"));
+    }
+    metrics_->requests_replayed.Increment();
+    std::cerr << "ring-server: request " << req.id << " replays " << history.size()
+              << " tokens on the re-formed ring (attempt " << attempt << ")" << std::endl;
+    ring = std::move(next);
   }
   if (result.finish == FinishReason::kCancelled) metrics_->requests_cancelled.Increment();
   metrics_->request_seconds.Observe(Seconds(t0, std::chrono::steady_clock::now()));
-  metrics_->checksum_failures.Set(static_cast<double>(ring->checksum_failures()));
   return result;
 }
 

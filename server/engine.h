@@ -2,10 +2,16 @@
 //
 // Token generation over a ring: admission (a fixed number of generation slots, so excess
 // requests are refused with 429 instead of queueing without bound), the prefill / decode
-// step loop with sampling, cancellation, and ring supervision: the ring is formed in the
-// background (the server is live but not ready until it is), and a step that fails
-// because a stage is gone marks the ring broken and re-forms it, so later requests work
-// again once the workers are back.
+// step loop with sampling, cancellation, and ring supervision:
+//   - the ring is formed in the background (the server is live but not ready until it is);
+//   - a step that fails because a stage is gone or stalled marks the ring broken; the
+//     supervisor re-forms it from the configured workers, or, when some stay unreachable,
+//     from the reachable ones (layers re-split evenly: "degraded"), and goes back to the
+//     full ring once the missing workers answer again;
+//   - the request whose step failed is not lost: it waits (bounded by failover_timeout)
+//     for the re-formed ring and replays its prompt plus the tokens it already emitted,
+//     then continues with the same sampler state, so the client's stream has no token
+//     lost or repeated. Without a ring in time it fails with the error naming the stage.
 //
 //   Engine engine(ring_options, {.max_concurrent = 4}, &metrics);
 //   engine.Start();
@@ -60,6 +66,13 @@ class Engine {
     // Context limit (prompt + generated). 0: the model's max_position_embeddings.
     int64_t max_context = 0;
     absl::Duration reform_backoff = absl::Seconds(1);
+    // Replay a request on a re-formed ring after a stage failure (0: fail it instead).
+    absl::Duration failover_timeout = absl::Seconds(60);
+    int max_replays = 3;
+    // Form a ring from the reachable workers when some stay down.
+    bool degraded_rings = true;
+    // How often a degraded ring checks whether the missing workers are back.
+    absl::Duration rejoin_probe = absl::Seconds(2);
   };
 
   Engine(RingOptions ring_options, Options options, ServerMetrics* metrics);
@@ -71,6 +84,24 @@ class Engine {
   absl::Status Ready() const;
   // Waits until Ready() or the timeout (for tests and start-up scripts).
   absl::Status WaitReady(absl::Duration timeout) const;
+  // Workers left out of the current ring because they did not answer ("" when none).
+  std::string Degraded() const;
+
+  // Membership (ringctl drain/undrain/join/leave through the admin service). Each change
+  // re-forms the ring in the background; requests in flight replay on the new ring.
+  absl::Status Drain(const std::string& address);
+  absl::Status Undrain(const std::string& address);
+  absl::Status Join(const std::string& address);
+  absl::Status Leave(const std::string& address);
+  struct Membership {
+    std::vector<std::string> workers;  // configured, in ring order
+    std::vector<std::string> drained;
+    std::vector<std::string> missing;  // unreachable, left out of the current ring
+    bool ready = false;
+    std::string reason;                // why not ready
+  };
+  Membership membership() const;
+  const RingOptions& ring_options() const { return ring_options_; }  // auth/TLS for probes
 
   // A generation slot; released when destroyed. nullptr when all are taken.
   class Slot {
@@ -102,10 +133,15 @@ class Engine {
 
  private:
   std::shared_ptr<Ring> CurrentRing() const;
+  // The current ring, waiting up to `deadline` for one to form; null on timeout or cancel.
+  std::shared_ptr<Ring> WaitForRing(absl::Time deadline, const std::atomic<bool>* cancelled) const;
   void SuperviseLoop();
-  void MarkBroken(const absl::Status& why);
+  // Forms the ring (full, else degraded); returns the ring and the workers left out.
+  absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Form();
+  // Drops `failed` if it is still the current ring (a stale ring's failure is ignored).
+  void MarkBroken(const Ring* failed, const absl::Status& why);
 
-  const RingOptions ring_options_;
+  RingOptions ring_options_;  // .workers guarded by mu_ (membership changes)
   const Options options_;
   ServerMetrics* metrics_;
 
@@ -113,6 +149,9 @@ class Engine {
   mutable std::condition_variable cv_;
   std::shared_ptr<Ring> ring_;      // null until formed / while broken
   absl::Status ring_status_ = absl::UnavailableError("ring not formed yet");
+  std::vector<std::string> missing_;  // workers left out of a degraded ring
+  std::vector<std::string> drained_;
+  bool reform_requested_ = false;
   bool stopping_ = false;
   std::thread supervisor_;
 

@@ -20,46 +20,52 @@ Histogram::BucketBoundaries LatencyBuckets() {
 // list so they are never null.
 ServerMetrics::ServerMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      prompt_tokens(BuildCounter().Name("ringserve_prompt_tokens_total").Help("Prompt tokens processed")
+      prompt_tokens(BuildCounter().Name("ring_prompt_tokens_total").Help("Prompt tokens processed")
                         .Register(*registry_).Add({})),
-      generated_tokens(BuildCounter().Name("ringserve_generated_tokens_total").Help("Tokens generated")
+      generated_tokens(BuildCounter().Name("ring_generated_tokens_total").Help("Tokens generated")
                            .Register(*registry_).Add({})),
-      requests_cancelled(BuildCounter().Name("ringserve_requests_cancelled_total")
+      requests_cancelled(BuildCounter().Name("ring_requests_cancelled_total")
                              .Help("Generations cancelled because the client went away")
                              .Register(*registry_).Add({})),
-      requests_failed(BuildCounter().Name("ringserve_requests_failed_total")
+      requests_failed(BuildCounter().Name("ring_requests_failed_total")
                           .Help("Generations that failed in the ring (after admission)")
                           .Register(*registry_).Add({})),
-      ring_reforms(BuildCounter().Name("ringserve_ring_reforms_total")
+      ring_reforms(BuildCounter().Name("ring_reforms_total")
                        .Help("Times the ring was (re)formed after a stage failure")
                        .Register(*registry_).Add({})),
-      requests_in_flight(BuildGauge().Name("ringserve_requests_in_flight")
+      requests_replayed(BuildCounter().Name("ring_requests_replayed_total")
+                            .Help("Requests replayed on a re-formed ring after a stage failure")
+                            .Register(*registry_).Add({})),
+      requests_in_flight(BuildGauge().Name("ring_requests_in_flight")
                              .Help("Generations admitted and not finished").Register(*registry_).Add({})),
-      sequences_live(BuildGauge().Name("ringserve_sequences_live")
+      sequences_live(BuildGauge().Name("ring_sequences_live")
                          .Help("Sequences holding KV cache on the ring").Register(*registry_).Add({})),
-      ready(BuildGauge().Name("ringserve_ready").Help("1 when the ring is formed and admitting")
+      ready(BuildGauge().Name("ring_ready").Help("1 when the ring is formed and admitting")
                 .Register(*registry_).Add({})),
-      checksum_failures(BuildGauge().Name("ringserve_ring_checksum_failures")
+      workers_missing(BuildGauge().Name("ring_workers_missing")
+                          .Help("Configured workers left out of the current (degraded) ring")
+                          .Register(*registry_).Add({})),
+      checksum_failures(BuildGauge().Name("ring_ring_checksum_failures")
                             .Help("Activation frames whose XXH3 checksum did not match, since the ring formed")
                             .Register(*registry_).Add({})),
-      ttft_seconds(BuildHistogram().Name("ringserve_time_to_first_token_seconds")
+      ttft_seconds(BuildHistogram().Name("ring_time_to_first_token_seconds")
                        .Help("Admission to first generated token").Register(*registry_)
                        .Add({}, LatencyBuckets())),
-      inter_token_seconds(BuildHistogram().Name("ringserve_inter_token_latency_seconds")
+      inter_token_seconds(BuildHistogram().Name("ring_inter_token_latency_seconds")
                               .Help("Time between consecutive generated tokens").Register(*registry_)
                               .Add({}, LatencyBuckets())),
-      request_seconds(BuildHistogram().Name("ringserve_request_duration_seconds")
+      request_seconds(BuildHistogram().Name("ring_request_duration_seconds")
                           .Help("Admission to last token").Register(*registry_)
                           .Add({}, LatencyBuckets())),
-      prefill_step_seconds(BuildHistogram().Name("ringserve_ring_step_seconds_prefill")
+      prefill_step_seconds(BuildHistogram().Name("ring_ring_step_seconds_prefill")
                                .Help("One prefill chunk through every stage").Register(*registry_)
                                .Add({}, LatencyBuckets())),
-      decode_step_seconds(BuildHistogram().Name("ringserve_ring_step_seconds_decode")
+      decode_step_seconds(BuildHistogram().Name("ring_ring_step_seconds_decode")
                               .Help("One decode token through every stage").Register(*registry_)
                               .Add({}, LatencyBuckets())) {
-  http_requests_ = &BuildCounter().Name("ringserve_http_requests_total")
+  http_requests_ = &BuildCounter().Name("ring_http_requests_total")
                         .Help("HTTP requests by route and status").Register(*registry_);
-  stage_errors_ = &BuildCounter().Name("ringserve_ring_stage_errors_total")
+  stage_errors_ = &BuildCounter().Name("ring_ring_stage_errors_total")
                        .Help("Failed ring steps by the stage that failed").Register(*registry_);
 }
 

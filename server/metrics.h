@@ -2,7 +2,7 @@
 //
 // The Prometheus metrics of ring-server (served as text at GET /metrics). One object,
 // created once, passed by pointer; every member is thread-safe (prometheus-cpp).
-// Names are prefixed `ringserve_`; see README "Metrics" for the list.
+// Names are prefixed `ring_`; see README "Metrics" for the list.
 #ifndef RINGSERVE_SERVER_METRICS_H_
 #define RINGSERVE_SERVER_METRICS_H_
 
@@ -34,9 +34,11 @@ class ServerMetrics {
   prometheus::Counter& requests_cancelled;
   prometheus::Counter& requests_failed;
   prometheus::Counter& ring_reforms;
+  prometheus::Counter& requests_replayed;
   prometheus::Gauge& requests_in_flight;
   prometheus::Gauge& sequences_live;
   prometheus::Gauge& ready;
+  prometheus::Gauge& workers_missing;
   prometheus::Gauge& checksum_failures;
   prometheus::Histogram& ttft_seconds;
   prometheus::Histogram& inter_token_seconds;

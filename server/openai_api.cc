@@ -137,8 +137,8 @@ class Fields {
 };
 
 // Messages as the chat template expects them: "developer" is "system", content parts are
-// joined into a string (text parts only), tool-call arguments given as a JSON string are
-// parsed into an object (GLM's template iterates them).
+// joined into a string (text parts only); tool-call arguments must be JSON (the template
+// layer decodes them into objects: GLM's template iterates them).
 json NormalizeMessages(const json& msgs) {
   if (!msgs.is_array() || msgs.empty()) Fields::Fail("messages", "must be a non-empty array");
   json out = json::array();
@@ -187,11 +187,9 @@ json NormalizeMessages(const json& msgs) {
             !tc["function"].contains("name") || !tc["function"]["name"].is_string()) {
           Fields::Fail(tp, "must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
         }
-        json& args = tc["function"]["arguments"];
-        if (args.is_string()) {
-          json parsed = json::parse(args.get<std::string>(), nullptr, false);
-          if (parsed.is_discarded()) Fields::Fail(tp + ".function.arguments", "is not valid JSON");
-          args = parsed;
+        const json& args = tc["function"]["arguments"];
+        if (args.is_string() && json::parse(args.get<std::string>(), nullptr, false).is_discarded()) {
+          Fields::Fail(tp + ".function.arguments", "is not valid JSON");
         }
       }
     }
@@ -241,6 +239,7 @@ struct OpenAiApi::Job {
   bool chat = true;
   bool stream = false;
   bool include_usage = false;
+  bool ignore_eos = false;
   std::string id;
   GenerateRequest gen;
   std::vector<std::string> stops;
@@ -249,6 +248,7 @@ struct OpenAiApi::Job {
   bool parse_tools = false;
   bool starts_in_reasoning = false;
   text::ToolCallFormat tool_format = text::ToolCallFormat::kNone;
+  text::ToolSchemas tool_schemas;
   std::shared_ptr<http::HttpResponder> r;
   std::unique_ptr<Engine::Slot> slot;
   std::atomic<bool> cancelled{false};
@@ -302,7 +302,11 @@ void OpenAiApi::Handle(http::HttpRequest req, std::shared_ptr<http::HttpResponde
       for (const auto& st : engine_->stages()) {
         stages.push_back({{"name", st.name}, {"layers", {st.layers.begin, st.layers.end}}});
       }
-      send_json("/ready", 200, {{"status", "ready"}, {"model", options_.model_name}, {"stages", stages}});
+      json body = {{"status", "ready"}, {"model", options_.model_name}, {"stages", stages}};
+      if (const std::string missing = engine_->Degraded(); !missing.empty()) {
+        body["degraded"] = "workers left out of the ring (unreachable): " + missing;
+      }
+      send_json("/ready", 200, body);
     } else {
       send_json("/ready", 503, {{"status", "not ready"}, {"reason", std::string(s.message())}},
                 {{"Retry-After", "1"}});
@@ -391,6 +395,8 @@ void OpenAiApi::HandleCompletion(http::HttpRequest req, std::shared_ptr<http::Ht
 
     job->chat = chat;
     job->stream = f.Bool("stream").value_or(false);
+    // vLLM's extension: generate through EOS (benchmarks, tests).
+    job->ignore_eos = f.Bool("ignore_eos").value_or(false);
     if (f.Has("stream_options")) {
       const json& so = body["stream_options"];
       if (!so.is_object()) Fields::Fail("stream_options", "must be an object");
@@ -466,13 +472,14 @@ void OpenAiApi::HandleCompletion(http::HttpRequest req, std::shared_ptr<http::Ht
         in.kwargs = body["chat_template_kwargs"];
       }
       in.add_generation_prompt = f.Bool("add_generation_prompt").value_or(true);
+      in.parse_tool_arguments = true;
+      job->tool_schemas = text::ToolSchemas::FromOpenAiTools(in.tools);
       auto prompt = chat_template_->Apply(in);
       if (!prompt.ok()) {
         throw ApiError{400, absl::StrCat("chat template: ", prompt.status().message()),
                        "invalid_request_error", "messages", ""};
       }
-      const std::string trimmed(absl::StripTrailingAsciiWhitespace(*prompt));
-      job->starts_in_reasoning = absl::EndsWith(trimmed, "<think>");
+      job->starts_in_reasoning = text::ChatTemplate::PromptEndsInReasoning(*prompt);
       job->tool_format = job->parse_tools ? chat_template_->tool_call_format() : text::ToolCallFormat::kNone;
       auto ids = tokenizer_->Encode(*prompt, /*allow_special=*/true);
       if (!ids.ok()) throw FromStatus(ids.status());
@@ -547,7 +554,7 @@ void OpenAiApi::HandleCompletion(http::HttpRequest req, std::shared_ptr<http::Ht
   }
   job->id = RandomId(chat ? "chatcmpl-" : "cmpl-");
   job->gen.id = job->id;
-  job->gen.stop_token_ids = options_.eos_token_ids;
+  if (!job->ignore_eos) job->gen.stop_token_ids = options_.eos_token_ids;
   job->r = r;
   std::weak_ptr<Job> weak = job;
   r->OnClientGone([weak] {
@@ -581,7 +588,7 @@ void OpenAiApi::Generate(std::shared_ptr<Job> job) {
   text::StreamDecoder decoder(tokenizer_, /*skip_special_tokens=*/true);
   StopMatcher stop(job->stops);
   std::optional<text::StreamingOutputParser> parser;
-  if (job->chat) parser.emplace(job->tool_format, job->starts_in_reasoning);
+  if (job->chat) parser.emplace(job->tool_format, job->starts_in_reasoning, job->tool_schemas);
 
   // Accumulated output (non-streaming answers and usage).
   std::string content, reasoning, completion_text;
@@ -625,7 +632,12 @@ void OpenAiApi::Generate(std::shared_ptr<Job> job) {
       pending_lp.push_back(e);
     } else {
       json top = json::object();
-      for (const auto& [id, lp] : t.top_logprobs) top[token_text(id)] = lp;
+      // Keys are token texts; two tokens can decode alike (e.g. partial UTF-8 -> U+FFFD):
+      // keep the first, i.e. the more likely one.
+      for (const auto& [id, lp] : t.top_logprobs) {
+        const std::string key = token_text(id);
+        if (!top.contains(key)) top[key] = lp;
+      }
       cmpl_offsets.push_back(static_cast<int64_t>(completion_text.size()));
       cmpl_tokens.push_back(tok);
       cmpl_token_lps.push_back(t.logprob);

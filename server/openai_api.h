@@ -50,6 +50,7 @@ class OpenAiApi {
 
   // Graceful shutdown: /ready turns 503 and new generations are refused; running ones go on.
   void BeginDrain() { draining_ = true; }
+  bool draining() const { return draining_.load(); }
   // Asks every running generation to stop (their clients get finish_reason/cancellation).
   void CancelAll();
   int64_t in_flight() const { return in_flight_.load(); }

@@ -193,7 +193,7 @@ class RemoteRing final : public Ring {
   void Release(const std::string& id) {
     // Best effort: a worker that is gone has no cache to free; the error is not the
     // request's (it already finished or failed).
-    for (auto& c : clients_) (void)c->Release(id);
+    for (auto& c : clients_) (void)c->Release(id, absl::Seconds(1));
   }
   void CountChecksumFailures(uint64_t n) { checksum_failures_ += n; }
 
@@ -254,6 +254,21 @@ absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_
         absl::StrCat("split sums to ", begin, " layers; the model has ", num_layers));
   }
   return out;
+}
+
+std::vector<std::string> ReachableWorkers(const RingOptions& o, absl::Duration timeout) {
+  std::vector<std::string> alive;
+  worker::StageClientOptions co;
+  co.call_timeout = timeout;
+  co.auth_token = o.auth_token;
+  co.tls_ca = o.tls_ca;
+  co.tls_cert = o.tls_cert;
+  co.tls_key = o.tls_key;
+  for (size_t i = 0; i < o.workers.size(); ++i) {
+    worker::StageClient c(o.workers[i], static_cast<int>(i), co);
+    if (c.Describe().ok()) alive.push_back(o.workers[i]);
+  }
+  return alive;
 }
 
 absl::StatusOr<std::unique_ptr<Ring>> Ring::Connect(const RingOptions& options) {

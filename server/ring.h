@@ -91,6 +91,9 @@ class Ring {
   virtual std::string Diagnose() = 0;
 };
 
+// The workers of `options` that answer Describe within `timeout`, in ring order.
+std::vector<std::string> ReachableWorkers(const RingOptions& options, absl::Duration timeout);
+
 // Layer ranges from explicit counts (validated against `num_layers`) or a near-equal split.
 absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_t>& split,
                                                         int64_t num_layers, int stages);

@@ -107,6 +107,7 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const st
       ring(root["ring"].as_table(), "ring");
   std::string auth = "required";
   RING_CFG(server, "listen", listen);
+  RING_CFG(server, "admin_listen", admin_listen);
   RING_CFG(server, "api_keys", api_keys);
   RING_CFG(server, "api_key_env", api_key_env);
   if (auto s = server.Get("auth", &auth); !s.ok()) return s;

@@ -7,6 +7,7 @@
 //
 //   [server]
 //   listen = "127.0.0.1:8000"
+//   admin_listen = "127.0.0.1:8001"    # gRPC admin service for ringctl ("off": none)
 //   api_keys = ["sk-local-1"]          # and/or api_key_env = "RINGSERVE_API_KEY"
 //   auth = "required"                  # "disabled": no key checks (say so explicitly)
 //   max_concurrent_requests = 4        # more in flight: 429 with Retry-After
@@ -54,6 +55,7 @@ namespace ring {
 struct ServerConfig {
   // [server]
   std::string listen = "127.0.0.1:8000";
+  std::string admin_listen = "127.0.0.1:8001";  // ringctl's gRPC admin service; "off": none
   std::vector<std::string> api_keys;
   std::string api_key_env;
   bool auth_disabled = false;

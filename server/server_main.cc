@@ -18,6 +18,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "models/config.h"
+#include <grpcpp/grpcpp.h>
+
+#include "server/admin_service.h"
 #include "server/chat_template.h"
 #include "server/engine.h"
 #include "server/http_server.h"
@@ -37,12 +40,13 @@ int Fail(const absl::Status& s) {
 
 int main(int argc, char** argv) {
   CLI::App app("ring-server: RingServe coordinator and OpenAI-compatible API");
-  std::string config_path, listen, model_dir, model_path, workers, split, name;
+  std::string config_path, listen, admin_listen, model_dir, model_path, workers, split, name;
   std::vector<std::string> api_keys;
   bool no_auth = false;
   int max_concurrent = 0, local_stages = 0;
   app.add_option("--config", config_path, "ring.toml (see server/server_config.h)");
   app.add_option("--listen", listen, "HOST:PORT for the HTTP API (default 127.0.0.1:8000)");
+  app.add_option("--admin-listen", admin_listen, "HOST:PORT of the admin service for ringctl (\"off\": none)");
   app.add_option("--model,--model-dir", model_dir,
                  "Model directory on this machine (tokenizer, chat template, config; and the "
                  "weights when the stages run in this process)");
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
     cfg = *c;
   }
   if (!listen.empty()) cfg.listen = listen;
+  if (!admin_listen.empty()) cfg.admin_listen = admin_listen;
   if (!model_dir.empty()) cfg.local_dir = model_dir;
   if (!model_path.empty()) cfg.model_path = model_path;
   if (!name.empty()) cfg.model_name = name;
@@ -142,17 +147,28 @@ int main(int argc, char** argv) {
             << (cfg.workers.empty() ? "stages in-process" : std::to_string(cfg.workers.size()) + " workers")
             << ")" << std::endl;
 
-  // Report when the ring forms (start-up scripts wait on /ready instead).
-  std::thread ready_log([&engine] {
-    if (engine->WaitReady(absl::Hours(24 * 365)).ok()) {
-      std::cerr << "ring-server: ring formed:";
-      for (const auto& s : engine->stages()) {
-        std::cerr << " [" << s.name << " layers " << s.layers.begin << ".." << s.layers.end << ")";
-      }
-      std::cerr << std::endl;
+  // Admin service for ringctl (gRPC, loopback by default).
+  std::unique_ptr<grpc::Server> admin_server;
+  ring::AdminOptions ad;
+  ad.model_name = cfg.model_name;
+  if (!cfg.auth_disabled) ad.keys = cfg.api_keys;
+  if (!cfg.auth_token.empty()) ad.keys.push_back(cfg.auth_token);
+  ad.max_concurrent = cfg.max_concurrent_requests;
+  ad.in_flight = [&api] { return api.in_flight(); };
+  ad.draining = [&api] { return api.draining(); };
+  ring::AdminService admin(ad, engine.get(), &metrics);
+  if (cfg.admin_listen != "off" && !cfg.admin_listen.empty()) {
+    grpc::ServerBuilder b;
+    int admin_port = 0;
+    b.AddListeningPort(cfg.admin_listen, grpc::InsecureServerCredentials(), &admin_port);
+    b.RegisterService(&admin);
+    admin_server = b.BuildAndStart();
+    if (!admin_server || admin_port == 0) {
+      return Fail(absl::UnavailableError("cannot listen on admin address " + cfg.admin_listen));
     }
-  });
-  ready_log.detach();
+    std::cout << "ring-server admin on " << cfg.admin_listen.substr(0, cfg.admin_listen.rfind(':')) << ":"
+              << admin_port << std::endl;
+  }
 
   int sig = 0;
   sigwait(&stop, &sig);
@@ -168,6 +184,7 @@ int main(int argc, char** argv) {
     while (api.in_flight() > 0 && absl::Now() < hard) absl::SleepFor(absl::Milliseconds(50));
   }
   (*server)->Shutdown();
+  if (admin_server) admin_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (api.in_flight() > 0) {
     // A step stuck past every deadline: exit rather than hang (the ring frees the caches).
     std::cerr << "ring-server: " << api.in_flight() << " request(s) did not stop; exiting anyway\n";

@@ -8,7 +8,7 @@ namespace ring {
 namespace {
 
 // Feeds `text` in pieces and returns what was emitted and whether it stopped.
-std::pair<std::string, bool> Run(const std::vector<std::string>& stops,
+std::pair<std::string, bool> Feed(const std::vector<std::string>& stops,
                                  const std::vector<std::string>& pieces) {
   StopMatcher m(stops);
   std::string out;
@@ -22,15 +22,15 @@ std::pair<std::string, bool> Run(const std::vector<std::string>& stops,
 }
 
 TEST(StopMatcherTest, NoStopsPassesEverything) {
-  EXPECT_EQ(Run({}, {"a", "b"}), std::make_pair(std::string("ab"), false));
+  EXPECT_EQ(Feed({}, {"a", "b"}), std::make_pair(std::string("ab"), false));
 }
 
 TEST(StopMatcherTest, StopAcrossPieces) {
-  EXPECT_EQ(Run({"END"}, {"Hello E", "N", "D tail"}), std::make_pair(std::string("Hello "), true));
+  EXPECT_EQ(Feed({"END"}, {"Hello E", "N", "D tail"}), std::make_pair(std::string("Hello "), true));
 }
 
 TEST(StopMatcherTest, PartialPrefixIsReleasedAtFlush) {
-  EXPECT_EQ(Run({"END"}, {"Hello EN"}), std::make_pair(std::string("Hello EN"), false));
+  EXPECT_EQ(Feed({"END"}, {"Hello EN"}), std::make_pair(std::string("Hello EN"), false));
 }
 
 TEST(StopMatcherTest, HoldsBackOnlyPossiblePrefix) {
@@ -43,14 +43,14 @@ TEST(StopMatcherTest, HoldsBackOnlyPossiblePrefix) {
 }
 
 TEST(StopMatcherTest, EarliestOfSeveralStops) {
-  EXPECT_EQ(Run({"cd", "b"}, {"abcd"}), std::make_pair(std::string("a"), true));
+  EXPECT_EQ(Feed({"cd", "b"}, {"abcd"}), std::make_pair(std::string("a"), true));
 }
 
 // Any split of the text into pieces gives the same result as one piece.
 TEST(StopMatcherTest, SplitInvariance) {
   const std::string text = "the quick <|end|> brown fox\n\njumps";
   const std::vector<std::string> stops = {"<|end|>", "\n\n", "zzz"};
-  const auto whole = Run(stops, {text});
+  const auto whole = Feed(stops, {text});
   EXPECT_EQ(whole, std::make_pair(std::string("the quick "), true));
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
@@ -61,7 +61,7 @@ TEST(StopMatcherTest, SplitInvariance) {
       pieces.push_back(text.substr(i, n));
       i += n;
     }
-    EXPECT_EQ(Run(stops, pieces), whole);
+    EXPECT_EQ(Feed(stops, pieces), whole);
   }
 }
 

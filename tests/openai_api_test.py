@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -68,11 +69,16 @@ def main():
                             os.path.join(a.work, f"worker{i}.log"), r"listening on (\S+)")
             procs.append(p)
             workers.append(addr)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        admin = f"127.0.0.1:{sock.getsockname()[1]}"
+        sock.close()
         cfg = os.path.join(a.work, "ring.toml")
         with open(cfg, "w") as f:
             f.write(f"""
 [server]
 listen = "127.0.0.1:0"
+admin_listen = "{admin}"
 api_keys = ["{KEY}"]
 max_concurrent_requests = 2
 max_body_bytes = 65536
@@ -93,6 +99,7 @@ step_timeout_s = 5
         procs.append(server)
         port = int(url.rsplit(":", 1)[1])
         check(wait_ready(port), "/ready turns 200 once the ring is formed")
+        a.admin = admin
         run_tests(a, port, model_dir, workers, procs, server)
     finally:
         for p in procs:
@@ -140,7 +147,7 @@ def run_tests(a, port, model_dir, workers, procs, server):
     check(c.choices[0].finish_reason == ("length" if len(expect_ids) == n else "stop"), "finish_reason")
     lp = c.choices[0].logprobs
     check(lp is not None and len(lp.token_logprobs) == len(expect_ids) and
-          all(len(d) == 2 for d in lp.top_logprobs) and
+          all(1 <= len(d) <= 2 for d in lp.top_logprobs) and
           all(abs(x - max(d.values())) < 1e-5 for x, d in zip(lp.token_logprobs, lp.top_logprobs)),
           "completion logprobs: greedy token has the top logprob")
     stream = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0,
@@ -174,7 +181,8 @@ def run_tests(a, port, model_dir, workers, procs, server):
     for seed in range(8, 12):
         r = client.chat.completions.create(model="tiny-glm", messages=messages, max_tokens=10, temperature=1.0,
                                            seed=seed)
-        outs.add((r.choices[0].message.content, r.usage.completion_tokens))
+        outs.add((r.choices[0].message.content, getattr(r.choices[0].message, "reasoning_content", None),
+                  r.usage.completion_tokens))
     check(len(outs) > 1, "different seeds give different outputs")
 
     # Streaming chat with usage; concatenation equals the non-streamed answer.
@@ -256,8 +264,8 @@ def run_tests(a, port, model_dir, workers, procs, server):
 
     def long_stream():
         try:
-            s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=3000, temperature=1.0,
-                                          seed=1, stream=True)
+            s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=1500, temperature=1.0,
+                                          seed=1, stream=True, extra_body={"ignore_eos": True})
             for _ in s:
                 pass
             results.append("ok")
@@ -275,9 +283,9 @@ def run_tests(a, port, model_dir, workers, procs, server):
           f"more than max_concurrent_requests -> 429 with Retry-After ({results})")
 
     # Cancellation: close a stream early; the generation stops and its caches are freed.
-    before = metric(port, "ringserve_requests_cancelled_total") or 0
+    before = metric(port, "ring_requests_cancelled_total") or 0
     s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=3000, temperature=1.0,
-                                  seed=2, stream=True)
+                                  seed=2, stream=True, extra_body={"ignore_eos": True})
     got = 0
     for _ in s:
         got += 1
@@ -285,38 +293,106 @@ def run_tests(a, port, model_dir, workers, procs, server):
             break
     s.close()
     deadline = time.time() + 10
-    while time.time() < deadline and (metric(port, "ringserve_requests_cancelled_total") or 0) <= before:
+    while time.time() < deadline and (metric(port, "ring_requests_cancelled_total") or 0) <= before:
         time.sleep(0.05)
-    check((metric(port, "ringserve_requests_cancelled_total") or 0) > before, "closing a stream cancels it")
+    check((metric(port, "ring_requests_cancelled_total") or 0) > before, "closing a stream cancels it")
     deadline = time.time() + 10
-    while time.time() < deadline and metric(port, "ringserve_sequences_live") != 0:
+    while time.time() < deadline and metric(port, "ring_sequences_live") != 0:
         time.sleep(0.05)
-    check(metric(port, "ringserve_sequences_live") == 0 and metric(port, "ringserve_requests_in_flight") == 0,
+    check(metric(port, "ring_sequences_live") == 0 and metric(port, "ring_requests_in_flight") == 0,
           "no sequence left behind")
 
-    # A worker killed mid-stream: the stream ends with an error event naming the stage.
-    s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=3000, temperature=1.0,
-                                  seed=3, stream=True)
-    err = None
+    # Failover: a worker killed (SIGKILL) or stalled (SIGSTOP) mid-stream. The request is
+    # replayed on a ring re-formed from the survivors (prompt + tokens already sent), so the
+    # client's stream is exactly the uninterrupted one: no token lost or repeated.
+    def stream_text(seed, fault=None):
+        s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=400, temperature=1.0,
+                                      seed=seed, stream=True, extra_body={"ignore_eos": True})
+        out, k = [], 0
+        for ch in s:
+            if ch.choices:
+                out.append(ch.choices[0].text)
+            k += 1
+            if k == 5 and fault:
+                fault()
+        return "".join(out)
+
+    want = stream_text(31)
+
+    # ringctl status / drain / undrain against the admin service.
+    def status():
+        r = subprocess.run([a.ringctl, "status", "--server", a.admin, "--api-key", KEY, "--json"],
+                           capture_output=True, text=True, timeout=30)
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            return {"error": r.stderr}
+    st = status()
+    check(st.get("state") == "ready" and [w["state"] for w in st.get("workers", [])] == ["serving", "serving"],
+          f"ringctl status: ready, both workers serving ({st.get('state')}, {st.get('error', '')})")
+    r = subprocess.run([a.ringctl, "status", "--server", a.admin, "--api-key", "sk-wrong-key-000"],
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode != 0 and "key" in r.stderr, "ringctl status with a wrong key is refused")
+    got = stream_text(31, lambda: subprocess.run([a.ringctl, "drain", workers[0], "--server", a.admin,
+                                                  "--api-key", KEY], capture_output=True, timeout=30))
+    check(got == want, "drain mid-stream: the request moves to the new ring, stream identical")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        st = status()
+        states = {w["address"]: w["state"] for w in st.get("workers", [])}
+        if states.get(workers[0]) == "drained" and states.get(workers[1]) == "serving":
+            break
+        time.sleep(0.2)
+    check(states.get(workers[0]) == "drained" and states.get(workers[1]) == "serving",
+          f"ringctl status shows the drained worker ({states})")
+    r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0)
+    check(r.choices[0].text == expect_text, "drained ring gives the same greedy output")
+    subprocess.run([a.ringctl, "undrain", workers[0], "--server", a.admin, "--api-key", KEY],
+                   capture_output=True, timeout=30)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        st = status()
+        if [w["state"] for w in st.get("workers", [])] == ["serving", "serving"]:
+            break
+        time.sleep(0.2)
+    check([w["state"] for w in st.get("workers", [])] == ["serving", "serving"], "undrain: both serve again")
+
+    replays0 = metric(port, "ring_requests_replayed_total") or 0
+    t0 = time.time()
     try:
-        got = 0
-        for _ in s:
-            got += 1
-            if got == 2:
-                procs[1].send_signal(signal.SIGKILL)
-                procs[1].wait(10)
+        got = stream_text(31, lambda: (procs[1].send_signal(signal.SIGKILL), procs[1].wait(10)))
     except openai.APIError as e:
-        err = str(e)
-    check(err is not None and "stage 1" in err, f"killed worker -> error event naming the stage ({err})")
+        got = f"error: {e}"
+    check(got == want, f"SIGKILLed worker mid-stream: replayed, stream identical ({time.time() - t0:.1f}s)")
+    check((metric(port, "ring_requests_replayed_total") or 0) > replays0, "the replay is counted")
     st, _, body = raw(port, "GET", "/ready")
-    check(st == 503, f"/ready is 503 while the ring is broken ({body[:120]!r})")
-    # Restart the worker on the same address: the ring re-forms by itself.
+    check(st == 200 and b"degraded" in body and workers[1].encode() in body,
+          f"/ready reports the degraded ring ({body[:160]!r})")
+    r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0)
+    check(r.choices[0].text == expect_text, "degraded ring (1 worker) gives the same greedy output")
+    # The worker comes back on its address: the full ring re-forms by itself.
     p, _ = start([a.worker, "--listen", workers[1], "--model-root", os.path.dirname(model_dir)],
                  os.path.join(a.work, "worker1b.log"), r"listening on (\S+)")
-    procs.append(p)
-    check(wait_ready(port, 30), "ring re-forms after the worker restarts")
+    procs[1] = p
+    deadline = time.time() + 30
+    while time.time() < deadline and metric(port, "ring_workers_missing") != 0:
+        time.sleep(0.2)
+    check(metric(port, "ring_workers_missing") == 0, "restarted worker rejoins the ring")
     r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0)
-    check(r.choices[0].text == expect_text, "same greedy output after the ring re-formed")
+    check(r.choices[0].text == expect_text, "same greedy output after the rejoin")
+    # Stalled worker: its step deadline (5 s) fires, the request replays without it.
+    t0 = time.time()
+    try:
+        got = stream_text(31, lambda: procs[1].send_signal(signal.SIGSTOP))
+    except openai.APIError as e:
+        got = f"error: {e}"
+    took = time.time() - t0
+    procs[1].send_signal(signal.SIGCONT)
+    check(got == want and took < 30, f"SIGSTOPped worker mid-stream: replayed after the deadline ({took:.1f}s)")
+    deadline = time.time() + 30
+    while time.time() < deadline and metric(port, "ring_workers_missing") != 0:
+        time.sleep(0.2)
+    check(metric(port, "ring_workers_missing") == 0, "continued worker rejoins the ring")
 
     # Graceful shutdown: an in-flight stream finishes, then the process exits 0.
     s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=200, temperature=1.0,

@@ -91,9 +91,10 @@ absl::StatusOr<pb::ActivationFrame> StageClient::Forward(const pb::ActivationFra
   return reply;
 }
 
-absl::StatusOr<pb::ReleaseResponse> StageClient::Release(const std::string& sequence_id) {
+absl::StatusOr<pb::ReleaseResponse> StageClient::Release(const std::string& sequence_id,
+                                                         absl::Duration timeout) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, options_.call_timeout);
+  Prepare(&ctx, timeout > absl::ZeroDuration() ? timeout : options_.call_timeout);
   pb::ReleaseRequest req;
   req.set_sequence_id(sequence_id);
   pb::ReleaseResponse resp;

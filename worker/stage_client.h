@@ -42,7 +42,10 @@ class StageClient {
   absl::StatusOr<ringserve::v1::LoadStageResponse> LoadStage(ringserve::v1::LoadStageRequest req);
   // Sends one frame and returns the worker's reply as received (checksum not yet checked).
   absl::StatusOr<ringserve::v1::ActivationFrame> Forward(const ringserve::v1::ActivationFrame& f);
-  absl::StatusOr<ringserve::v1::ReleaseResponse> Release(const std::string& sequence_id);
+  // `timeout` overrides call_timeout (releases are best effort and must not hold a
+  // failover up for a whole step deadline).
+  absl::StatusOr<ringserve::v1::ReleaseResponse> Release(const std::string& sequence_id,
+                                                         absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<ringserve::v1::FlightRecorderResponse> FlightRecorder();
 
   const std::string& address() const { return address_; }
