@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -356,6 +357,35 @@ def run_tests(a, port, model_dir, workers, procs, server):
             break
         time.sleep(0.2)
     check([w["state"] for w in st.get("workers", [])] == ["serving", "serving"], "undrain: both serve again")
+    # join / leave a third worker.
+    p3, addr3 = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", os.path.dirname(model_dir)],
+                      os.path.join(a.work, "worker3.log"), r"listening on (\S+)")
+    procs.append(p3)
+    r = subprocess.run([a.ringctl, "join", addr3, "--server", a.admin, "--api-key", KEY],
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 0, f"ringctl join {addr3} ({r.stderr.strip()})")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        st = status()
+        if [w["state"] for w in st.get("workers", [])] == ["serving"] * 3:
+            break
+        time.sleep(0.2)
+    check([w["stageIndex"] for w in st.get("workers", [])] == [0, 1, 2], f"joined worker becomes stage 2 ({st})")
+    r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=n, temperature=0)
+    check(r.choices[0].text == expect_text, "3-stage ring after join gives the same greedy output")
+    r = subprocess.run([a.ringctl, "leave", addr3, "--server", a.admin, "--api-key", KEY],
+                       capture_output=True, text=True, timeout=30)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        st = status()
+        if [w["state"] for w in st.get("workers", [])] == ["serving"] * 2:
+            break
+        time.sleep(0.2)
+    check(r.returncode == 0 and [w["address"] for w in st.get("workers", [])] == workers,
+          "ringctl leave: back to the two configured workers")
+    r = subprocess.run([a.ringctl, "drain", "127.0.0.1:1", "--server", a.admin, "--api-key", KEY],
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode != 0 and "not in the ring" in r.stderr, "drain of an unknown worker is refused")
 
     replays0 = metric(port, "ring_requests_replayed_total") or 0
     t0 = time.time()
@@ -393,6 +423,44 @@ def run_tests(a, port, model_dir, workers, procs, server):
     while time.time() < deadline and metric(port, "ring_workers_missing") != 0:
         time.sleep(0.2)
     check(metric(port, "ring_workers_missing") == 0, "continued worker rejoins the ring")
+
+    # Metrics: well-formed for Prometheus (promtool), and a real Prometheus server scraping
+    # this ring answers a PromQL query about tokens this test generated.
+    _, _, scraped = raw(port, "GET", "/metrics")
+    if shutil.which("promtool"):
+        r = subprocess.run(["promtool", "check", "metrics"], input=scraped, capture_output=True, timeout=30)
+        check(r.returncode == 0, f"promtool check metrics on scraped output {r.stdout[-300:]!r}{r.stderr[-300:]!r}")
+    if shutil.which("prometheus"):
+        psock = socket.socket()
+        psock.bind(("127.0.0.1", 0))
+        pport = psock.getsockname()[1]
+        psock.close()
+        pdir = os.path.join(a.work, "prometheus")
+        os.makedirs(pdir, exist_ok=True)
+        with open(os.path.join(pdir, "prometheus.yml"), "w") as f:
+            f.write(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: ringserve\n"
+                    f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
+        prom = subprocess.Popen(["prometheus", f"--config.file={pdir}/prometheus.yml",
+                                 f"--storage.tsdb.path={pdir}/data", f"--web.listen-address=127.0.0.1:{pport}"],
+                                stdout=subprocess.DEVNULL, stderr=open(os.path.join(pdir, "log"), "w"))
+        value = None
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and value is None:
+                time.sleep(0.5)
+                try:
+                    st, _, body = ringproc.raw(pport, "GET",
+                                               "/api/v1/query?query=sum(ring_generated_tokens_total)", timeout=2)
+                    res = json.loads(body).get("data", {}).get("result", [])
+                    if st == 200 and res and float(res[0]["value"][1]) > 0:
+                        value = float(res[0]["value"][1])
+                except (OSError, ValueError):
+                    pass
+        finally:
+            prom.kill()
+            prom.wait(10)
+        check(value is not None and value >= c.usage.completion_tokens,
+              f"Prometheus scraped the ring: sum(ring_generated_tokens_total) = {value}")
 
     # Graceful shutdown: an in-flight stream finishes, then the process exits 0.
     s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=200, temperature=1.0,

@@ -22,3 +22,15 @@ if(TARGET ring-server AND TARGET ring-worker AND TARGET ringctl AND EXISTS ${RIN
                    --server $<TARGET_FILE:ring-server> --work ${CMAKE_CURRENT_BINARY_DIR}/openai_api)
   set_tests_properties(openai_api PROPERTIES TIMEOUT 400 LABELS "python;api")
 endif()
+
+# deploy/: promtool checks of the alert rules and scrape config, dashboard metric names,
+# and the relocatable bundle run from another directory.
+find_program(RING_PROMTOOL promtool)
+find_program(RING_PATCHELF patchelf)
+if(RING_PROMTOOL AND RING_PATCHELF AND TARGET ring-server AND TARGET ring-worker AND TARGET ringctl)
+  add_test(NAME deploy_check
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/deploy_check.sh ${CMAKE_SOURCE_DIR}
+                   $<TARGET_FILE:ringctl> $<TARGET_FILE:ring-worker> $<TARGET_FILE:ring-server>
+                   ${CMAKE_CURRENT_BINARY_DIR}/deploy_check)
+  set_tests_properties(deploy_check PROPERTIES TIMEOUT 300 LABELS "deploy")
+endif()
