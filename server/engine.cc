@@ -411,6 +411,8 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
   while (true) {
     absl::Status s = run(*ring);
     metrics_->checksum_failures.Set(static_cast<double>(ring->checksum_failures()));
+    const auto stats = ring->activation_stats();
+    for (size_t i = 0; i < stats.size(); ++i) metrics_->SetStageActivation(static_cast<int>(i), stats[i].rms, stats[i].absmax);
     if (s.ok()) break;
     metrics_->CountStageError(StageOf(s));
     if (absl::IsDeadlineExceeded(s)) {

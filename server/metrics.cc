@@ -45,7 +45,7 @@ ServerMetrics::ServerMetrics()
       workers_missing(BuildGauge().Name("ring_workers_missing")
                           .Help("Configured workers left out of the current (degraded) ring")
                           .Register(*registry_).Add({})),
-      checksum_failures(BuildGauge().Name("ring_ring_checksum_failures")
+      checksum_failures(BuildGauge().Name("ring_checksum_failures")
                             .Help("Activation frames whose XXH3 checksum did not match, since the ring formed")
                             .Register(*registry_).Add({})),
       ttft_seconds(BuildHistogram().Name("ring_time_to_first_token_seconds")
@@ -57,15 +57,21 @@ ServerMetrics::ServerMetrics()
       request_seconds(BuildHistogram().Name("ring_request_duration_seconds")
                           .Help("Admission to last token").Register(*registry_)
                           .Add({}, LatencyBuckets())),
-      prefill_step_seconds(BuildHistogram().Name("ring_ring_step_seconds_prefill")
+      prefill_step_seconds(BuildHistogram().Name("ring_step_seconds_prefill")
                                .Help("One prefill chunk through every stage").Register(*registry_)
                                .Add({}, LatencyBuckets())),
-      decode_step_seconds(BuildHistogram().Name("ring_ring_step_seconds_decode")
+      decode_step_seconds(BuildHistogram().Name("ring_step_seconds_decode")
                               .Help("One decode token through every stage").Register(*registry_)
                               .Add({}, LatencyBuckets())) {
   http_requests_ = &BuildCounter().Name("ring_http_requests_total")
                         .Help("HTTP requests by route and status").Register(*registry_);
-  stage_errors_ = &BuildCounter().Name("ring_ring_stage_errors_total")
+  activation_rms_ = &BuildGauge().Name("ring_stage_activation_rms")
+                         .Help("Root mean square of the stage's latest output (frame fingerprint)")
+                         .Register(*registry_);
+  activation_absmax_ = &BuildGauge().Name("ring_stage_activation_absmax")
+                            .Help("Max |x| of the stage's latest output (frame fingerprint)")
+                            .Register(*registry_);
+  stage_errors_ = &BuildCounter().Name("ring_stage_errors_total")
                        .Help("Failed ring steps by the stage that failed").Register(*registry_);
 }
 
@@ -76,6 +82,12 @@ std::string ServerMetrics::Render() const {
 
 void ServerMetrics::CountHttp(const std::string& route, int status) {
   http_requests_->Add({{"route", route}, {"code", std::to_string(status)}}).Increment();
+}
+
+void ServerMetrics::SetStageActivation(int stage, double rms, double absmax) {
+  const std::string s = std::to_string(stage);
+  activation_rms_->Add({{"stage", s}}).Set(rms);
+  activation_absmax_->Add({{"stage", s}}).Set(absmax);
 }
 
 void ServerMetrics::CountStageError(const std::string& stage) {

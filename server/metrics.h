@@ -28,6 +28,8 @@ class ServerMetrics {
 
   void CountHttp(const std::string& route, int status);
   void CountStageError(const std::string& stage);
+  // Activation fingerprint of a stage's latest output (drift between stages shows here).
+  void SetStageActivation(int stage, double rms, double absmax);
 
   prometheus::Counter& prompt_tokens;
   prometheus::Counter& generated_tokens;
@@ -49,6 +51,8 @@ class ServerMetrics {
  private:
   prometheus::Family<prometheus::Counter>* http_requests_;
   prometheus::Family<prometheus::Counter>* stage_errors_;
+  prometheus::Family<prometheus::Gauge>* activation_rms_;
+  prometheus::Family<prometheus::Gauge>* activation_absmax_;
 };
 
 }  // namespace ring

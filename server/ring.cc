@@ -89,6 +89,7 @@ class LocalRing final : public Ring {
   }
   uint64_t checksum_failures() const override { return 0; }
   std::string Diagnose() override { return "in-process stages"; }
+  std::vector<ActivationStats> activation_stats() const override { return {}; }
 
  private:
   std::vector<std::shared_ptr<const Stage>> stages_;
@@ -196,6 +197,15 @@ class RemoteRing final : public Ring {
     for (auto& c : clients_) (void)c->Release(id, absl::Seconds(1));
   }
   void CountChecksumFailures(uint64_t n) { checksum_failures_ += n; }
+  void NoteActivation(size_t stage, double rms, float absmax) {
+    absl::MutexLock l(&stats_mu_);
+    if (stats_.size() < clients_.size()) stats_.resize(clients_.size());
+    stats_[stage] = {rms, absmax};
+  }
+  std::vector<ActivationStats> activation_stats() const override {
+    absl::MutexLock l(&stats_mu_);
+    return stats_;
+  }
 
  private:
   std::vector<std::unique_ptr<worker::StageClient>> clients_;
@@ -204,6 +214,8 @@ class RemoteRing final : public Ring {
   RingModelInfo info_;
   pb::DType wire_ = pb::DTYPE_F32;
   std::atomic<uint64_t> checksum_failures_{0};
+  mutable absl::Mutex stats_mu_;
+  std::vector<ActivationStats> stats_;
 };
 
 RemoteSequence::~RemoteSequence() { ring_->Release(id_); }
@@ -216,6 +228,7 @@ absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_
     auto out = runners_[i]->Forward(in);
     ring_->CountChecksumFailures(runners_[i]->checksum_failures() - before);
     if (!out.ok()) return out.status();
+    ring_->NoteActivation(i, runners_[i]->last_rms(), runners_[i]->last_absmax());
     if (i + 1 == runners_.size()) {
       position_ += static_cast<int64_t>(tokens.size());
       return std::move(out->logits);

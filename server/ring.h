@@ -89,6 +89,13 @@ class Ring {
   // What every stage is doing now (remote: each worker's flight recorder, with a short
   // deadline), for the error of a step that timed out: names the stage that is stuck.
   virtual std::string Diagnose() = 0;
+  // Per stage, the RMS and max |x| of its most recent output (from frame fingerprints);
+  // empty for in-process rings.
+  struct ActivationStats {
+    double rms = 0;
+    float absmax = 0;
+  };
+  virtual std::vector<ActivationStats> activation_stats() const = 0;
 };
 
 // The workers of `options` that answer Describe within `timeout`, in ring order.

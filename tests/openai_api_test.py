@@ -427,6 +427,8 @@ def run_tests(a, port, model_dir, workers, procs, server):
     # Metrics: well-formed for Prometheus (promtool), and a real Prometheus server scraping
     # this ring answers a PromQL query about tokens this test generated.
     _, _, scraped = raw(port, "GET", "/metrics")
+    check(b'ring_stage_activation_rms{stage="1"}' in scraped and b'ring_stage_activation_absmax{stage="0"}' in scraped,
+          "per-stage activation fingerprints are exported")
     if shutil.which("promtool"):
         r = subprocess.run(["promtool", "check", "metrics"], input=scraped, capture_output=True, timeout=30)
         check(r.returncode == 0, f"promtool check metrics on scraped output {r.stdout[-300:]!r}{r.stderr[-300:]!r}")

@@ -129,6 +129,14 @@ def main():
     check("corrupt frame fails naming the hop and 'checksum'",
           r.returncode != 0 and "checksum" in r.stderr and bad in r.stderr, r.stderr.strip(), show=True)
 
+    # --- NaN produced by a stage: the step fails at that stage, naming it and its layers ----
+    _, nan_addr = start_worker(args, root, {"RING_TEST_NAN_AT_STEP": "2"})
+    r = ringctl(args, ["logits", "--workers", f"{addrs[0]},{nan_addr}", "--model", "glm", *COMMON,
+                       "--act", "f32"], timeout=60)
+    check("NaN at a stage fails the step naming the stage and its layers",
+          r.returncode != 0 and "NaN" in r.stderr and nan_addr in r.stderr and "layers 2..4" in r.stderr,
+          r.stderr.strip(), show=True)
+
     # --- SIGKILL mid-run: must fail fast, naming the dead worker ----------------------------
     victim, vaddr = start_worker(args, root)
     t0 = time.monotonic()

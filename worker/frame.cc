@@ -1,5 +1,7 @@
 #include "worker/frame.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <xxhash.h>
@@ -48,6 +50,31 @@ TopkCarry DecodeTopk(const ringserve::v1::TopkCarry& p) {
 
 uint64_t PayloadChecksum(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
+ringserve::v1::Fingerprint ComputeFingerprint(const std::vector<float>& values) {
+  ringserve::v1::Fingerprint f;
+  double sum_sq = 0;
+  float absmax = 0;
+  int64_t nans = 0, infs = 0;
+  for (float v : values) {
+    if (std::isnan(v)) {
+      ++nans;
+    } else if (std::isinf(v)) {
+      ++infs;
+    } else {
+      sum_sq += static_cast<double>(v) * v;
+      absmax = std::max(absmax, std::fabs(v));
+    }
+  }
+  f.set_l2(std::sqrt(sum_sq));
+  f.set_absmax(absmax);
+  f.set_nan_count(nans);
+  f.set_inf_count(infs);
+  const size_t n = values.size();
+  const size_t samples = std::min<size_t>(8, n);
+  for (size_t i = 0; i < samples; ++i) f.add_samples(values[i * n / samples]);
+  return f;
+}
+
 absl::Status EncodeFloats(const std::vector<float>& values, int64_t rows, DType dtype,
                           ActivationFrame* frame) {
   const int64_t n = static_cast<int64_t>(values.size());
@@ -78,6 +105,7 @@ absl::Status EncodeFloats(const std::vector<float>& values, int64_t rows, DType 
   frame->add_shape(n / rows);
   frame->set_rows(rows);
   frame->set_checksum(PayloadChecksum(*payload));
+  *frame->mutable_fingerprint() = ComputeFingerprint(values);
   return absl::OkStatus();
 }
 

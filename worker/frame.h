@@ -28,8 +28,12 @@ namespace ring::worker {
 // XXH3-64 of `bytes`.
 uint64_t PayloadChecksum(absl::string_view bytes);
 
+// Numerical summary of `values` (see proto Fingerprint).
+ringserve::v1::Fingerprint ComputeFingerprint(const std::vector<float>& values);
+
 // Writes `values` into frame->payload as `dtype` with shape [rows, values.size() / rows]
-// and sets frame->checksum. InvalidArgument for an unsupported dtype or a ragged shape.
+// and sets frame->checksum and frame->fingerprint. InvalidArgument for an unsupported
+// dtype or a ragged shape.
 absl::Status EncodeFloats(const std::vector<float>& values, int64_t rows,
                           ringserve::v1::DType dtype, ringserve::v1::ActivationFrame* frame);
 

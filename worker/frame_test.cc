@@ -103,3 +103,28 @@ TEST(Frame, StageOutputLogitsAreF32EvenOnABf16Ring) {
 
 }  // namespace
 }  // namespace ring::worker
+
+namespace ring::worker {
+namespace {
+
+TEST(FingerprintTest, CountsAndNorms) {
+  const std::vector<float> v = {3.0f, -4.0f, std::numeric_limits<float>::quiet_NaN(),
+                                std::numeric_limits<float>::infinity(), 0.0f};
+  const auto f = ComputeFingerprint(v);
+  EXPECT_DOUBLE_EQ(f.l2(), 5.0);
+  EXPECT_FLOAT_EQ(f.absmax(), 4.0f);
+  EXPECT_EQ(f.nan_count(), 1);
+  EXPECT_EQ(f.inf_count(), 1);
+  EXPECT_EQ(f.samples_size(), 5);
+}
+
+TEST(FingerprintTest, EncodeFloatsAttachesIt) {
+  ringserve::v1::ActivationFrame frame;
+  ASSERT_TRUE(EncodeFloats({1.0f, 2.0f, 2.0f, 4.0f}, 2, ringserve::v1::DTYPE_BF16, &frame).ok());
+  EXPECT_DOUBLE_EQ(frame.fingerprint().l2(), 5.0);
+  EXPECT_FLOAT_EQ(frame.fingerprint().absmax(), 4.0f);
+  EXPECT_EQ(frame.fingerprint().nan_count(), 0);
+}
+
+}  // namespace
+}  // namespace ring::worker

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -131,6 +132,10 @@ absl::StatusOr<StageOutput> RemoteStageRunner::Forward(const StageInput& in) {
   }
   ++step_;
   position_ += rows;
+  int64_t elems = 1;
+  for (int64_t d : reply.shape()) elems *= d;
+  last_rms_ = elems > 0 ? reply.fingerprint().l2() / std::sqrt(static_cast<double>(elems)) : 0;
+  last_absmax_ = reply.fingerprint().absmax();
   return out;
 }
 

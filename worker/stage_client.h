@@ -72,6 +72,9 @@ class RemoteStageRunner final : public StageRunner {
         hidden_size_(hidden_size), wire_dtype_(wire_dtype) {}
   absl::StatusOr<StageOutput> Forward(const StageInput& in) override;
   uint64_t checksum_failures() const { return checksum_failures_; }
+  // Of the last reply's values: root mean square and max |x| (from its fingerprint).
+  double last_rms() const { return last_rms_; }
+  float last_absmax() const { return last_absmax_; }
 
  private:
   StageClient* client_;
@@ -82,6 +85,8 @@ class RemoteStageRunner final : public StageRunner {
   uint64_t step_ = 0;
   int64_t position_ = 0;
   uint64_t checksum_failures_ = 0;
+  double last_rms_ = 0;
+  float last_absmax_ = 0;
 };
 
 }  // namespace ring::worker

@@ -78,6 +78,15 @@ int main(int argc, char** argv) {
               << options.TEST_corrupt_frame << "\n";
   }
 
+  if (const char* n = std::getenv("RING_TEST_NAN_AT_STEP")) {
+    if (!absl::SimpleAtoi(n, &options.TEST_nan_at_step)) {
+      std::cerr << "ring-worker: RING_TEST_NAN_AT_STEP must be an integer\n";
+      return 2;
+    }
+    std::cerr << "ring-worker: TEST fault injection: NaN in the output of step #"
+              << options.TEST_nan_at_step << "\n";
+  }
+
   const std::string address = NormalizeListen(listen);
   const std::string host_part = address.substr(0, address.rfind(':'));
   const bool loopback = host_part == "127.0.0.1" || host_part == "localhost" || host_part == "[::1]";

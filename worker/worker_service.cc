@@ -1,5 +1,7 @@
 #include "worker/worker_service.h"
 
+#include <limits>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -284,6 +286,13 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   SetWaitingOn("idle: waiting for Forward frames");
   if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop, ": ", out.status().message()));
   ++state->next_step;
+  {
+    absl::MutexLock l(&mu_);
+    if (++steps_computed_ == options_.TEST_nan_at_step) {
+      std::vector<float>& v = out->logits.empty() ? out->hidden : out->logits;
+      if (!v.empty()) v[v.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
 
   pb::ActivationFrame reply;
   reply.set_sequence_id(in.sequence_id());
@@ -293,6 +302,16 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   reply.set_sender(HopName());
   const pb::DType wire = in.reply_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : in.reply_dtype();
   RING_RETURN_IF_ERROR(EncodeStageOutput(*out, wire, loaded->request.all_logits(), &reply));
+  // NaN/Inf never leave the stage that made them: the step fails here, naming the stage and
+  // its layers, instead of turning into "!!!!" three machines later.
+  const pb::Fingerprint& fp = reply.fingerprint();
+  if (fp.nan_count() > 0 || fp.inf_count() > 0) {
+    return absl::DataLossError(absl::StrCat(
+        HopName(), " (layers ", loaded->stage->range().begin, "..", loaded->stage->range().end,
+        ") produced ", fp.nan_count(), " NaN and ", fp.inf_count(), " Inf values in its ",
+        out->logits.empty() ? "hidden-state" : "logits", " output (sequence ", in.sequence_id(),
+        " step ", in.step(), ")"));
+  }
   return reply;
 }
 

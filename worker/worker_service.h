@@ -38,6 +38,8 @@ struct WorkerOptions {
   // Test-only fault injection: corrupt the payload (after checksumming) of the N-th frame
   // this worker sends, counting from 1; 0 never.
   int64_t TEST_corrupt_frame = 0;
+  // Test-only: write a NaN into this worker's output at the N-th step it computes (from 1).
+  int64_t TEST_nan_at_step = 0;
 };
 
 // Resolves `model` (relative) inside `root`; refuses absolute paths, ".." components and
@@ -93,6 +95,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::map<std::string, std::shared_ptr<SequenceState>> sequences_ ABSL_GUARDED_BY(mu_);
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t frames_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t steps_computed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t checksum_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<ringserve::v1::FrameEvent> events_ ABSL_GUARDED_BY(mu_);
   std::string listen_address_ ABSL_GUARDED_BY(mu_);
