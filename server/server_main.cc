@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
   ring::Engine::Options eo;
   eo.max_concurrent = cfg.max_concurrent_requests;
   eo.prefill_chunk = cfg.prefill_chunk;
+  eo.failover_timeout = absl::Seconds(cfg.failover_timeout_s);
   eo.max_context = cfg.max_context > 0 ? cfg.max_context : model_cfg->max_position_embeddings;
   auto engine = std::make_unique<ring::Engine>(cfg.ToRingOptions(), eo, &metrics);
   engine->Start();

@@ -464,6 +464,38 @@ def run_tests(a, port, model_dir, workers, procs, server):
         check(value is not None and value >= c.usage.completion_tokens,
               f"Prometheus scraped the ring: sum(ring_generated_tokens_total) = {value}")
 
+    # No ring within the failover timeout: the stream ends with an error event naming the
+    # stage (a second server over one worker, failover_timeout_s = 2).
+    pw, waddr = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", os.path.dirname(model_dir)],
+                      os.path.join(a.work, "lone_worker.log"), r"listening on (\S+)")
+    procs.append(pw)
+    cfg2 = os.path.join(a.work, "ring2.toml")
+    with open(cfg2, "w") as f:
+        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "off"\napi_keys = ["{KEY}"]\n'
+                f'[model]\nname = "tiny-glm"\npath = "tiny-glm"\nlocal_dir = "{model_dir}"\n'
+                f'[ring]\nworkers = ["{waddr}"]\nstep_timeout_s = 5\nfailover_timeout_s = 2\n')
+    s2, url2 = start([a.server, "--config", cfg2], os.path.join(a.work, "server2.log"), r"listening on (http://\S+)")
+    procs.append(s2)
+    port2 = int(url2.rsplit(":", 1)[1])
+    check(wait_ready(port2), "second server ready")
+    c2 = openai.OpenAI(base_url=f"http://127.0.0.1:{port2}/v1", api_key=KEY, max_retries=0, timeout=60)
+    err, k = None, 0
+    t0 = time.time()
+    try:
+        for _ in c2.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=2000, stream=True,
+                                       extra_body={"ignore_eos": True}):
+            k += 1
+            if k == 3:
+                pw.kill()
+                pw.wait(10)
+    except openai.APIError as e:
+        err = str(e)
+    check(err is not None and "stage 0" in err and time.time() - t0 < 30,
+          f"no ring within failover_timeout_s: the stream ends with an error event naming the stage ({err})")
+    st, _, body = raw(port2, "GET", "/ready")
+    check(st == 503 and b"not ready" in body, f"/ready is 503 without a ring ({body[:100]!r})")
+    s2.send_signal(signal.SIGTERM)
+
     # Graceful shutdown: an in-flight stream finishes, then the process exits 0.
     s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=200, temperature=1.0,
                                   seed=4, stream=True)
