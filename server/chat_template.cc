@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/jinja_value.h"
 
 namespace ring::text {
 namespace {
@@ -58,6 +59,9 @@ absl::StatusOr<std::string> TemplateFromConfig(const nlohmann::json& value,
 
 ToolCallFormat DetectFormat(absl::string_view source) {
   if (absl::StrContains(source, "<arg_key>")) return ToolCallFormat::kGlm;
+  // Qwen3-Coder's XML calls (<function=name><parameter=...>) also sit in <tool_call>; they
+  // are not parsed, so say so instead of misreading them as JSON.
+  if (absl::StrContains(source, "<function=")) return ToolCallFormat::kNone;
   if (absl::StrContains(source, "<tool_call>") && absl::StrContains(source, "arguments")) {
     return ToolCallFormat::kQwen;
   }
@@ -190,6 +194,12 @@ template <typename Json>
 absl::StatusOr<std::string> ApplyImpl(const jinja::Template& tmpl, const std::string& bos,
                                       const std::string& eos,
                                       const BasicChatTemplateInputs<Json>& in) {
+  // Checked before anything copies them: nlohmann copies recurse.
+  for (const Json* part : {&in.messages, &in.tools, &in.kwargs}) {
+    if (jinja::JsonNestingExceeds(*part, jinja::kMaxValueDepth)) {
+      return absl::InvalidArgumentError("chat input nests deeper than 256 levels");
+    }
+  }
   absl::StatusOr<Json> messages = PrepareMessages(in.messages, in.parse_tool_arguments);
   if (!messages.ok()) return messages.status();
   if (!in.tools.is_null() && !in.tools.is_array()) {

@@ -152,6 +152,11 @@ TEST(ChatTemplateTest, RejectsMalformedInputs) {
   in.kwargs = ordered_json::object();
   in.tools = "not a list";
   EXPECT_EQ(t.Apply(in).status().code(), absl::StatusCode::kInvalidArgument);
+  in.tools = nullptr;
+  ordered_json deep = ordered_json::array();
+  for (int k = 0; k < 1000; ++k) deep = ordered_json::array({deep});
+  in.messages[0]["content"] = deep;
+  EXPECT_EQ(t.Apply(in).status().message(), "chat input nests deeper than 256 levels");
 }
 
 TEST(ChatTemplateTest, RaiseExceptionMessageIsVerbatim) {

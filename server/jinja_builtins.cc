@@ -377,6 +377,7 @@ absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const List& ar
 absl::StatusOr<std::string> BraceFormat(const std::string& fmt, const CallArgs& call) {
   std::string out;
   size_t auto_index = 0;
+  bool automatic = false, manual = false;
   for (size_t k = 0; k < fmt.size(); ++k) {
     char c = fmt[k];
     if (c == '}' ) {
@@ -414,6 +415,13 @@ absl::StatusOr<std::string> BraceFormat(const std::string& fmt, const CallArgs& 
     }
     Value arg;
     if (field.empty() || std::all_of(field.begin(), field.end(), ::isdigit)) {
+      if (field.empty() ? manual : automatic) {
+        return ValueError(field.empty() ? "cannot switch from manual field specification to "
+                                          "automatic field numbering"
+                                        : "cannot switch from automatic field numbering to "
+                                          "manual field specification");
+      }
+      (field.empty() ? automatic : manual) = true;
       size_t idx = field.empty() ? auto_index++ : std::stoul(field);
       if (idx >= call.args.size()) {
         return absl::InvalidArgumentError(
@@ -1081,6 +1089,7 @@ absl::StatusOr<Value> UniqueFilter(const Value& v, CallArgs& call) {
       key = *x;
     }
     key = SortKey(key, a.Bool(0, false));
+    if (!PyHashable(key)) return absl::InvalidArgumentError(UnhashableMessage(key));
     bool dup = false;
     for (const Value& s : seen) dup |= PyEquals(s, key);
     if (!dup) {
@@ -1205,7 +1214,15 @@ absl::StatusOr<Value> RoundFilter(const Value& v, CallArgs& call) {
   double x = v.number_value() * scale;
   double r;
   if (*method == "common") {
-    r = std::nearbyint(x);  // round-half-even, as Python's round()
+    if (v.is_integral()) return Value::Int(v.int_value());
+    if (*precision >= 0 && *precision <= 300 && std::isfinite(v.number_value())) {
+      // Python rounds the exact binary value half-to-even (round(2.675, 2) == 2.67);
+      // glibc's printf does the same.
+      char buf[512];
+      std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(*precision), v.number_value());
+      return Value::Float(std::strtod(buf, nullptr));
+    }
+    r = std::nearbyint(x);
   } else if (*method == "floor") {
     r = std::floor(x);
   } else if (*method == "ceil") {
@@ -1213,7 +1230,6 @@ absl::StatusOr<Value> RoundFilter(const Value& v, CallArgs& call) {
   } else {
     return absl::InvalidArgumentError("FilterArgumentError: method must be common, ceil or floor");
   }
-  if (v.is_integral() && *method == "common") return Value::Int(v.int_value());
   return Value::Float(r / scale);
 }
 
@@ -1618,6 +1634,14 @@ absl::StatusOr<bool> ApplyTest(Interpreter& interp, absl::string_view name_view,
     }
     return call.args[0];
   };
+  static const std::set<std::string> kNoArgs = {
+      "defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
+      "number", "string", "mapping", "iterable", "sequence", "callable", "escaped", "lower",
+      "upper", "odd", "even"};
+  if (kNoArgs.count(name) && (!call.args.empty() || !call.kwargs.empty())) {
+    return TypeError(absl::StrCat("test_", name, "() takes 1 positional argument but ",
+                                  1 + call.args.size() + call.kwargs.size(), " were given"));
+  }
   if (name == "defined") return !v.is_undefined();
   if (name == "undefined") return v.is_undefined();
   if (name == "none") return v.is_none();

@@ -68,10 +68,26 @@ absl::StatusOr<Value> Arith(absl::string_view op, const Value& a, const Value& b
         }
         return Value::Int(op == "//" ? q : m);
       }
-      double m = std::fmod(fx, fy);
-      if (m != 0 && ((m < 0) != (fy < 0))) m += fy;
-      if (op == "%") return Value::Float(m);
-      return Value::Float(std::floor(fx / fy));
+      // CPython _float_div_mod, signed zeros included.
+      double mod = std::fmod(fx, fy);
+      double div = (fx - mod) / fy;
+      if (mod != 0) {
+        if ((fy < 0) != (mod < 0)) {
+          mod += fy;
+          div -= 1.0;
+        }
+      } else {
+        mod = std::copysign(0.0, fy);
+      }
+      if (op == "%") return Value::Float(mod);
+      double floordiv;
+      if (div != 0) {
+        floordiv = std::floor(div);
+        if (div - floordiv > 0.5) floordiv += 1.0;
+      } else {
+        floordiv = std::copysign(0.0, fx / fy);
+      }
+      return Value::Float(floordiv);
     }
     if (op == "**") {
       if (ints && y >= 0) {
@@ -141,6 +157,7 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
       }
       return false;
     case Kind::kDict:
+      if (!PyHashable(item)) return absl::InvalidArgumentError(UnhashableMessage(item));
       return container.dict().Find(item) != nullptr;
     case Kind::kUndefined:
       return false;
@@ -341,6 +358,11 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecStmt(const Stmt& s,
               "SecurityError: chat templates cannot store underscore-prefixed attributes on a "
               "namespace, but got '", s.ns_attr, "'"));
         }
+        // The one way state grows across loop iterations: keep it printable and freeable
+        // (values are freed recursively).
+        if (v->depth() > kMaxValueDepth) {
+          return absl::InvalidArgumentError("value nested too deeply");
+        }
         target.ns().attrs.Set(Value::String(s.ns_attr), *v);
         return Flow::kNormal;
       }
@@ -506,9 +528,7 @@ absl::StatusOr<Value> Interpreter::EvalInner(const Expr& e,
       for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
         absl::StatusOr<Value> key = Eval(*e.args[k], frame);
         if (!key.ok()) return key;
-        if (key->is_dict() || (key->is_list() && !key->is_tuple()) || key->is_undefined()) {
-          return TypeError(absl::StrCat("unhashable type: '", PyTypeName(*key), "'"));
-        }
+        if (!PyHashable(*key)) return absl::InvalidArgumentError(UnhashableMessage(*key));
         absl::StatusOr<Value> value = Eval(*e.args[k + 1], frame);
         if (!value.ok()) return value;
         d.Set(std::move(*key), std::move(*value));

@@ -452,6 +452,15 @@ class Lexer {
 
 // --- parser --------------------------------------------------------------------------------
 
+// Nesting bound for expressions and blocks (jinja2 is bounded by Python's recursion limit).
+constexpr int kMaxNesting = 200;
+
+struct DepthGuard {
+  explicit DepthGuard(int* depth) : depth_(depth) { ++*depth_; }
+  ~DepthGuard() { --*depth_; }
+  int* depth_;
+};
+
 class Parser {
  public:
   Parser(const Lexer& lexer, std::vector<Token> tokens)
@@ -588,6 +597,8 @@ class Parser {
   }
 
   absl::StatusOr<StmtPtr> ParseStatement() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(Cur(), "blocks nested too deeply");
     const Token& t = Cur();
     const std::string tag = t.value;
     if (tag == "if") return ParseIf();
@@ -912,6 +923,9 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseExpression(bool with_condexpr) {
+    // Recursive descent: bound the nesting so a hostile template cannot exhaust the stack.
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(Cur(), "expression nested too deeply");
     if (with_condexpr) return ParseCondExpr();
     return ParseOr();
   }
@@ -1052,6 +1066,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(Cur(), "expression nested too deeply");
     ExprPtr node;
     if (IsOp("-") || IsOp("+")) {
       SourcePos pos = Pos();
@@ -1390,6 +1406,7 @@ class Parser {
   const Lexer& lexer_;
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
   int loop_depth_ = 0;
   std::vector<std::set<std::string>> callable_uses_;
 };
@@ -1413,6 +1430,8 @@ class LiteralParser {
   }
 
   absl::StatusOr<Value> ParseValue() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return Fail();
     const Token& t = toks_[pos_];
     if (t.type == Tok::kString) {
       std::string s;
@@ -1488,6 +1507,7 @@ class LiteralParser {
 
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "server/jinja_ast.h"
 #include "server/jinja_value.h"
@@ -299,6 +300,24 @@ TEST(JinjaTest, ParseErrorsNameLineColumnAndConstruct) {
   EXPECT_EQ(ParseError("{{ f(*args) }}"), "line 1:6: unsupported construct '*args' / '**kwargs' in a call");
   EXPECT_EQ(ParseError("{% set x = 1 %}{{ x }}"), "parsed");
   EXPECT_EQ(ParseError(std::string("\xff")), "template is not valid UTF-8 (byte offset 0)");
+}
+
+TEST(JinjaTest, DeepNestingIsAnErrorNotACrash) {
+  std::string deep = std::string(5000, '(') + "1" + std::string(5000, ')');
+  EXPECT_EQ(ParseError("{{ " + deep + " }}"), "line 1:104: expression nested too deeply");
+  EXPECT_EQ(ParseError("{{ " + std::string(5000, '-') + "1 }}"),
+            "line 1:203: expression nested too deeply");
+  std::string blocks;
+  for (int k = 0; k < 300; ++k) blocks += "{% if true %}";
+  EXPECT_TRUE(absl::StrContains(ParseError(blocks), "nested too deeply"));
+  EXPECT_FALSE(ParsePythonLiteral(std::string(100000, '[') + std::string(100000, ']')).ok());
+  // Deep render contexts are refused up front; a template cannot build an unprintable value.
+  json ctx = json::array();
+  for (int k = 0; k < 300; ++k) ctx = json::array({ctx});
+  EXPECT_EQ(RenderError("{{ x }}", {{"x", ctx}}), "render context nests deeper than 256 levels");
+  EXPECT_EQ(RenderError("{% set ns = namespace(v=[]) %}{% for i in range(2000) %}"
+                        "{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v | tojson }}"),
+            "line 1:60: value nested too deeply");
 }
 
 TEST(JinjaTest, RenderContextMustBeAnObject) {

@@ -50,7 +50,9 @@ std::string PyJson(const jinja::Value& v) {
 // string itself.
 jinja::Value DeserializeArg(const std::string& text) {
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (!j.is_discarded()) return jinja::FromJson(j);
+  if (!j.is_discarded() && !jinja::JsonNestingExceeds(j, jinja::kMaxValueDepth)) {
+    return jinja::FromJson(j);
+  }
   absl::StatusOr<jinja::Value> lit = jinja::ParsePythonLiteral(text);
   if (lit.ok()) return *lit;
   return jinja::Value::String(text);
@@ -99,6 +101,7 @@ bool ParseQwen(absl::string_view body, ToolCall* call) {
   nlohmann::ordered_json j =
       nlohmann::ordered_json::parse(absl::StripAsciiWhitespace(body), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return false;
+  if (jinja::JsonNestingExceeds(j, jinja::kMaxValueDepth)) return false;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
   call->name = name->get<std::string>();

@@ -214,6 +214,17 @@ TEST(ToolParserTest, StreamingEqualsWholeTextAtEveryByteBoundary) {
   }
 }
 
+TEST(ToolParserTest, HostileNestingFallsBackToStrings) {
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  Flat f = Whole("<tool_call>f<arg_key>a</arg_key><arg_value>" + deep + "</arg_value></tool_call>",
+                 ToolCallFormat::kGlm, false);
+  ASSERT_EQ(f.calls.size(), 1u);
+  EXPECT_EQ(f.calls[0].second.size(), deep.size() + 9);  // {"a": "[[...]]"}
+  f = Whole("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}</tool_call>",
+            ToolCallFormat::kQwen, false);
+  EXPECT_TRUE(f.calls.empty());
+}
+
 TEST(ToolParserTest, ToolCallIdsAreUnique) {
   std::set<std::string> ids;
   for (int k = 0; k < 100; ++k) {
