@@ -82,8 +82,8 @@ absl::StatusOr<Json> PrepareMessages(const Json& messages, bool parse_tool_argum
   Json out = Json::array();
   for (const auto& m : messages) {
     if (!m.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Chat messages should be dicts, but got ", m.dump()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Chat messages should be dicts, but got ", m.dump()));
     }
     Json msg = Json::object();
     for (auto it = m.begin(); it != m.end(); ++it) {
@@ -176,9 +176,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(const std::string& dir) 
     source = std::move(*t);
     origin = config_path;
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        dir, ": no chat template (chat_template.jinja, chat_template.json or "
-             "tokenizer_config.json \"chat_template\")"));
+    return absl::NotFoundError(
+        absl::StrCat(dir,
+                     ": no chat template (chat_template.jinja, chat_template.json or "
+                     "tokenizer_config.json \"chat_template\")"));
   }
   absl::StatusOr<ChatTemplate> t =
       FromString(source, TokenText(config, "bos_token"), TokenText(config, "eos_token"));
@@ -221,8 +222,8 @@ absl::StatusOr<std::string> ApplyImpl(const jinja::Template& tmpl, const std::st
       const std::string& key = it.key();
       if (key == "messages" || key == "tools" || key == "documents" ||
           key == "add_generation_prompt") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "chat_template_kwargs may not set '", key, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("chat_template_kwargs may not set '", key, "'"));
       }
       ctx[key] = it.value();
     }

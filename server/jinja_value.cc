@@ -152,9 +152,7 @@ const std::shared_ptr<const List>& Value::list_ptr() const {
 }
 const Dict& Value::dict() const { return *std::get<std::shared_ptr<const Dict>>(ptr_); }
 Namespace& Value::ns() const { return *std::get<std::shared_ptr<Namespace>>(ptr_); }
-const Callable& Value::callable() const {
-  return *std::get<std::shared_ptr<const Callable>>(ptr_);
-}
+const Callable& Value::callable() const { return *std::get<std::shared_ptr<const Callable>>(ptr_); }
 LoopState& Value::loop() const { return *std::get<std::shared_ptr<LoopState>>(ptr_); }
 const std::string& Value::undefined_hint() const {
   if (kind_ != Kind::kUndefined) return EmptyString();
@@ -240,9 +238,7 @@ bool NestingExceedsImpl(const Json& root, int limit) {
 
 }  // namespace
 
-bool JsonNestingExceeds(const nlohmann::json& j, int limit) {
-  return NestingExceedsImpl(j, limit);
-}
+bool JsonNestingExceeds(const nlohmann::json& j, int limit) { return NestingExceedsImpl(j, limit); }
 bool JsonNestingExceeds(const nlohmann::ordered_json& j, int limit) {
   return NestingExceedsImpl(j, limit);
 }
@@ -293,10 +289,24 @@ size_t CodePointCount(absl::string_view s) {
 bool PyIsSpace(char32_t cp) {
   // CPython: bidirectional type WS, B or S, or category Zs.
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D:
-    case 0x1C: case 0x1D: case 0x1E: case 0x1F: case 0x20:
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029:
-    case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x1F:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -663,9 +673,8 @@ absl::Status JsonDump(const Value& v, const JsonDumpOptions& o, int level, std::
       return absl::OkStatus();
     }
     default:
-      return absl::InvalidArgumentError(absl::StrCat("TypeError: Object of type ",
-                                                     PyTypeName(v),
-                                                     " is not JSON serializable"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TypeError: Object of type ", PyTypeName(v), " is not JSON serializable"));
   }
 }
 
@@ -703,7 +712,6 @@ std::string UnhashableMessage(const Value& v) {
   }
   return absl::StrCat("TypeError: unhashable type: '", PyTypeName(*bad), "'");
 }
-
 
 namespace {
 bool EqualsAt(const Value& a, const Value& b, int depth);
@@ -785,13 +793,12 @@ absl::StatusOr<int> Order(const Value& a, const Value& b, absl::string_view op) 
   }
   if (a.is_undefined() || b.is_undefined()) {
     const Value& u = a.is_undefined() ? a : b;
-    return absl::InvalidArgumentError(
-        u.undefined_hint().empty() ? "value is undefined" : u.undefined_hint());
+    return absl::InvalidArgumentError(u.undefined_hint().empty() ? "value is undefined"
+                                                                 : u.undefined_hint());
   }
   return absl::InvalidArgumentError(absl::StrCat("TypeError: '", op,
                                                  "' not supported between instances of '",
-                                                 PyTypeName(a), "' and '", PyTypeName(b),
-                                                 "'"));
+                                                 PyTypeName(a), "' and '", PyTypeName(b), "'"));
 }
 
 }  // namespace

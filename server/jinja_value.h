@@ -187,7 +187,7 @@ std::string PyTypeName(const Value& v);
 // transformers' `tojson`. TypeError (as InvalidArgument) for values JSON cannot hold.
 struct JsonDumpOptions {
   bool ensure_ascii = false;
-  int indent = -1;  // -1: None (single line)
+  int indent = -1;         // -1: None (single line)
   std::string indent_str;  // when indent was given as a string
   bool indent_is_string = false;
   std::string item_separator = ", ";

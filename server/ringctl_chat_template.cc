@@ -51,8 +51,7 @@ const char* FormatName(text::ToolCallFormat f) {
 }
 
 void PrintLine(const nlohmann::ordered_json& j) {
-  std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
-            << "\n";
+  std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
 }
 
 // --raw: one template per line, rendered with its own context.
@@ -147,30 +146,28 @@ int RunChatTemplate(const ChatTemplateArgs& a) {
   return rc;
 }
 
-Registration reg("chat-template", "Render a chat template over JSON-lines conversations",
-                 [](CLI::App* cmd) -> Handler {
-                   auto a = std::make_shared<ChatTemplateArgs>();
-                   auto* src = cmd->add_option("--template", a->template_path,
-                                               "chat template file (.jinja)");
-                   auto* dir = cmd->add_option("--model-dir", a->model_dir,
-                                               "model directory (chat_template.jinja or "
-                                               "tokenizer_config.json)");
-                   src->excludes(dir);
-                   cmd->add_option("--bos", a->bos, "bos_token (with --template)");
-                   cmd->add_option("--eos", a->eos, "eos_token (with --template)");
-                   cmd->add_option("--input", a->input, "JSON-lines input ('-': stdin)");
-                   cmd->add_flag("--info", a->info,
-                                 "print the detected tool-call format and special tokens");
-                   cmd->add_flag("--raw", a->raw,
-                                 "lines are {template, context}: render with the bare engine");
-                   return [a]() -> int {
-                     if (!a->raw && a->template_path.empty() && a->model_dir.empty()) {
-                       std::cerr << "ringctl chat-template: need --template or --model-dir\n";
-                       return 2;
-                     }
-                     return RunChatTemplate(*a);
-                   };
-                 });
+Registration reg(
+    "chat-template", "Render a chat template over JSON-lines conversations",
+    [](CLI::App* cmd) -> Handler {
+      auto a = std::make_shared<ChatTemplateArgs>();
+      auto* src = cmd->add_option("--template", a->template_path, "chat template file (.jinja)");
+      auto* dir = cmd->add_option("--model-dir", a->model_dir,
+                                  "model directory (chat_template.jinja or "
+                                  "tokenizer_config.json)");
+      src->excludes(dir);
+      cmd->add_option("--bos", a->bos, "bos_token (with --template)");
+      cmd->add_option("--eos", a->eos, "eos_token (with --template)");
+      cmd->add_option("--input", a->input, "JSON-lines input ('-': stdin)");
+      cmd->add_flag("--info", a->info, "print the detected tool-call format and special tokens");
+      cmd->add_flag("--raw", a->raw, "lines are {template, context}: render with the bare engine");
+      return [a]() -> int {
+        if (!a->raw && a->template_path.empty() && a->model_dir.empty()) {
+          std::cerr << "ringctl chat-template: need --template or --model-dir\n";
+          return 2;
+        }
+        return RunChatTemplate(*a);
+      };
+    });
 
 #endif  // RING_HAVE_TEXT
 

@@ -123,7 +123,8 @@ bool ParseQwen(absl::string_view body, ToolCall* call) {
 }
 
 // Length of the longest suffix of `buf` that is a proper prefix of one of `markers`.
-size_t PartialMarkerSuffix(absl::string_view buf, std::initializer_list<absl::string_view> markers) {
+size_t PartialMarkerSuffix(absl::string_view buf,
+                           std::initializer_list<absl::string_view> markers) {
   size_t best = 0;
   for (absl::string_view m : markers) {
     for (size_t len = std::min(buf.size(), m.size() - 1); len > best; --len) {
@@ -163,8 +164,7 @@ ToolSchemas ToolSchemas::FromOpenAiTools(const nlohmann::json& tools) {
     const auto& params = (*fn)["parameters"];
     if (!params.contains("properties") || !params["properties"].is_object()) continue;
     for (auto it = params["properties"].begin(); it != params["properties"].end(); ++it) {
-      if (it.value().is_object() && it.value().contains("type") &&
-          it.value()["type"] == "string") {
+      if (it.value().is_object() && it.value().contains("type") && it.value()["type"] == "string") {
         s.string_args.emplace(name, it.key());
       }
     }
@@ -172,8 +172,8 @@ ToolSchemas ToolSchemas::FromOpenAiTools(const nlohmann::json& tools) {
   return s;
 }
 
-bool ParseToolCallBody(absl::string_view body, ToolCallFormat format,
-                       const ToolSchemas& schemas, ToolCall* call) {
+bool ParseToolCallBody(absl::string_view body, ToolCallFormat format, const ToolSchemas& schemas,
+                       ToolCall* call) {
   switch (format) {
     case ToolCallFormat::kGlm:
       return ParseGlm(body, schemas, call);
