@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/jinja_value.h"
 
 namespace ring::text {
 namespace {
@@ -58,6 +59,9 @@ absl::StatusOr<std::string> TemplateFromConfig(const nlohmann::json& value,
 
 ToolCallFormat DetectFormat(absl::string_view source) {
   if (absl::StrContains(source, "<arg_key>")) return ToolCallFormat::kGlm;
+  // Qwen3-Coder's XML calls (<function=name><parameter=...>) also sit in <tool_call>; they
+  // are not parsed, so say so instead of misreading them as JSON.
+  if (absl::StrContains(source, "<function=")) return ToolCallFormat::kNone;
   if (absl::StrContains(source, "<tool_call>") && absl::StrContains(source, "arguments")) {
     return ToolCallFormat::kQwen;
   }
@@ -78,8 +82,8 @@ absl::StatusOr<Json> PrepareMessages(const Json& messages, bool parse_tool_argum
   Json out = Json::array();
   for (const auto& m : messages) {
     if (!m.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Chat messages should be dicts, but got ", m.dump()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Chat messages should be dicts, but got ", m.dump()));
     }
     Json msg = Json::object();
     for (auto it = m.begin(); it != m.end(); ++it) {
@@ -172,9 +176,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(const std::string& dir) 
     source = std::move(*t);
     origin = config_path;
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        dir, ": no chat template (chat_template.jinja, chat_template.json or "
-             "tokenizer_config.json \"chat_template\")"));
+    return absl::NotFoundError(
+        absl::StrCat(dir,
+                     ": no chat template (chat_template.jinja, chat_template.json or "
+                     "tokenizer_config.json \"chat_template\")"));
   }
   absl::StatusOr<ChatTemplate> t =
       FromString(source, TokenText(config, "bos_token"), TokenText(config, "eos_token"));
@@ -190,6 +195,12 @@ template <typename Json>
 absl::StatusOr<std::string> ApplyImpl(const jinja::Template& tmpl, const std::string& bos,
                                       const std::string& eos,
                                       const BasicChatTemplateInputs<Json>& in) {
+  // Checked before anything copies them: nlohmann copies recurse.
+  for (const Json* part : {&in.messages, &in.tools, &in.kwargs}) {
+    if (jinja::JsonNestingExceeds(*part, jinja::kMaxValueDepth)) {
+      return absl::InvalidArgumentError("chat input nests deeper than 256 levels");
+    }
+  }
   absl::StatusOr<Json> messages = PrepareMessages(in.messages, in.parse_tool_arguments);
   if (!messages.ok()) return messages.status();
   if (!in.tools.is_null() && !in.tools.is_array()) {
@@ -211,8 +222,8 @@ absl::StatusOr<std::string> ApplyImpl(const jinja::Template& tmpl, const std::st
       const std::string& key = it.key();
       if (key == "messages" || key == "tools" || key == "documents" ||
           key == "add_generation_prompt") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "chat_template_kwargs may not set '", key, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("chat_template_kwargs may not set '", key, "'"));
       }
       ctx[key] = it.value();
     }

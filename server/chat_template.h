@@ -75,7 +75,7 @@ class ChatTemplate {
 
   // How the model writes tool calls, detected from the template text: kGlm when it
   // documents <arg_key>/<arg_value>, kQwen when it documents <tool_call> with a JSON
-  // {"name", "arguments"} object, else kNone.
+  // {"name", "arguments"} object, else kNone (DeepSeek's and Qwen3-Coder's formats too).
   ToolCallFormat tool_call_format() const { return tool_call_format_; }
 
   // Whether `prompt` (an Apply result) leaves the model inside a reasoning block: it ends

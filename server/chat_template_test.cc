@@ -62,18 +62,19 @@ TEST(ChatTemplateTest, Glm47GoldenRenders) {
 
   absl::StatusOr<std::string> prompt = t.Apply(ToolRoundTrip());
   ASSERT_TRUE(prompt.ok()) << prompt.status();
-  EXPECT_EQ(*prompt,
-            "[gMASK]<sop><|system|>\n# Tools\n\nYou may call one or more functions to assist with "
-            "the user query.\n\nYou are provided with function signatures within <tools></tools> "
-            "XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
-            "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
-            "\"string\"}}}}}\n</tools>\n\nFor each function call, output the function name and "
-            "arguments within the following XML format:\n<tool_call>{function-name}<arg_key>"
-            "{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}"
-            "</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call><|user|>Weather?"
-            "<|assistant|><think>use tool</think><tool_call>get_weather<arg_key>city</arg_key>"
-            "<arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>2</arg_value>"
-            "</tool_call><|observation|><tool_response>sunny</tool_response><|assistant|><think>");
+  EXPECT_EQ(
+      *prompt,
+      "[gMASK]<sop><|system|>\n# Tools\n\nYou may call one or more functions to assist with "
+      "the user query.\n\nYou are provided with function signatures within <tools></tools> "
+      "XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+      "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+      "\"string\"}}}}}\n</tools>\n\nFor each function call, output the function name and "
+      "arguments within the following XML format:\n<tool_call>{function-name}<arg_key>"
+      "{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}"
+      "</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call><|user|>Weather?"
+      "<|assistant|><think>use tool</think><tool_call>get_weather<arg_key>city</arg_key>"
+      "<arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>2</arg_value>"
+      "</tool_call><|observation|><tool_response>sunny</tool_response><|assistant|><think>");
   EXPECT_TRUE(ChatTemplate::PromptEndsInReasoning(*prompt));
 }
 
@@ -90,8 +91,7 @@ TEST(ChatTemplateTest, QwenFormatsAndThinkingSwitch) {
   std::string off = *t.Apply(in);
   EXPECT_TRUE(absl::EndsWith(off, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
   EXPECT_FALSE(ChatTemplate::PromptEndsInReasoning(off));
-  EXPECT_TRUE(ChatTemplate::PromptEndsInReasoning(
-      *Load("qwen3-thinking-2507.jinja").Apply(in)));
+  EXPECT_TRUE(ChatTemplate::PromptEndsInReasoning(*Load("qwen3-thinking-2507.jinja").Apply(in)));
 }
 
 TEST(ChatTemplateTest, DeepSeekHasNoParsedToolFormat) {
@@ -152,6 +152,11 @@ TEST(ChatTemplateTest, RejectsMalformedInputs) {
   in.kwargs = ordered_json::object();
   in.tools = "not a list";
   EXPECT_EQ(t.Apply(in).status().code(), absl::StatusCode::kInvalidArgument);
+  in.tools = nullptr;
+  ordered_json deep = ordered_json::array();
+  for (int k = 0; k < 1000; ++k) deep = ordered_json::array({deep});
+  in.messages[0]["content"] = deep;
+  EXPECT_EQ(t.Apply(in).status().message(), "chat input nests deeper than 256 levels");
 }
 
 TEST(ChatTemplateTest, RaiseExceptionMessageIsVerbatim) {
@@ -188,21 +193,20 @@ TEST_F(ChatTemplateDirTest, LoadsFromTokenizerConfig) {
 }
 
 TEST_F(ChatTemplateDirTest, RealDeepSeekConfig) {
-  absl::StatusOr<ChatTemplate> t =
-      ChatTemplate::FromModelDir(TemplatePath("deepseek-v3-model"));
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::FromModelDir(TemplatePath("deepseek-v3-model"));
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->bos_token(), "<｜begin of sentence｜>");
   EXPECT_EQ(t->eos_token(), "<｜end of sentence｜>");
   OrderedChatTemplateInputs in;
   in.messages = ordered_json::parse(R"([{"role": "user", "content": "Hi"}])");
-  EXPECT_EQ(*t->Apply(in),
-            "      <｜begin of sentence｜><｜User｜>Hi<｜end of sentence｜>  <｜begin of sentence｜>"
-            "<｜Assistant｜>");  // its indentation is outside block tags, so it stays
+  EXPECT_EQ(
+      *t->Apply(in),
+      "      <｜begin of sentence｜><｜User｜>Hi<｜end of sentence｜>  <｜begin of sentence｜>"
+      "<｜Assistant｜>");  // its indentation is outside block tags, so it stays
 }
 
 TEST_F(ChatTemplateDirTest, Errors) {
-  EXPECT_EQ(ChatTemplate::FromModelDir(dir_.string()).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ChatTemplate::FromModelDir(dir_.string()).status().code(), absl::StatusCode::kNotFound);
   WriteFile(dir_ / "tokenizer_config.json", "{not json");
   EXPECT_EQ(ChatTemplate::FromModelDir(dir_.string()).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -28,6 +28,9 @@ absl::StatusOr<std::string> RenderWith(const Body& body, const Json& context) {
   if (!context.is_object()) {
     return absl::InvalidArgumentError("render context must be a JSON object");
   }
+  if (JsonNestingExceeds(context, kMaxValueDepth)) {
+    return absl::InvalidArgumentError("render context nests deeper than 256 levels");
+  }
   Interpreter interp(FromJson(context));
   std::string out;
   absl::Status s = interp.Render(body, &out);

@@ -14,10 +14,15 @@
 // Supported: {{ }}, {% %}, {# #} with -/+ whitespace control; if/elif/else; for (tuple
 // targets, `if` filter, else, loop.*, break/continue); set (incl. namespace attributes and
 // block set); macro (defaults, varargs/kwargs, caller) and call blocks; filter and with
-// blocks; {% generation %}; Python operators, slicing, str/dict/list methods; the filters
-// and tests listed in server/jinja_builtins.cc. Anything else (include, extends, block,
-// import, recursive loops, unknown filters/tests) is a Parse error naming the construct,
-// never silently different output.
+// blocks; {% generation %}; {% raw %}; Python operators, slicing, str/dict/list methods.
+// Filters: abs attr batch capitalize center count d default dictsort e escape first float
+// format indent int items join last length list lower map max min reject rejectattr
+// replace reverse round safe select selectattr sort string sum title tojson trim unique
+// upper wordcount. Tests: defined undefined none boolean true false integer float number
+// string mapping iterable sequence callable sameas escaped in eq/equalto/== ne/!= lt/< le/<=
+// gt/> ge/>= odd even divisibleby lower upper filter test. Anything else (include,
+// extends, block, import, recursive loops, other filters/tests) is a Parse error naming
+// the construct, never silently different output.
 //
 // Known deviations from CPython: integers are 64-bit (overflow is an error, not a bignum);
 // upper()/lower() use simple one-to-one case mapping (ß stays ß); str.format supports

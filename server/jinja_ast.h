@@ -60,16 +60,16 @@ using StmtPtr = std::unique_ptr<Stmt>;
 using Body = std::vector<StmtPtr>;
 
 enum class StmtKind {
-  kText,        // text
-  kOutput,      // expr
-  kIf,          // conds[k] guards bodies[k] (if / elif...); else_body
-  kFor,         // targets; expr: iterable; cond: loop filter (or null); body; else_body
-  kSet,         // targets (one name, or several to unpack) or ns_attr; expr
-  kSetBlock,    // targets[0]; body; filters: applied to the captured text
-  kMacro,       // name; params + defaults (null when none); body; uses_* flags
-  kCallBlock,   // expr: the call; params/defaults: caller's parameters; body: caller body
-  kFilterBlock, // filters (kFilter nodes with a null operand); body
-  kWith,        // targets + values: assignments; body
+  kText,         // text
+  kOutput,       // expr
+  kIf,           // conds[k] guards bodies[k] (if / elif...); else_body
+  kFor,          // targets; expr: iterable; cond: loop filter (or null); body; else_body
+  kSet,          // targets (one name, or several to unpack) or ns_attr; expr
+  kSetBlock,     // targets[0]; body; filters: applied to the captured text
+  kMacro,        // name; params + defaults (null when none); body; uses_* flags
+  kCallBlock,    // expr: the call; params/defaults: caller's parameters; body: caller body
+  kFilterBlock,  // filters (kFilter nodes with a null operand); body
+  kWith,         // targets + values: assignments; body
   kBreak,
   kContinue,
   kGeneration,  // transformers' {% generation %}: renders its body unchanged
@@ -97,8 +97,8 @@ struct Stmt {
   bool uses_kwargs = false;
 };
 
-// Parses template source (already newline-normalized by the caller is not required).
-// Errors are InvalidArgument "line L:C: ..." naming the construct.
+// Parses template source (any newline convention; must be UTF-8). Errors are
+// InvalidArgument "line L:C: ..." naming the construct.
 absl::StatusOr<Body> ParseTemplateSource(absl::string_view source);
 
 // Python's ast.literal_eval for the literals tool-call arguments use: strings (adjacent

@@ -34,8 +34,8 @@ std::string ObjectTypeRepr(const Value& v) {
 }
 
 Value NoAttribute(const Value& obj, absl::string_view name) {
-  return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute '", name,
-                                       "'"));
+  return Value::Undefined(
+      absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute '", name, "'"));
 }
 
 Value Unsafe(const Value& obj, absl::string_view name) {
@@ -49,13 +49,16 @@ Value Unsafe(const Value& obj, absl::string_view name) {
 class Args {
  public:
   Args(absl::string_view fn, CallArgs& call, std::vector<std::string> params)
-      : fn_(fn), call_(call), params_(std::move(params)), values_(params_.size()),
+      : fn_(fn),
+        call_(call),
+        params_(std::move(params)),
+        values_(params_.size()),
         given_(params_.size(), false) {}
 
   absl::Status Bind() {
     if (call_.args.size() > params_.size()) {
-      return TypeError(absl::StrCat(fn_, "() takes at most ", params_.size(),
-                                    " argument(s) (", call_.args.size(), " given)"));
+      return TypeError(absl::StrCat(fn_, "() takes at most ", params_.size(), " argument(s) (",
+                                    call_.args.size(), " given)"));
     }
     for (size_t k = 0; k < call_.args.size(); ++k) {
       values_[k] = call_.args[k];
@@ -89,8 +92,8 @@ class Args {
   absl::StatusOr<std::string> Str(size_t k, std::string dflt) const {
     if (!given_[k]) return dflt;
     if (!values_[k].is_string()) {
-      return TypeError(absl::StrCat(fn_, "(): '", params_[k], "' must be str, not ",
-                                    PyTypeName(values_[k])));
+      return TypeError(
+          absl::StrCat(fn_, "(): '", params_[k], "' must be str, not ", PyTypeName(values_[k])));
     }
     return values_[k].str();
   }
@@ -104,8 +107,8 @@ class Args {
   std::vector<bool> given_;
 };
 
-#define BIND(var, fn, call, ...)                     \
-  Args var(fn, call, {__VA_ARGS__});                 \
+#define BIND(var, fn, call, ...)     \
+  Args var(fn, call, {__VA_ARGS__}); \
   if (absl::Status s_ = var.Bind(); !s_.ok()) return s_
 
 // --- strings ------------------------------------------------------------------------------
@@ -113,15 +116,22 @@ class Args {
 // Python's str(x) inside filters (jinja2 soft_str): undefined becomes "".
 std::string SoftStr(const Value& v) { return PyStr(v); }
 
-char32_t ToUpper(char32_t c) { return static_cast<char32_t>(utf8proc_toupper(static_cast<int32_t>(c))); }
-char32_t ToLower(char32_t c) { return static_cast<char32_t>(utf8proc_tolower(static_cast<int32_t>(c))); }
-char32_t ToTitle(char32_t c) { return static_cast<char32_t>(utf8proc_totitle(static_cast<int32_t>(c))); }
+char32_t ToUpper(char32_t c) {
+  return static_cast<char32_t>(utf8proc_toupper(static_cast<int32_t>(c)));
+}
+char32_t ToLower(char32_t c) {
+  return static_cast<char32_t>(utf8proc_tolower(static_cast<int32_t>(c)));
+}
+char32_t ToTitle(char32_t c) {
+  return static_cast<char32_t>(utf8proc_totitle(static_cast<int32_t>(c)));
+}
 bool IsCased(char32_t c) {
   auto cat = utf8proc_category(static_cast<int32_t>(c));
-  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
-         cat == UTF8PROC_CATEGORY_LT;
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
 }
-bool IsLowerCp(char32_t c) { return utf8proc_category(static_cast<int32_t>(c)) == UTF8PROC_CATEGORY_LL; }
+bool IsLowerCp(char32_t c) {
+  return utf8proc_category(static_cast<int32_t>(c)) == UTF8PROC_CATEGORY_LL;
+}
 bool IsUpperCp(char32_t c) {
   auto cat = utf8proc_category(static_cast<int32_t>(c));
   return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LT;
@@ -194,7 +204,8 @@ absl::StatusOr<List> PySplit(const std::string& s, const Value& sep, int64_t max
       return out;
     }
     if (!from_right) {
-      for (int64_t w = 0; w < maxsplit; ++w) out.push_back(Value::String(text(words[w].first, words[w].second)));
+      for (int64_t w = 0; w < maxsplit; ++w)
+        out.push_back(Value::String(text(words[w].first, words[w].second)));
       // The remainder loses its leading whitespace run but keeps the rest, as CPython's.
       out.push_back(Value::String(text(words[maxsplit].first, cps.size())));
     } else {
@@ -333,7 +344,8 @@ absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const List& ar
       arg = args[next++];
     }
     if (!spec.empty() && conv != 'f' && conv != 'd' && conv != 'i') {
-      return absl::InvalidArgumentError(absl::StrCat("unsupported format spec '%", spec, std::string(1, conv), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unsupported format spec '%", spec, std::string(1, conv), "'"));
     }
     switch (conv) {
       case 's':
@@ -364,7 +376,8 @@ absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const List& ar
         break;
       }
       default:
-        return absl::InvalidArgumentError(absl::StrCat("unsupported format character '", std::string(1, conv), "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unsupported format character '", std::string(1, conv), "'"));
     }
   }
   if (named == nullptr && next < args.size()) {
@@ -377,9 +390,10 @@ absl::StatusOr<std::string> PercentFormat(const std::string& fmt, const List& ar
 absl::StatusOr<std::string> BraceFormat(const std::string& fmt, const CallArgs& call) {
   std::string out;
   size_t auto_index = 0;
+  bool automatic = false, manual = false;
   for (size_t k = 0; k < fmt.size(); ++k) {
     char c = fmt[k];
-    if (c == '}' ) {
+    if (c == '}') {
       if (k + 1 < fmt.size() && fmt[k + 1] == '}') {
         out += '}';
         ++k;
@@ -414,11 +428,18 @@ absl::StatusOr<std::string> BraceFormat(const std::string& fmt, const CallArgs& 
     }
     Value arg;
     if (field.empty() || std::all_of(field.begin(), field.end(), ::isdigit)) {
+      if (field.empty() ? manual : automatic) {
+        return ValueError(field.empty() ? "cannot switch from manual field specification to "
+                                          "automatic field numbering"
+                                        : "cannot switch from automatic field numbering to "
+                                          "manual field specification");
+      }
+      (field.empty() ? automatic : manual) = true;
       size_t idx = field.empty() ? auto_index++ : std::stoul(field);
       if (idx >= call.args.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("IndexError: Replacement index ", idx, " out of range for positional "
-                         "args tuple"));
+        return absl::InvalidArgumentError(absl::StrCat("IndexError: Replacement index ", idx,
+                                                       " out of range for positional "
+                                                       "args tuple"));
       }
       arg = call.args[idx];
     } else {
@@ -511,18 +532,18 @@ absl::StatusOr<Value> StrMethod(const std::string& name, const Value& self, Call
     } else if (p.is_tuple()) {
       options = p.list();
     } else {
-      return TypeError(absl::StrCat(name, " first arg must be str or a tuple of str, not ",
-                                    PyTypeName(p)));
+      return TypeError(
+          absl::StrCat(name, " first arg must be str or a tuple of str, not ", PyTypeName(p)));
     }
     for (const Value& o : options) {
       if (!o.is_string()) return TypeError("tuple for startswith must only contain str");
-      bool hit = name == "startswith" ? absl::StartsWith(sub, o.str()) : absl::EndsWith(sub, o.str());
+      bool hit =
+          name == "startswith" ? absl::StartsWith(sub, o.str()) : absl::EndsWith(sub, o.str());
       if (hit) return Value::Bool(true);
     }
     return Value::Bool(false);
   }
-  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" ||
-      name == "count") {
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     BIND(a, fn, call, "sub", "start", "end");
     absl::StatusOr<std::string> sub = a.Str(0, "");
     if (!sub.ok()) return sub.status();
@@ -647,9 +668,9 @@ absl::StatusOr<Value> StrMethod(const std::string& name, const Value& self, Call
       bool alpha = cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
                    cat == UTF8PROC_CATEGORY_LT || cat == UTF8PROC_CATEGORY_LM ||
                    cat == UTF8PROC_CATEGORY_LO;
-      bool ok = name == "isspace"   ? PyIsSpace(c)
-                : name == "isalpha" ? alpha
-                : name == "isalnum" ? (alpha || numeric)
+      bool ok = name == "isspace"     ? PyIsSpace(c)
+                : name == "isalpha"   ? alpha
+                : name == "isalnum"   ? (alpha || numeric)
                 : name == "isnumeric" ? numeric
                                       : digit;
       if (!ok) return Value::Bool(false);
@@ -661,11 +682,13 @@ absl::StatusOr<Value> StrMethod(const std::string& name, const Value& self, Call
 
 const std::set<std::string>& StrMethodNames() {
   static const auto* names = new std::set<std::string>{
-      "upper", "lower", "title", "capitalize", "swapcase", "casefold", "strip", "lstrip",
-      "rstrip", "split", "rsplit", "splitlines", "startswith", "endswith", "find", "rfind",
-      "index", "rindex", "count", "replace", "join", "format", "removeprefix", "removesuffix",
-      "partition", "rpartition", "zfill", "center", "ljust", "rjust", "isdigit", "isdecimal",
-      "isnumeric", "isalpha", "isalnum", "isspace", "islower", "isupper"};
+      "upper",      "lower",      "title",     "capitalize", "swapcase",     "casefold",
+      "strip",      "lstrip",     "rstrip",    "split",      "rsplit",       "splitlines",
+      "startswith", "endswith",   "find",      "rfind",      "index",        "rindex",
+      "count",      "replace",    "join",      "format",     "removeprefix", "removesuffix",
+      "partition",  "rpartition", "zfill",     "center",     "ljust",        "rjust",
+      "isdigit",    "isdecimal",  "isnumeric", "isalpha",    "isalnum",      "isspace",
+      "islower",    "isupper"};
   return *names;
 }
 
@@ -740,24 +763,24 @@ Value LoopAttr(const Value& loop_value, absl::string_view name) {
     return (*l.items)[static_cast<size_t>(i + 1)];
   }
   if (name == "cycle") {
-    return Value::MakeCallable("loop.cycle", [loop_value](Interpreter&, CallArgs& call)
-                                                 -> absl::StatusOr<Value> {
-      if (call.args.empty()) return TypeError("no items for cycling given");
-      return call.args[static_cast<size_t>(loop_value.loop().index0) % call.args.size()];
-    });
+    return Value::MakeCallable(
+        "loop.cycle", [loop_value](Interpreter&, CallArgs& call) -> absl::StatusOr<Value> {
+          if (call.args.empty()) return TypeError("no items for cycling given");
+          return call.args[static_cast<size_t>(loop_value.loop().index0) % call.args.size()];
+        });
   }
   if (name == "changed") {
-    return Value::MakeCallable("loop.changed", [loop_value](Interpreter&, CallArgs& call)
-                                                   -> absl::StatusOr<Value> {
-      LoopState& st = loop_value.loop();
-      bool same = st.has_changed && st.last_changed.size() == call.args.size();
-      for (size_t k = 0; same && k < call.args.size(); ++k) {
-        same = PyEquals(st.last_changed[k], call.args[k]);
-      }
-      st.last_changed = call.args;
-      st.has_changed = true;
-      return Value::Bool(!same);
-    });
+    return Value::MakeCallable(
+        "loop.changed", [loop_value](Interpreter&, CallArgs& call) -> absl::StatusOr<Value> {
+          LoopState& st = loop_value.loop();
+          bool same = st.has_changed && st.last_changed.size() == call.args.size();
+          for (size_t k = 0; same && k < call.args.size(); ++k) {
+            same = PyEquals(st.last_changed[k], call.args[k]);
+          }
+          st.last_changed = call.args;
+          st.has_changed = true;
+          return Value::Bool(!same);
+        });
   }
   return NoAttribute(loop_value, name);
 }
@@ -797,8 +820,8 @@ absl::Status StableSort(std::vector<std::pair<Value, Value>>* keyed, bool revers
   absl::Status err;
   std::stable_sort(keyed->begin(), keyed->end(), [&](const auto& x, const auto& y) {
     if (!err.ok()) return false;
-    absl::StatusOr<bool> lt = reverse ? PyCompare("<", y.first, x.first)
-                                      : PyCompare("<", x.first, y.first);
+    absl::StatusOr<bool> lt =
+        reverse ? PyCompare("<", y.first, x.first) : PyCompare("<", x.first, y.first);
     if (!lt.ok()) {
       err = lt.status();
       return false;
@@ -1050,11 +1073,13 @@ absl::StatusOr<Value> SortFilter(const Value& v, CallArgs& call) {
 
 absl::StatusOr<Value> DictSortFilter(const Value& v, CallArgs& call) {
   BIND(a, "dictsort", call, "case_sensitive", "by", "reverse");
-  if (!v.is_dict()) return absl::InvalidArgumentError("FilterArgumentError: dictsort needs a mapping");
+  if (!v.is_dict())
+    return absl::InvalidArgumentError("FilterArgumentError: dictsort needs a mapping");
   absl::StatusOr<std::string> by = a.Str(1, "key");
   if (!by.ok()) return by.status();
   if (*by != "key" && *by != "value") {
-    return absl::InvalidArgumentError("FilterArgumentError: You can only sort by either 'key' or 'value'");
+    return absl::InvalidArgumentError(
+        "FilterArgumentError: You can only sort by either 'key' or 'value'");
   }
   std::vector<std::pair<Value, Value>> keyed;
   for (const auto& [k, val] : v.dict().items()) {
@@ -1081,6 +1106,7 @@ absl::StatusOr<Value> UniqueFilter(const Value& v, CallArgs& call) {
       key = *x;
     }
     key = SortKey(key, a.Bool(0, false));
+    if (!PyHashable(key)) return absl::InvalidArgumentError(UnhashableMessage(key));
     bool dup = false;
     for (const Value& s : seen) dup |= PyEquals(s, key);
     if (!dup) {
@@ -1149,12 +1175,23 @@ std::string HtmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -1200,12 +1237,21 @@ absl::StatusOr<Value> RoundFilter(const Value& v, CallArgs& call) {
   absl::StatusOr<std::string> method = a.Str(1, "common");
   if (!precision.ok()) return precision.status();
   if (!method.ok()) return method.status();
-  if (!v.is_number()) return TypeError(absl::StrCat("type ", PyTypeName(v), " doesn't define __round__"));
+  if (!v.is_number())
+    return TypeError(absl::StrCat("type ", PyTypeName(v), " doesn't define __round__"));
   double scale = std::pow(10.0, static_cast<double>(*precision));
   double x = v.number_value() * scale;
   double r;
   if (*method == "common") {
-    r = std::nearbyint(x);  // round-half-even, as Python's round()
+    if (v.is_integral()) return Value::Int(v.int_value());
+    if (*precision >= 0 && *precision <= 300 && std::isfinite(v.number_value())) {
+      // Python rounds the exact binary value half-to-even (round(2.675, 2) == 2.67);
+      // glibc's printf does the same.
+      char buf[512];
+      std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(*precision), v.number_value());
+      return Value::Float(std::strtod(buf, nullptr));
+    }
+    r = std::nearbyint(x);
   } else if (*method == "floor") {
     r = std::floor(x);
   } else if (*method == "ceil") {
@@ -1213,7 +1259,6 @@ absl::StatusOr<Value> RoundFilter(const Value& v, CallArgs& call) {
   } else {
     return absl::InvalidArgumentError("FilterArgumentError: method must be common, ceil or floor");
   }
-  if (v.is_integral() && *method == "common") return Value::Int(v.int_value());
   return Value::Float(r / scale);
 }
 
@@ -1237,21 +1282,23 @@ absl::StatusOr<Value> TitleFilter(const Value& v) {
 
 const std::set<std::string>& FilterNames() {
   static const auto* names = new std::set<std::string>{
-      "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort",
-      "e", "escape", "first", "float", "format", "indent", "int", "items", "join", "last",
-      "length", "list", "lower", "map", "max", "min", "reject", "rejectattr", "replace",
-      "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title",
-      "tojson", "trim", "unique", "upper", "wordcount"};
+      "abs",     "attr",     "batch",  "capitalize", "center",     "count",      "d",
+      "default", "dictsort", "e",      "escape",     "first",      "float",      "format",
+      "indent",  "int",      "items",  "join",       "last",       "length",     "list",
+      "lower",   "map",      "max",    "min",        "reject",     "rejectattr", "replace",
+      "reverse", "round",    "safe",   "select",     "selectattr", "sort",       "string",
+      "sum",     "title",    "tojson", "trim",       "unique",     "upper",      "wordcount"};
   return *names;
 }
 
 const std::set<std::string>& TestNames() {
   static const auto* names = new std::set<std::string>{
-      "defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
-      "number", "string", "mapping", "iterable", "sequence", "callable", "sameas", "escaped",
-      "in", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
-      "greaterthan", ">", "ge", ">=", "odd", "even", "divisibleby", "lower", "upper",
-      "filter", "test"};
+      "defined",     "undefined", "none",     "boolean", "false",    "true",     "integer",
+      "float",       "number",    "string",   "mapping", "iterable", "sequence", "callable",
+      "sameas",      "escaped",   "in",       "eq",      "equalto",  "==",       "ne",
+      "!=",          "lt",        "lessthan", "<",       "le",       "<=",       "gt",
+      "greaterthan", ">",         "ge",       ">=",      "odd",      "even",     "divisibleby",
+      "lower",       "upper",     "filter",   "test"};
   return *names;
 }
 
@@ -1266,8 +1313,7 @@ absl::Status UndefinedError(const Value& v) {
   const std::string& hint = v.undefined_hint();
   return absl::InvalidArgumentError(
       hint.empty() ? "UndefinedError: value is undefined"
-                   : (absl::StartsWith(hint, "SecurityError") ? hint
-                                                             : "UndefinedError: " + hint));
+                   : (absl::StartsWith(hint, "SecurityError") ? hint : "UndefinedError: " + hint));
 }
 
 absl::StatusOr<List> Iterate(const Value& v) {
@@ -1300,8 +1346,8 @@ Value GetAttr(const Value& obj, absl::string_view name) {
   switch (obj.kind()) {
     case Kind::kDict: {
       static const std::set<std::string> kSafe = {"items", "keys", "values", "get", "copy"};
-      static const std::set<std::string> kMutators = {"pop", "popitem", "setdefault", "update",
-                                                      "clear", "fromkeys"};
+      static const std::set<std::string> kMutators = {"pop",    "popitem", "setdefault",
+                                                      "update", "clear",   "fromkeys"};
       if (kSafe.count(n)) {
         return Value::MakeCallable("dict." + n, [obj, n](Interpreter&, CallArgs& call) {
           return DictMethod(n, obj, call);
@@ -1313,20 +1359,19 @@ Value GetAttr(const Value& obj, absl::string_view name) {
     }
     case Kind::kList: {
       if (n == "count" || n == "index" || (n == "copy" && !obj.is_tuple())) {
-        return Value::MakeCallable(PyTypeName(obj) + "." + n, [obj, n](Interpreter&, CallArgs& call) {
-          return ListMethod(n, obj, call);
-        });
+        return Value::MakeCallable(
+            PyTypeName(obj) + "." + n,
+            [obj, n](Interpreter&, CallArgs& call) { return ListMethod(n, obj, call); });
       }
-      static const std::set<std::string> kMutators = {"append", "extend", "insert", "pop",
-                                                      "remove", "reverse", "sort", "clear"};
+      static const std::set<std::string> kMutators = {"append", "extend",  "insert", "pop",
+                                                      "remove", "reverse", "sort",   "clear"};
       if (!obj.is_tuple() && kMutators.count(n)) return Unsafe(obj, name);
       return NoAttribute(obj, name);
     }
     case Kind::kString:
       if (StrMethodNames().count(n)) {
-        return Value::MakeCallable("str." + n, [obj, n](Interpreter&, CallArgs& call) {
-          return StrMethod(n, obj, call);
-        });
+        return Value::MakeCallable(
+            "str." + n, [obj, n](Interpreter&, CallArgs& call) { return StrMethod(n, obj, call); });
       }
       return NoAttribute(obj, name);
     case Kind::kNamespace:
@@ -1350,8 +1395,8 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
         int64_t i = key.int_value();
         if (i < 0) i += n;
         if (i >= 0 && i < n) return obj.list()[static_cast<size_t>(i)];
-        return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no element ",
-                                             key.int_value()));
+        return Value::Undefined(
+            absl::StrCat("'", ObjectTypeRepr(obj), "' has no element ", key.int_value()));
       }
       break;
     case Kind::kString:
@@ -1365,8 +1410,8 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
           AppendUtf8(cps[static_cast<size_t>(i)], &s);
           return Value::String(std::move(s));
         }
-        return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no element ",
-                                             key.int_value()));
+        return Value::Undefined(
+            absl::StrCat("'", ObjectTypeRepr(obj), "' has no element ", key.int_value()));
       }
       break;
     default:
@@ -1375,19 +1420,18 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
   // jinja2's getitem falls back to getattr for string keys (d['items'] is the method).
   if (key.is_string()) {
     if (obj.is_dict() && !obj.dict().Find(key.str())) {
-      static const std::set<std::string> kMethods = {"items", "keys", "values", "get", "copy",
-                                                     "pop", "popitem", "setdefault", "update",
-                                                     "clear", "fromkeys"};
+      static const std::set<std::string> kMethods = {"items",  "keys",  "values",  "get",
+                                                     "copy",   "pop",   "popitem", "setdefault",
+                                                     "update", "clear", "fromkeys"};
       if (!kMethods.count(key.str())) return NoAttribute(obj, key.str());
     }
     return GetAttr(obj, key.str());
   }
   if (key.is_integral() || key.is_float() || key.is_none()) {
-    return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute ",
-                                         PyRepr(key)));
+    return Value::Undefined(
+        absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute ", PyRepr(key)));
   }
-  return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no element ",
-                                       PyRepr(key)));
+  return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no element ", PyRepr(key)));
 }
 
 absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value& stop,
@@ -1439,8 +1483,8 @@ absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value
   return Value::MakeList(std::move(out), obj.is_tuple());
 }
 
-absl::StatusOr<Value> ApplyFilter(Interpreter& interp, absl::string_view name_view,
-                                  const Value& v, CallArgs& call) {
+absl::StatusOr<Value> ApplyFilter(Interpreter& interp, absl::string_view name_view, const Value& v,
+                                  CallArgs& call) {
   const std::string name(name_view);
   if (name == "default" || name == "d") {
     BIND(a, name, call, "default_value", "boolean");
@@ -1459,7 +1503,8 @@ absl::StatusOr<Value> ApplyFilter(Interpreter& interp, absl::string_view name_vi
   if (name == "upper" || name == "lower" || name == "capitalize") {
     BIND(a, name, call);
     std::string s = SoftStr(v);
-    return Value::String(name == "upper" ? PyUpper(s) : (name == "lower" ? PyLower(s) : PyCapitalize(s)));
+    return Value::String(name == "upper" ? PyUpper(s)
+                                         : (name == "lower" ? PyLower(s) : PyCapitalize(s)));
   }
   if (name == "title") {
     BIND(a, name, call);
@@ -1514,7 +1559,8 @@ absl::StatusOr<Value> ApplyFilter(Interpreter& interp, absl::string_view name_vi
     return TypeError(absl::StrCat("bad operand type for abs(): '", PyTypeName(v), "'"));
   }
   if (name == "map") return MapFilter(interp, v, call);
-  if (name == "select" || name == "reject") return SelectOrReject(interp, v, call, name == "select", false);
+  if (name == "select" || name == "reject")
+    return SelectOrReject(interp, v, call, name == "select", false);
   if (name == "selectattr" || name == "rejectattr") {
     return SelectOrReject(interp, v, call, name == "selectattr", true);
   }
@@ -1618,6 +1664,14 @@ absl::StatusOr<bool> ApplyTest(Interpreter& interp, absl::string_view name_view,
     }
     return call.args[0];
   };
+  static const std::set<std::string> kNoArgs = {
+      "defined", "undefined", "none",   "boolean", "false",    "true",     "integer",
+      "float",   "number",    "string", "mapping", "iterable", "sequence", "callable",
+      "escaped", "lower",     "upper",  "odd",     "even"};
+  if (kNoArgs.count(name) && (!call.args.empty() || !call.kwargs.empty())) {
+    return TypeError(absl::StrCat("test_", name, "() takes 1 positional argument but ",
+                                  1 + call.args.size() + call.kwargs.size(), " were given"));
+  }
   if (name == "defined") return !v.is_undefined();
   if (name == "undefined") return v.is_undefined();
   if (name == "none") return v.is_none();
@@ -1637,8 +1691,8 @@ absl::StatusOr<bool> ApplyTest(Interpreter& interp, absl::string_view name_view,
   if (name == "escaped") return false;
   if (name == "lower" || name == "upper") {
     CallArgs none;
-    absl::StatusOr<Value> r = StrMethod(name == "lower" ? "islower" : "isupper",
-                                        Value::String(PyStr(v)), none);
+    absl::StatusOr<Value> r =
+        StrMethod(name == "lower" ? "islower" : "isupper", Value::String(PyStr(v)), none);
     if (!r.ok()) return r.status();
     return r->Truthy();
   }
@@ -1677,7 +1731,8 @@ absl::StatusOr<bool> ApplyTest(Interpreter& interp, absl::string_view name_view,
       case Kind::kUndefined:
         return false;
       default:
-        return TypeError(absl::StrCat("argument of type '", PyTypeName(*other), "' is not iterable"));
+        return TypeError(
+            absl::StrCat("argument of type '", PyTypeName(*other), "' is not iterable"));
     }
   }
   if (name == "eq" || name == "equalto" || name == "==") return PyEquals(v, *other);
@@ -1688,7 +1743,8 @@ absl::StatusOr<bool> ApplyTest(Interpreter& interp, absl::string_view name_view,
   if (name == "ge" || name == ">=") return PyCompare(">=", v, *other);
   if (name == "divisibleby") {
     if (!v.is_number() || !other->is_number()) return TypeError("divisibleby needs numbers");
-    if (other->number_value() == 0) return absl::InvalidArgumentError("ZeroDivisionError: modulo by zero");
+    if (other->number_value() == 0)
+      return absl::InvalidArgumentError("ZeroDivisionError: modulo by zero");
     if (v.is_integral() && other->is_integral()) return v.int_value() % other->int_value() == 0;
     return std::fmod(v.number_value(), other->number_value()) == 0;
   }
@@ -1704,7 +1760,8 @@ Value LookupGlobal(absl::string_view name) {
       }
       for (const Value& a : call.args) {
         if (!a.is_integral()) {
-          return TypeError(absl::StrCat("'", PyTypeName(a), "' object cannot be interpreted as an integer"));
+          return TypeError(
+              absl::StrCat("'", PyTypeName(a), "' object cannot be interpreted as an integer"));
         }
       }
       int64_t start = 0, stop, step = 1;
@@ -1731,60 +1788,61 @@ Value LookupGlobal(absl::string_view name) {
   }
   if (name == "namespace" || name == "dict") {
     const bool is_ns = name == "namespace";
-    return Value::MakeCallable(std::string(name), [is_ns](Interpreter&, CallArgs& call)
-                                                      -> absl::StatusOr<Value> {
-      Dict attrs;
-      if (call.args.size() > 1) return TypeError("expected at most 1 positional argument");
-      if (call.args.size() == 1) {
-        const Value& init = call.args[0];
-        if (init.is_dict()) {
-          attrs = init.dict();
-        } else {
-          absl::StatusOr<List> pairs = Iterate(init);
-          if (!pairs.ok()) return pairs.status();
-          for (const Value& p : *pairs) {
-            if (!p.is_list() || p.list().size() != 2) {
-              return ValueError("dictionary update sequence element has wrong length");
+    return Value::MakeCallable(
+        std::string(name), [is_ns](Interpreter&, CallArgs& call) -> absl::StatusOr<Value> {
+          Dict attrs;
+          if (call.args.size() > 1) return TypeError("expected at most 1 positional argument");
+          if (call.args.size() == 1) {
+            const Value& init = call.args[0];
+            if (init.is_dict()) {
+              attrs = init.dict();
+            } else {
+              absl::StatusOr<List> pairs = Iterate(init);
+              if (!pairs.ok()) return pairs.status();
+              for (const Value& p : *pairs) {
+                if (!p.is_list() || p.list().size() != 2) {
+                  return ValueError("dictionary update sequence element has wrong length");
+                }
+                attrs.Set(p.list()[0], p.list()[1]);
+              }
             }
-            attrs.Set(p.list()[0], p.list()[1]);
           }
-        }
-      }
-      for (auto& [k, v] : call.kwargs) attrs.Set(Value::String(k), v);
-      if (!is_ns) return Value::MakeDict(std::move(attrs));
-      for (const auto& [k, v] : attrs.items()) {
-        if (k.is_string() && absl::StartsWith(k.str(), "_")) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "SecurityError: chat templates cannot store underscore-prefixed attributes on a "
-              "namespace, but got ", PyRepr(k)));
-        }
-      }
-      auto ns = std::make_shared<Namespace>();
-      ns->attrs = std::move(attrs);
-      return Value::MakeNamespace(std::move(ns));
-    });
+          for (auto& [k, v] : call.kwargs) attrs.Set(Value::String(k), v);
+          if (!is_ns) return Value::MakeDict(std::move(attrs));
+          for (const auto& [k, v] : attrs.items()) {
+            if (k.is_string() && absl::StartsWith(k.str(), "_")) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "SecurityError: chat templates cannot store underscore-prefixed attributes on a "
+                  "namespace, but got ",
+                  PyRepr(k)));
+            }
+          }
+          auto ns = std::make_shared<Namespace>();
+          ns->attrs = std::move(attrs);
+          return Value::MakeNamespace(std::move(ns));
+        });
   }
   if (name == "raise_exception") {
-    return Value::MakeCallable("raise_exception", [](Interpreter& interp, CallArgs& call)
-                                                      -> absl::StatusOr<Value> {
-      std::string msg = call.args.empty() ? "" : PyStr(call.args[0]);
-      interp.set_raised();
-      return absl::InvalidArgumentError(msg);
-    });
+    return Value::MakeCallable("raise_exception",
+                               [](Interpreter& interp, CallArgs& call) -> absl::StatusOr<Value> {
+                                 std::string msg = call.args.empty() ? "" : PyStr(call.args[0]);
+                                 interp.set_raised();
+                                 return absl::InvalidArgumentError(msg);
+                               });
   }
   if (name == "strftime_now") {
-    return Value::MakeCallable("strftime_now", [](Interpreter&, CallArgs& call)
-                                                   -> absl::StatusOr<Value> {
-      if (call.args.size() != 1 || !call.args[0].is_string()) {
-        return TypeError("strftime_now(format) takes one string");
-      }
-      std::time_t now = std::time(nullptr);
-      std::tm local;
-      localtime_r(&now, &local);
-      char buf[512];
-      size_t n = std::strftime(buf, sizeof(buf), call.args[0].str().c_str(), &local);
-      return Value::String(std::string(buf, n));
-    });
+    return Value::MakeCallable(
+        "strftime_now", [](Interpreter&, CallArgs& call) -> absl::StatusOr<Value> {
+          if (call.args.size() != 1 || !call.args[0].is_string()) {
+            return TypeError("strftime_now(format) takes one string");
+          }
+          std::time_t now = std::time(nullptr);
+          std::tm local;
+          localtime_r(&now, &local);
+          char buf[512];
+          size_t n = std::strftime(buf, sizeof(buf), call.args[0].str().c_str(), &local);
+          return Value::String(std::string(buf, n));
+        });
   }
   if (name == "lipsum" || name == "cycler" || name == "joiner") {
     std::string n(name);

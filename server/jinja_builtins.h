@@ -24,10 +24,10 @@ namespace ring::jinja {
 bool IsKnownFilter(absl::string_view name);
 bool IsKnownTest(absl::string_view name);
 
-absl::StatusOr<Value> ApplyFilter(Interpreter& interp, absl::string_view name,
-                                  const Value& operand, CallArgs& args);
-absl::StatusOr<bool> ApplyTest(Interpreter& interp, absl::string_view name,
-                               const Value& operand, CallArgs& args);
+absl::StatusOr<Value> ApplyFilter(Interpreter& interp, absl::string_view name, const Value& operand,
+                                  CallArgs& args);
+absl::StatusOr<bool> ApplyTest(Interpreter& interp, absl::string_view name, const Value& operand,
+                               CallArgs& args);
 
 // A global function (range, namespace, dict, raise_exception, strftime_now), or an
 // undefined value when `name` is not one.

@@ -5,6 +5,7 @@
 // operand). Filters, tests and attribute lookup live in server/jinja_builtins.cc.
 #include "server/jinja_interpreter.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/match.h"
@@ -26,8 +27,8 @@ absl::StatusOr<Value> Arith(absl::string_view op, const Value& a, const Value& b
   if (a.is_undefined()) return UndefinedError(a);
   if (b.is_undefined()) return UndefinedError(b);
   auto unsupported = [&]() {
-    return TypeError(absl::StrCat("unsupported operand type(s) for ", op, ": '",
-                                  PyTypeName(a), "' and '", PyTypeName(b), "'"));
+    return TypeError(absl::StrCat("unsupported operand type(s) for ", op, ": '", PyTypeName(a),
+                                  "' and '", PyTypeName(b), "'"));
   };
   if (a.is_number() && b.is_number()) {
     const bool ints = a.is_integral() && b.is_integral();
@@ -55,9 +56,8 @@ absl::StatusOr<Value> Arith(absl::string_view op, const Value& a, const Value& b
     }
     if (op == "//" || op == "%") {
       if (fy == 0) {
-        return absl::InvalidArgumentError(op == "//"
-                                              ? "ZeroDivisionError: integer division by zero"
-                                              : "ZeroDivisionError: integer modulo by zero");
+        return absl::InvalidArgumentError(op == "//" ? "ZeroDivisionError: integer division by zero"
+                                                     : "ZeroDivisionError: integer modulo by zero");
       }
       if (ints) {
         if (x == INT64_MIN && y == -1) return absl::InvalidArgumentError("integer overflow");
@@ -68,10 +68,26 @@ absl::StatusOr<Value> Arith(absl::string_view op, const Value& a, const Value& b
         }
         return Value::Int(op == "//" ? q : m);
       }
-      double m = std::fmod(fx, fy);
-      if (m != 0 && ((m < 0) != (fy < 0))) m += fy;
-      if (op == "%") return Value::Float(m);
-      return Value::Float(std::floor(fx / fy));
+      // CPython _float_div_mod, signed zeros included.
+      double mod = std::fmod(fx, fy);
+      double div = (fx - mod) / fy;
+      if (mod != 0) {
+        if ((fy < 0) != (mod < 0)) {
+          mod += fy;
+          div -= 1.0;
+        }
+      } else {
+        mod = std::copysign(0.0, fy);
+      }
+      if (op == "%") return Value::Float(mod);
+      double floordiv;
+      if (div != 0) {
+        floordiv = std::floor(div);
+        if (div - floordiv > 0.5) floordiv += 1.0;
+      } else {
+        floordiv = std::copysign(0.0, fx / fy);
+      }
+      return Value::Float(floordiv);
     }
     if (op == "**") {
       if (ints && y >= 0) {
@@ -100,8 +116,8 @@ absl::StatusOr<Value> Arith(absl::string_view op, const Value& a, const Value& b
       return Value::MakeList(std::move(out), a.is_tuple());
     }
     if (a.is_string() && !b.is_string()) {
-      return TypeError(absl::StrCat("can only concatenate str (not \"", PyTypeName(b),
-                                    "\") to str"));
+      return TypeError(
+          absl::StrCat("can only concatenate str (not \"", PyTypeName(b), "\") to str"));
     }
     return unsupported();
   }
@@ -131,8 +147,8 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
   switch (container.kind()) {
     case Kind::kString:
       if (!item.is_string()) {
-        return TypeError(absl::StrCat("'in <string>' requires string as left operand, not ",
-                                      PyTypeName(item)));
+        return TypeError(
+            absl::StrCat("'in <string>' requires string as left operand, not ", PyTypeName(item)));
       }
       return absl::StrContains(container.str(), item.str());
     case Kind::kList:
@@ -141,12 +157,13 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
       }
       return false;
     case Kind::kDict:
+      if (!PyHashable(item)) return absl::InvalidArgumentError(UnhashableMessage(item));
       return container.dict().Find(item) != nullptr;
     case Kind::kUndefined:
       return false;
     default:
-      return TypeError(absl::StrCat("argument of type '", PyTypeName(container),
-                                    "' is not iterable"));
+      return TypeError(
+          absl::StrCat("argument of type '", PyTypeName(container), "' is not iterable"));
   }
 }
 
@@ -183,15 +200,36 @@ Value Interpreter::Lookup(absl::string_view name, Frame* frame) {
 
 absl::Status Interpreter::Annotate(absl::Status s, SourcePos pos) const {
   if (s.ok() || raised_ || absl::StartsWith(s.message(), "line ")) return s;
-  return absl::Status(s.code(), absl::StrCat("line ", pos.line, ":", pos.column, ": ",
-                                             s.message()));
+  return absl::Status(s.code(),
+                      absl::StrCat("line ", pos.line, ":", pos.column, ": ", s.message()));
+}
+
+std::shared_ptr<Frame> Interpreter::NewFrame(std::shared_ptr<Frame> parent) {
+  auto f = std::make_shared<Frame>();
+  f->parent = std::move(parent);
+  if (frames_.size() >= frames_pruned_at_ * 2) {  // amortized pruning of dead frames
+    frames_.erase(std::remove_if(frames_.begin(), frames_.end(),
+                                 [](const std::weak_ptr<Frame>& w) { return w.expired(); }),
+                  frames_.end());
+    frames_pruned_at_ = std::max<size_t>(frames_.size(), 64);
+  }
+  frames_.push_back(f);
+  return f;
 }
 
 // --- statements --------------------------------------------------------------------------
 
 absl::Status Interpreter::Render(const Body& body, std::string* out) {
-  auto root = std::make_shared<Frame>();
-  absl::StatusOr<Flow> flow = Exec(body, root, out);
+  absl::StatusOr<Flow> flow = Exec(body, NewFrame(nullptr), out);
+  // Macros capture the frame they were defined in, and frames hold the macros: cycles.
+  // No value outlives the render (the output is a string), so sever every frame now.
+  for (const std::weak_ptr<Frame>& weak : frames_) {
+    if (std::shared_ptr<Frame> f = weak.lock()) {
+      f->vars.clear();
+      f->parent.reset();
+    }
+  }
+  frames_.clear();
   return flow.status();
 }
 
@@ -218,30 +256,26 @@ absl::Status Interpreter::Assign(const std::vector<std::string>& targets, const 
   absl::StatusOr<List> items = v.is_string() || v.is_list() || v.is_dict()
                                    ? Iterate(v)
                                    : absl::StatusOr<List>(TypeError(absl::StrCat(
-                                         "cannot unpack non-iterable ", PyTypeName(v),
-                                         " object")));
+                                         "cannot unpack non-iterable ", PyTypeName(v), " object")));
   if (!items.ok()) return items.status();
   if (items->size() != targets.size()) {
     return absl::InvalidArgumentError(
         items->size() > targets.size()
-            ? absl::StrCat("ValueError: too many values to unpack (expected ",
-                           targets.size(), ")")
-            : absl::StrCat("ValueError: not enough values to unpack (expected ",
-                           targets.size(), ", got ", items->size(), ")"));
+            ? absl::StrCat("ValueError: too many values to unpack (expected ", targets.size(), ")")
+            : absl::StrCat("ValueError: not enough values to unpack (expected ", targets.size(),
+                           ", got ", items->size(), ")"));
   }
   for (size_t k = 0; k < targets.size(); ++k) frame->Set(targets[k], (*items)[k]);
   return absl::OkStatus();
 }
 
-Value Interpreter::MakeMacro(const Stmt& s, const std::shared_ptr<Frame>& frame,
-                             std::string name) {
+Value Interpreter::MakeMacro(const Stmt& s, const std::shared_ptr<Frame>& frame, std::string name) {
   const Stmt* macro = &s;
   std::shared_ptr<Frame> defining = frame;
   return Value::MakeCallable(
       "macro '" + name + "'",
       [macro, defining, name](Interpreter& interp, CallArgs& call) -> absl::StatusOr<Value> {
-        auto f = std::make_shared<Frame>();
-        f->parent = defining;
+        std::shared_ptr<Frame> f = interp.NewFrame(defining);
         const size_t nparams = macro->params.size();
         List extra_args;
         for (size_t k = 0; k < call.args.size(); ++k) {
@@ -252,8 +286,8 @@ Value Interpreter::MakeMacro(const Stmt& s, const std::shared_ptr<Frame>& frame,
           }
         }
         if (!extra_args.empty() && !macro->uses_varargs) {
-          return TypeError(absl::StrCat("macro '", name, "' takes not more than ", nparams,
-                                        " argument(s)"));
+          return TypeError(
+              absl::StrCat("macro '", name, "' takes not more than ", nparams, " argument(s)"));
         }
         Dict extra_kwargs;
         Value caller;
@@ -265,15 +299,15 @@ Value Interpreter::MakeMacro(const Stmt& s, const std::shared_ptr<Frame>& frame,
           auto it = std::find(macro->params.begin(), macro->params.end(), key);
           if (it == macro->params.end()) {
             if (!macro->uses_kwargs) {
-              return TypeError(absl::StrCat("macro '", name, "' takes no keyword argument '",
-                                            key, "'"));
+              return TypeError(
+                  absl::StrCat("macro '", name, "' takes no keyword argument '", key, "'"));
             }
             extra_kwargs.Set(Value::String(key), value);
             continue;
           }
           if (static_cast<size_t>(it - macro->params.begin()) < call.args.size()) {
-            return TypeError(absl::StrCat("macro '", name, "' got multiple values for argument '",
-                                          key, "'"));
+            return TypeError(
+                absl::StrCat("macro '", name, "' got multiple values for argument '", key, "'"));
           }
           f->Set(key, value);
         }
@@ -284,8 +318,8 @@ Value Interpreter::MakeMacro(const Stmt& s, const std::shared_ptr<Frame>& frame,
             if (!d.ok()) return d.status();
             f->Set(macro->params[k], *d);
           } else {
-            f->Set(macro->params[k], Value::Undefined(absl::StrCat(
-                                         "parameter '", macro->params[k], "' was not provided")));
+            f->Set(macro->params[k], Value::Undefined(absl::StrCat("parameter '", macro->params[k],
+                                                                   "' was not provided")));
           }
         }
         if (macro->uses_varargs) f->Set("varargs", Value::MakeList(std::move(extra_args), true));
@@ -333,13 +367,18 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecStmt(const Stmt& s,
         Value target = Lookup(s.targets[0], frame.get());
         if (!target.is_namespace()) {
           return absl::InvalidArgumentError(
-              absl::StrCat("cannot assign attribute on non-namespace object '", s.targets[0],
-                           "'"));
+              absl::StrCat("cannot assign attribute on non-namespace object '", s.targets[0], "'"));
         }
         if (absl::StartsWith(s.ns_attr, "_")) {
           return absl::InvalidArgumentError(absl::StrCat(
               "SecurityError: chat templates cannot store underscore-prefixed attributes on a "
-              "namespace, but got '", s.ns_attr, "'"));
+              "namespace, but got '",
+              s.ns_attr, "'"));
+        }
+        // The one way state grows across loop iterations: keep it printable and freeable
+        // (values are freed recursively).
+        if (v->depth() > kMaxValueDepth) {
+          return absl::InvalidArgumentError("value nested too deeply");
         }
         target.ns().attrs.Set(Value::String(s.ns_attr), *v);
         return Flow::kNormal;
@@ -350,8 +389,7 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecStmt(const Stmt& s,
     }
     case StmtKind::kSetBlock:
     case StmtKind::kFilterBlock: {
-      auto inner = std::make_shared<Frame>();
-      inner->parent = frame;
+      std::shared_ptr<Frame> inner = NewFrame(frame);
       std::string captured;
       absl::StatusOr<Flow> flow = Exec(s.body, inner, &captured);
       if (!flow.ok()) return flow.status();
@@ -388,8 +426,7 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecStmt(const Stmt& s,
       return Flow::kNormal;
     }
     case StmtKind::kWith: {
-      auto inner = std::make_shared<Frame>();
-      inner->parent = frame;
+      std::shared_ptr<Frame> inner = NewFrame(frame);
       for (size_t k = 0; k < s.targets.size(); ++k) {
         absl::StatusOr<Value> v = Eval(*s.values[k], frame);
         if (!v.ok()) return v.status();
@@ -417,8 +454,7 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s,
   List items;
   if (s.cond) {  // `for x in xs if cond`: filtered before loop.* is computed
     for (Value& item : *all) {
-      auto probe = std::make_shared<Frame>();
-      probe->parent = frame;
+      std::shared_ptr<Frame> probe = NewFrame(frame);
       absl::Status st = Assign(s.targets, item, probe.get());
       if (!st.ok()) return st;
       absl::StatusOr<Value> keep = Eval(*s.cond, probe);
@@ -434,8 +470,7 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s,
   Value loop = Value::MakeLoop(state);
   for (size_t k = 0; k < list.size(); ++k) {
     state->index0 = static_cast<int64_t>(k);
-    auto iter = std::make_shared<Frame>();
-    iter->parent = frame;
+    std::shared_ptr<Frame> iter = NewFrame(frame);
     absl::Status st = Assign(s.targets, list[k], iter.get());
     if (!st.ok()) return st;
     iter->Set("loop", loop);
@@ -444,8 +479,7 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s,
     if (*flow == Flow::kBreak) break;
   }
   if (list.empty() && !s.else_body.empty()) {
-    auto inner = std::make_shared<Frame>();
-    inner->parent = frame;
+    std::shared_ptr<Frame> inner = NewFrame(frame);
     absl::StatusOr<Flow> flow = Exec(s.else_body, inner, out);
     if (!flow.ok()) return flow.status();
   }
@@ -483,8 +517,7 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& e, const std::shared_ptr<Fra
   return v;
 }
 
-absl::StatusOr<Value> Interpreter::EvalInner(const Expr& e,
-                                             const std::shared_ptr<Frame>& frame) {
+absl::StatusOr<Value> Interpreter::EvalInner(const Expr& e, const std::shared_ptr<Frame>& frame) {
   switch (e.kind) {
     case ExprKind::kLiteral:
       return e.literal;
@@ -506,9 +539,7 @@ absl::StatusOr<Value> Interpreter::EvalInner(const Expr& e,
       for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
         absl::StatusOr<Value> key = Eval(*e.args[k], frame);
         if (!key.ok()) return key;
-        if (key->is_dict() || (key->is_list() && !key->is_tuple()) || key->is_undefined()) {
-          return TypeError(absl::StrCat("unhashable type: '", PyTypeName(*key), "'"));
-        }
+        if (!PyHashable(*key)) return absl::InvalidArgumentError(UnhashableMessage(*key));
         absl::StatusOr<Value> value = Eval(*e.args[k + 1], frame);
         if (!value.ok()) return value;
         d.Set(std::move(*key), std::move(*value));
@@ -574,8 +605,8 @@ absl::StatusOr<Value> Interpreter::EvalInner(const Expr& e,
       if (e.name == "not") return Value::Bool(!v->Truthy());
       if (v->is_undefined()) return UndefinedError(*v);
       if (!v->is_number()) {
-        return TypeError(absl::StrCat("bad operand type for unary ", e.name, ": '",
-                                      PyTypeName(*v), "'"));
+        return TypeError(
+            absl::StrCat("bad operand type for unary ", e.name, ": '", PyTypeName(*v), "'"));
       }
       if (e.name == "+") return v->is_float() ? *v : Value::Int(v->int_value());
       if (v->is_float()) return Value::Float(-v->number_value());
@@ -638,8 +669,9 @@ absl::StatusOr<Value> Interpreter::EvalInner(const Expr& e,
       if (!c.ok()) return c;
       if (c->Truthy()) return Eval(*e.args[0], frame);
       if (e.args[2]) return Eval(*e.args[2], frame);
-      return Value::Undefined("the inline if-expression evaluated to false and no else "
-                              "section was defined");
+      return Value::Undefined(
+          "the inline if-expression evaluated to false and no else "
+          "section was defined");
     }
   }
   return absl::InternalError("unknown expression kind");

@@ -58,12 +58,16 @@ class Interpreter {
 
   absl::StatusOr<Value> Eval(const Expr& e, const std::shared_ptr<Frame>& frame);
   absl::StatusOr<Value> EvalInner(const Expr& e, const std::shared_ptr<Frame>& frame);
-  absl::Status EvalCallArgs(const Expr& e, size_t first_arg,
-                            const std::shared_ptr<Frame>& frame, CallArgs* args);
+  absl::Status EvalCallArgs(const Expr& e, size_t first_arg, const std::shared_ptr<Frame>& frame,
+                            CallArgs* args);
   Value Lookup(absl::string_view name, Frame* frame);
+  // Every frame is made here so Render can break macro <-> frame reference cycles.
+  std::shared_ptr<Frame> NewFrame(std::shared_ptr<Frame> parent);
   absl::Status Annotate(absl::Status s, SourcePos pos) const;
 
   Value context_;
+  std::vector<std::weak_ptr<Frame>> frames_;
+  size_t frames_pruned_at_ = 64;
   bool raised_ = false;
   int depth_ = 0;
 };

@@ -86,13 +86,13 @@ class Lexer {
   }
 
   SourcePos PosOf(size_t offset) const {
-    size_t line = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset) -
-                  line_starts_.begin();
+    size_t line =
+        std::upper_bound(line_starts_.begin(), line_starts_.end(), offset) - line_starts_.begin();
     size_t start = line_starts_[line - 1];
     SourcePos p;
     p.line = static_cast<int>(line);
-    p.column = static_cast<int>(
-        CodePointCount(absl::string_view(src_).substr(start, offset - start)) + 1);
+    p.column =
+        static_cast<int>(CodePointCount(absl::string_view(src_).substr(start, offset - start)) + 1);
     return p;
   }
 
@@ -126,8 +126,7 @@ class Lexer {
         size_t l = text.rfind('\n');
         l = (l == std::string::npos) ? 0 : l + 1;
         bool line_starting = pos == 0 || src_[pos - 1] == '\n';
-        if ((l > 0 || line_starting) &&
-            text.find_first_not_of(" \t", l) == std::string::npos) {
+        if ((l > 0 || line_starting) && text.find_first_not_of(" \t", l) == std::string::npos) {
           text.resize(l);
         }
       }
@@ -226,8 +225,9 @@ class Lexer {
     const size_t n = src_.size();
     while (true) {
       i = SkipPySpace(src_, i);
-      if (i >= n) return Error(start, is_var ? "unexpected end of template, expected '}}'"
-                                             : "unexpected end of template, expected '%}'");
+      if (i >= n)
+        return Error(start, is_var ? "unexpected end of template, expected '}}'"
+                                   : "unexpected end of template, expected '%}'");
       // Tag end (only when brackets are balanced, as jinja2's lexer does).
       if (balance.empty()) {
         if (is_var) {
@@ -274,9 +274,9 @@ class Lexer {
         i = *next;
         continue;
       }
-      static const char* kOps[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/", "*",
-                                   "%",  "~",  "[",  "]",  "(",  ")",  "{", "}", ">", "<",
-                                   "=",  ".",  ":",  "|",  ",",  ";"};
+      static const char* kOps[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/",
+                                   "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
+                                   ">",  "<",  "=",  ".",  ":",  "|",  ",", ";"};
       bool matched = false;
       for (const char* op : kOps) {
         size_t len = std::char_traits<char>::length(op);
@@ -307,9 +307,9 @@ class Lexer {
     const size_t n = src_.size();
     auto digits = [&](size_t j) {  // (\d+_)*\d+
       size_t k = j;
-      while (k < n && (absl::ascii_isdigit(src_[k]) ||
-                       (src_[k] == '_' && k + 1 < n && absl::ascii_isdigit(src_[k + 1]) &&
-                        k > j))) {
+      while (k < n &&
+             (absl::ascii_isdigit(src_[k]) ||
+              (src_[k] == '_' && k + 1 < n && absl::ascii_isdigit(src_[k + 1]) && k > j))) {
         ++k;
       }
       return k;
@@ -337,16 +337,18 @@ class Lexer {
       }
       if (is_float) {
         std::string text = strip(src_.substr(i, j - i));
-        out->push_back(Token{Tok::kFloat, text, Value::Float(std::strtod(text.c_str(), nullptr)), i});
+        out->push_back(
+            Token{Tok::kFloat, text, Value::Float(std::strtod(text.c_str(), nullptr)), i});
         return j;
       }
     }
     // Integers: 0x / 0o / 0b prefixes, or decimal without leading zeros (except "0").
-    if (src_[i] == '0' && i + 1 < n && (src_[i + 1] == 'x' || src_[i + 1] == 'X' ||
-                                        src_[i + 1] == 'o' || src_[i + 1] == 'O' ||
-                                        src_[i + 1] == 'b' || src_[i + 1] == 'B')) {
-      int base = (src_[i + 1] == 'x' || src_[i + 1] == 'X') ? 16
-                 : (src_[i + 1] == 'o' || src_[i + 1] == 'O') ? 8 : 2;
+    if (src_[i] == '0' && i + 1 < n &&
+        (src_[i + 1] == 'x' || src_[i + 1] == 'X' || src_[i + 1] == 'o' || src_[i + 1] == 'O' ||
+         src_[i + 1] == 'b' || src_[i + 1] == 'B')) {
+      int base = (src_[i + 1] == 'x' || src_[i + 1] == 'X')   ? 16
+                 : (src_[i + 1] == 'o' || src_[i + 1] == 'O') ? 8
+                                                              : 2;
       size_t j = i + 2;
       while (j < n && (absl::ascii_isxdigit(src_[j]) || src_[j] == '_')) ++j;
       std::string text = strip(src_.substr(i + 2, j - i - 2));
@@ -399,17 +401,38 @@ class Lexer {
       j += 2;
       char32_t cp;
       switch (e) {
-        case '\n': break;  // line continuation
-        case '\\': value += '\\'; break;
-        case '\'': value += '\''; break;
-        case '"': value += '"'; break;
-        case 'a': value += '\a'; break;
-        case 'b': value += '\b'; break;
-        case 'f': value += '\f'; break;
-        case 'n': value += '\n'; break;
-        case 'r': value += '\r'; break;
-        case 't': value += '\t'; break;
-        case 'v': value += '\v'; break;
+        case '\n':
+          break;  // line continuation
+        case '\\':
+          value += '\\';
+          break;
+        case '\'':
+          value += '\'';
+          break;
+        case '"':
+          value += '"';
+          break;
+        case 'a':
+          value += '\a';
+          break;
+        case 'b':
+          value += '\b';
+          break;
+        case 'f':
+          value += '\f';
+          break;
+        case 'n':
+          value += '\n';
+          break;
+        case 'r':
+          value += '\r';
+          break;
+        case 't':
+          value += '\t';
+          break;
+        case 'v':
+          value += '\v';
+          break;
         case 'x':
           if (!hex(j, 2, &cp)) return Error(j - 2, "invalid \\x escape in string literal");
           AppendUtf8(cp, &value);
@@ -452,24 +475,28 @@ class Lexer {
 
 // --- parser --------------------------------------------------------------------------------
 
+// Nesting bound for expressions and blocks (jinja2 is bounded by Python's recursion limit).
+constexpr int kMaxNesting = 200;
+
+struct DepthGuard {
+  explicit DepthGuard(int* depth) : depth_(depth) { ++*depth_; }
+  ~DepthGuard() { --*depth_; }
+  int* depth_;
+};
+
 class Parser {
  public:
-  Parser(const Lexer& lexer, std::vector<Token> tokens)
-      : lexer_(lexer), toks_(std::move(tokens)) {}
+  Parser(const Lexer& lexer, std::vector<Token> tokens) : lexer_(lexer), toks_(std::move(tokens)) {}
 
   absl::StatusOr<Body> ParseTemplate() {
     std::string end;
-    absl::StatusOr<Body> body = ParseBody({}, &end);
-    if (!body.ok()) return body.status();
-    return body;
+    return ParseBody({}, &end);
   }
 
  private:
   // --- token helpers ---
   const Token& Cur() const { return toks_[pos_]; }
-  const Token& Peek(size_t k = 1) const {
-    return toks_[std::min(pos_ + k, toks_.size() - 1)];
-  }
+  const Token& Peek(size_t k = 1) const { return toks_[std::min(pos_ + k, toks_.size() - 1)]; }
   void Next() {
     if (pos_ + 1 < toks_.size()) ++pos_;
   }
@@ -480,15 +507,25 @@ class Parser {
   SourcePos Pos() const { return lexer_.PosOf(Cur().offset); }
   std::string Describe(const Token& t) const {
     switch (t.type) {
-      case Tok::kText: return "template text";
-      case Tok::kVarBegin: return "'{{'";
-      case Tok::kVarEnd: return "'}}'";
-      case Tok::kBlockBegin: return "'{%'";
-      case Tok::kBlockEnd: return "end of statement block";
-      case Tok::kEof: return "end of template";
-      case Tok::kString: return "string";
-      case Tok::kInt: case Tok::kFloat: return "number '" + t.value + "'";
-      default: return "'" + t.value + "'";
+      case Tok::kText:
+        return "template text";
+      case Tok::kVarBegin:
+        return "'{{'";
+      case Tok::kVarEnd:
+        return "'}}'";
+      case Tok::kBlockBegin:
+        return "'{%'";
+      case Tok::kBlockEnd:
+        return "end of statement block";
+      case Tok::kEof:
+        return "end of template";
+      case Tok::kString:
+        return "string";
+      case Tok::kInt:
+      case Tok::kFloat:
+        return "number '" + t.value + "'";
+      default:
+        return "'" + t.value + "'";
     }
   }
   absl::Status ErrorAt(const Token& t, absl::string_view msg) const {
@@ -576,8 +613,7 @@ class Parser {
               if (e.rfind("end", 0) == 0) want = e;
             }
             if (want.empty()) want = *ends.begin();
-            return ErrorAt(t, absl::StrCat("unexpected end of template, expected '", want,
-                                           "'"));
+            return ErrorAt(t, absl::StrCat("unexpected end of template, expected '", want, "'"));
           }
           return body;
         }
@@ -588,6 +624,8 @@ class Parser {
   }
 
   absl::StatusOr<StmtPtr> ParseStatement() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(Cur(), "blocks nested too deeply");
     const Token& t = Cur();
     const std::string tag = t.value;
     if (tag == "if") return ParseIf();
@@ -619,8 +657,8 @@ class Parser {
       return st;
     }
     static const std::set<std::string> kKnownEnds = {
-        "endif", "endfor", "endset", "endmacro", "endcall", "endfilter", "endwith",
-        "endgeneration", "elif", "else", "endraw", "endblock"};
+        "endif",   "endfor",        "endset", "endmacro", "endcall", "endfilter",
+        "endwith", "endgeneration", "elif",   "else",     "endraw",  "endblock"};
     if (kKnownEnds.count(tag)) return ErrorAt(t, absl::StrCat("unexpected '", tag, "'"));
     return ErrorAt(t, absl::StrCat("unsupported tag '", tag, "'"));
   }
@@ -892,8 +930,7 @@ class Parser {
         if (absl::Status s = ExpectOp(","); !s.ok()) return s;
       }
       if (IsTupleEnd(extra_end)) break;
-      absl::StatusOr<ExprPtr> e =
-          simplified ? ParsePrimary() : ParseExpression(with_condexpr);
+      absl::StatusOr<ExprPtr> e = simplified ? ParsePrimary() : ParseExpression(with_condexpr);
       if (!e.ok()) return e.status();
       args.push_back(std::move(*e));
       if (IsOp(",")) {
@@ -912,6 +949,9 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseExpression(bool with_condexpr) {
+    // Recursive descent: bound the nesting so a hostile template cannot exhaust the stack.
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(Cur(), "expression nested too deeply");
     if (with_condexpr) return ParseCondExpr();
     return ParseOr();
   }
@@ -941,9 +981,8 @@ class Parser {
     return node;
   }
 
-  absl::StatusOr<ExprPtr> ParseBinaryLeft(
-      const std::function<absl::StatusOr<ExprPtr>()>& operand,
-      const std::function<bool()>& at_op, bool name_op) {
+  absl::StatusOr<ExprPtr> ParseBinaryLeft(const std::function<absl::StatusOr<ExprPtr>()>& operand,
+                                          const std::function<bool()>& at_op) {
     absl::StatusOr<ExprPtr> left = operand();
     if (!left.ok()) return left;
     ExprPtr node = std::move(*left);
@@ -963,12 +1002,10 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseOr() {
-    return ParseBinaryLeft([this] { return ParseAnd(); }, [this] { return IsName("or"); },
-                           true);
+    return ParseBinaryLeft([this] { return ParseAnd(); }, [this] { return IsName("or"); });
   }
   absl::StatusOr<ExprPtr> ParseAnd() {
-    return ParseBinaryLeft([this] { return ParseNot(); }, [this] { return IsName("and"); },
-                           true);
+    return ParseBinaryLeft([this] { return ParseNot(); }, [this] { return IsName("and"); });
   }
   absl::StatusOr<ExprPtr> ParseNot() {
     if (IsName("not")) {
@@ -991,9 +1028,9 @@ class Parser {
     ExprPtr cmp;
     while (true) {
       std::string op;
-      if (Cur().type == Tok::kOp && (Cur().value == "==" || Cur().value == "!=" ||
-                                     Cur().value == "<" || Cur().value == "<=" ||
-                                     Cur().value == ">" || Cur().value == ">=")) {
+      if (Cur().type == Tok::kOp &&
+          (Cur().value == "==" || Cur().value == "!=" || Cur().value == "<" ||
+           Cur().value == "<=" || Cur().value == ">" || Cur().value == ">=")) {
         op = Cur().value;
         Next();
       } else if (IsName("in")) {
@@ -1021,7 +1058,7 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseMath1() {
     return ParseBinaryLeft([this] { return ParseConcat(); },
-                           [this] { return IsOp("+") || IsOp("-"); }, false);
+                           [this] { return IsOp("+") || IsOp("-"); });
   }
 
   absl::StatusOr<ExprPtr> ParseConcat() {
@@ -1041,17 +1078,17 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseMath2() {
-    return ParseBinaryLeft(
-        [this] { return ParsePow(); },
-        [this] { return IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%"); }, false);
+    return ParseBinaryLeft([this] { return ParsePow(); },
+                           [this] { return IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%"); });
   }
 
   absl::StatusOr<ExprPtr> ParsePow() {
-    return ParseBinaryLeft([this] { return ParseUnary(true); }, [this] { return IsOp("**"); },
-                           false);
+    return ParseBinaryLeft([this] { return ParseUnary(true); }, [this] { return IsOp("**"); });
   }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(Cur(), "expression nested too deeply");
     ExprPtr node;
     if (IsOp("-") || IsOp("+")) {
       SourcePos pos = Pos();
@@ -1080,8 +1117,7 @@ class Parser {
     switch (t.type) {
       case Tok::kName: {
         ExprPtr e;
-        if (t.value == "true" || t.value == "True" || t.value == "false" ||
-            t.value == "False") {
+        if (t.value == "true" || t.value == "True" || t.value == "false" || t.value == "False") {
           e = NewExpr(ExprKind::kLiteral, pos);
           e->literal = Value::Bool(t.value == "true" || t.value == "True");
         } else if (t.value == "none" || t.value == "None") {
@@ -1372,9 +1408,8 @@ class Parser {
     t->args.push_back(std::move(operand));
     if (IsOp("(")) {
       if (absl::Status s = ParseCallArgs(t.get()); !s.ok()) return s;
-    } else if ((Cur().type == Tok::kName || Cur().type == Tok::kString ||
-                Cur().type == Tok::kInt || Cur().type == Tok::kFloat || IsOp("(") ||
-                IsOp("[") || IsOp("{")) &&
+    } else if ((Cur().type == Tok::kName || Cur().type == Tok::kString || Cur().type == Tok::kInt ||
+                Cur().type == Tok::kFloat || IsOp("(") || IsOp("[") || IsOp("{")) &&
                !IsName("else") && !IsName("or") && !IsName("and")) {
       // One argument without parentheses: `x is divisibleby 3`, `x is sameas false`.
       if (IsName("is")) return ErrorAt(Cur(), "cannot chain multiple tests with 'is'");
@@ -1390,6 +1425,7 @@ class Parser {
   const Lexer& lexer_;
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
   int loop_depth_ = 0;
   std::vector<std::set<std::string>> callable_uses_;
 };
@@ -1413,6 +1449,8 @@ class LiteralParser {
   }
 
   absl::StatusOr<Value> ParseValue() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return Fail();
     const Token& t = toks_[pos_];
     if (t.type == Tok::kString) {
       std::string s;
@@ -1488,6 +1526,7 @@ class LiteralParser {
 
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

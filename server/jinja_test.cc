@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "server/jinja_ast.h"
 #include "server/jinja_value.h"
@@ -84,11 +85,13 @@ TEST(JinjaTest, StringsAreCodePoints) {
 }
 
 TEST(JinjaTest, StringMethods) {
-  EXPECT_EQ(Render("{{ 'a,b,,c'.split(',') }}|{{ '  a  b '.split() }}|{{ 'a b c'.split(None, 1) }}"),
-            "['a', 'b', '', 'c']|['a', 'b']|['a', 'b c']");
-  EXPECT_EQ(Render("{{ 'a.b.c'.rsplit('.', 1) }}|{{ 'xxhixx'.strip('x') }}|{{ '\\n a \\n'.strip() }}|"
-                   "{{ '--a'.lstrip('-') }}|{{ 'a--'.rstrip('-') }}"),
-            "['a.b', 'c']|hi|a|a|a");
+  EXPECT_EQ(
+      Render("{{ 'a,b,,c'.split(',') }}|{{ '  a  b '.split() }}|{{ 'a b c'.split(None, 1) }}"),
+      "['a', 'b', '', 'c']|['a', 'b']|['a', 'b c']");
+  EXPECT_EQ(
+      Render("{{ 'a.b.c'.rsplit('.', 1) }}|{{ 'xxhixx'.strip('x') }}|{{ '\\n a \\n'.strip() }}|"
+             "{{ '--a'.lstrip('-') }}|{{ 'a--'.rstrip('-') }}"),
+      "['a.b', 'c']|hi|a|a|a");
   EXPECT_EQ(Render("{{ 'abc'.startswith('ab') }}|{{ 'abc'.endswith(('x', 'c')) }}|"
                    "{{ 'banana'.find('an') }}|{{ 'banana'.rfind('an') }}|{{ 'banana'.count('a') }}|"
                    "{{ 'x'.find('y') }}"),
@@ -136,24 +139,28 @@ TEST(JinjaTest, WhitespaceControlMatchesTransformersEnvironment) {
 
 TEST(JinjaTest, ForLoopVariables) {
   json ctx = {{"l", {"a", "b", "c"}}};
-  EXPECT_EQ(Render("{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}"
-                   "{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
-                   ctx),
-            "1032TrueFalse3;2121FalseFalse3;3210FalseTrue3;");
-  EXPECT_EQ(Render("{% for x in l %}{{ loop.previtem | default('-') }}{{ loop.nextitem | default('-') }}"
-                   "{{ loop.cycle('o', 'e') }} {% endfor %}",
-                   ctx),
-            "-bo ace b-o ");
-  EXPECT_EQ(Render("{% for x in [1, 2, 3, 4] if x is even %}{{ loop.index }}/{{ loop.length }}:{{ x }} "
-                   "{% endfor %}"),
-            "1/2:2 2/2:4 ");
+  EXPECT_EQ(
+      Render("{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}"
+             "{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+             ctx),
+      "1032TrueFalse3;2121FalseFalse3;3210FalseTrue3;");
+  EXPECT_EQ(
+      Render("{% for x in l %}{{ loop.previtem | default('-') }}{{ loop.nextitem | default('-') }}"
+             "{{ loop.cycle('o', 'e') }} {% endfor %}",
+             ctx),
+      "-bo ace b-o ");
+  EXPECT_EQ(
+      Render("{% for x in [1, 2, 3, 4] if x is even %}{{ loop.index }}/{{ loop.length }}:{{ x }} "
+             "{% endfor %}"),
+      "1/2:2 2/2:4 ");
   EXPECT_EQ(Render("{% for x in [] %}x{% else %}empty{% endfor %}"), "empty");
   EXPECT_EQ(Render("{% for x in range(10) %}{% if x is odd %}{% continue %}{% endif %}"
                    "{% if x > 5 %}{% break %}{% endif %}{{ x }}{% endfor %}"),
             "024");
-  EXPECT_EQ(Render("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}{{ v }}{% endfor %}|"
-                   "{% for c in 'hé' %}[{{ c }}]{% endfor %}|{% for k in {'x': 1} %}{{ k }}{% endfor %}"),
-            "a1b2|[h][é]|x");
+  EXPECT_EQ(
+      Render("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}{{ v }}{% endfor %}|"
+             "{% for c in 'hé' %}[{{ c }}]{% endfor %}|{% for k in {'x': 1} %}{{ k }}{% endfor %}"),
+      "a1b2|[h][é]|x");
   EXPECT_EQ(Render("{% for i in [1, 2] %}{% for j in [1, 2] %}{{ loop.index }}{% endfor %}"
                    "{{ loop.index }} {% endfor %}"),
             "121 122 ");
@@ -180,8 +187,9 @@ TEST(JinjaTest, Macros) {
   EXPECT_EQ(Render("{% macro m(a, b=2) %}{{ a }}-{{ b }}{% endmacro %}{{ m(1) }}|{{ m(1, 3) }}|"
                    "{{ m(b=5, a=0) }}|{{ m() }}"),
             "1-2|1-3|0-5|-2");
-  EXPECT_EQ(Render("{% macro m(a) %}{{ a }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 2, k=3) }}"),
-            "1(2,){'k': 3}");
+  EXPECT_EQ(
+      Render("{% macro m(a) %}{{ a }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 2, k=3) }}"),
+      "1(2,){'k': 3}");
   EXPECT_EQ(RenderError("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}"),
             "line 1:42: TypeError: macro 'm' takes not more than 1 argument(s)");
   EXPECT_EQ(Render("{% macro wrap(t) %}<{{ t }}>{{ caller() }}</{{ t }}>{% endmacro %}"
@@ -194,8 +202,8 @@ TEST(JinjaTest, Macros) {
   EXPECT_EQ(Render("{% macro m() %}{{ y }}{% endmacro %}[{{ m() }}]{% set y = 5 %}[{{ m() }}]"),
             "[][5]");
   EXPECT_EQ(Render("{% macro m() %}1{% endmacro %}{{ m() + '2' }}|{{ m() ~ 3 }}"), "12|13");
-  EXPECT_EQ(RenderError("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find(
-                "maximum recursion depth exceeded") != std::string::npos,
+  EXPECT_EQ(RenderError("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}")
+                    .find("maximum recursion depth exceeded") != std::string::npos,
             true);
 }
 
@@ -227,26 +235,32 @@ TEST(JinjaTest, OrderedContextKeepsKeyOrder) {
       R"({"tool": {"type": "function", "function": {"name": "f", "description": "d"}}})");
   absl::StatusOr<Template> t = Template::Parse("{{ tool | tojson }}");
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(*t->Render(ctx), R"({"type": "function", "function": {"name": "f", "description": "d"}})");
+  EXPECT_EQ(*t->Render(ctx),
+            R"({"type": "function", "function": {"name": "f", "description": "d"}})");
 }
 
 TEST(JinjaTest, Filters) {
   EXPECT_EQ(Render("{{ x | default('d') }}|{{ none | default('d') }}|{{ '' | default('d', true) }}|"
-                   "{{ [3, 1, 2] | sort }}|{{ ['b', 'A', 'a'] | sort }}|{{ ['A', 'a', 'b'] | unique | list }}"),
+                   "{{ [3, 1, 2] | sort }}|{{ ['b', 'A', 'a'] | sort }}|{{ ['A', 'a', 'b'] | "
+                   "unique | list }}"),
             "d|None|d|[1, 2, 3]|['A', 'a', 'b']|['A', 'b']");
-  EXPECT_EQ(Render("{{ [{'a': 2}, {'a': 1}] | map(attribute='a') | list }}|"
-                   "{{ [{'r': 'u'}, {'r': 's'}] | selectattr('r', 'equalto', 'u') | list }}|"
-                   "{{ [1, 2, 3, 4] | select('odd') | list }}|{{ [1, 2, 3] | reject('equalto', 2) | list }}|"
-                   "{{ ['1', '2'] | map('int') | sum }}"),
-            "[2, 1]|[{'r': 'u'}]|[1, 3]|[1, 3]|3");
-  EXPECT_EQ(Render("{{ {'b': 1, 'a': 2} | dictsort }}|{{ {'b': 1} | items | list }}|"
-                   "{{ [1, 2] | first }}{{ [1, 2] | last }}|{{ [] | first }}|{{ 'ab' | join('-') }}"),
-            "[('a', 2), ('b', 1)]|[('b', 1)]|12||a-b");
+  EXPECT_EQ(
+      Render(
+          "{{ [{'a': 2}, {'a': 1}] | map(attribute='a') | list }}|"
+          "{{ [{'r': 'u'}, {'r': 's'}] | selectattr('r', 'equalto', 'u') | list }}|"
+          "{{ [1, 2, 3, 4] | select('odd') | list }}|{{ [1, 2, 3] | reject('equalto', 2) | list }}|"
+          "{{ ['1', '2'] | map('int') | sum }}"),
+      "[2, 1]|[{'r': 'u'}]|[1, 3]|[1, 3]|3");
+  EXPECT_EQ(
+      Render("{{ {'b': 1, 'a': 2} | dictsort }}|{{ {'b': 1} | items | list }}|"
+             "{{ [1, 2] | first }}{{ [1, 2] | last }}|{{ [] | first }}|{{ 'ab' | join('-') }}"),
+      "[('a', 2), ('b', 1)]|[('b', 1)]|12||a-b");
   EXPECT_EQ(Render("{{ ' x ' | trim }}|{{ 'ab' | upper }}|{{ 'hello world' | title }}|"
                    "{{ 'a-b' | replace('-', '+') }}|{{ '4.7' | int }}|{{ 'x' | int(7) }}|"
                    "{{ 3 | float }}|{{ 5 | string }}|{{ -2 | abs }}|{{ 2.5 | round }}"),
             "x|AB|Hello World|a+b|4|7|3.0|5|2|2.0");
-  EXPECT_EQ(Render("{{ '%s=%d' | format('a', 3) }}|{{ 'a\\nb' | indent(2) }}|{{ [1, 2, 3] | batch(2) | list }}"),
+  EXPECT_EQ(Render("{{ '%s=%d' | format('a', 3) }}|{{ 'a\\nb' | indent(2) }}|{{ [1, 2, 3] | "
+                   "batch(2) | list }}"),
             "a=3|a\n  b|[[1, 2], [3]]");
 }
 
@@ -265,7 +279,8 @@ TEST(JinjaTest, Tests) {
 }
 
 TEST(JinjaTest, RaiseExceptionCarriesTheTemplateMessage) {
-  EXPECT_EQ(RenderError("{% if true %}{{ raise_exception('Only user and assistant roles!') }}{% endif %}"),
+  EXPECT_EQ(RenderError(
+                "{% if true %}{{ raise_exception('Only user and assistant roles!') }}{% endif %}"),
             "Only user and assistant roles!");
 }
 
@@ -277,18 +292,21 @@ TEST(JinjaTest, SandboxRefusesMutation) {
   EXPECT_EQ(RenderError("{{ range(200000) | length }}"),
             "line 1:9: OverflowError: Range too big. The sandbox blocks ranges larger than "
             "MAX_RANGE (100000).");
-  EXPECT_EQ(RenderError("{% set ns = namespace(_x=1) %}").find("SecurityError") != std::string::npos,
-            true);
+  EXPECT_EQ(
+      RenderError("{% set ns = namespace(_x=1) %}").find("SecurityError") != std::string::npos,
+      true);
 }
 
 TEST(JinjaTest, ParseErrorsNameLineColumnAndConstruct) {
   EXPECT_EQ(ParseError("a\nb\n  {{ x | xmlattr }}"), "line 3:10: unsupported filter 'xmlattr'");
-  EXPECT_EQ(ParseError("{% if x is frobnicated %}{% endif %}"), "line 1:12: unsupported test 'frobnicated'");
+  EXPECT_EQ(ParseError("{% if x is frobnicated %}{% endif %}"),
+            "line 1:12: unsupported test 'frobnicated'");
   EXPECT_EQ(ParseError("{% include 'other.jinja' %}"), "line 1:4: unsupported tag 'include'");
   EXPECT_EQ(ParseError("{% extends 'base' %}"), "line 1:4: unsupported tag 'extends'");
   EXPECT_EQ(ParseError("{% for x in y recursive %}{% endfor %}"),
             "line 1:15: unsupported construct 'recursive' loop");
-  EXPECT_EQ(ParseError("{% if x %}\nabc"), "line 2:4: unexpected end of template, expected 'endif'");
+  EXPECT_EQ(ParseError("{% if x %}\nabc"),
+            "line 2:4: unexpected end of template, expected 'endif'");
   EXPECT_EQ(ParseError("{% for x in y %}{% endif %}"), "line 1:20: unexpected 'endif'");
   EXPECT_EQ(ParseError("{{ 1 + }}"), "line 1:8: unexpected '}}'");
   EXPECT_EQ(ParseError("{{ 'abc }}"), "line 1:4: unterminated string literal");
@@ -296,9 +314,28 @@ TEST(JinjaTest, ParseErrorsNameLineColumnAndConstruct) {
   EXPECT_EQ(ParseError("{# open comment"), "line 1:1: missing end of comment tag");
   EXPECT_EQ(ParseError("{% break %}"), "line 1:4: 'break' outside of a loop");
   EXPECT_EQ(ParseError("{{ a ? b }}"), "line 1:6: unexpected char '?'");
-  EXPECT_EQ(ParseError("{{ f(*args) }}"), "line 1:6: unsupported construct '*args' / '**kwargs' in a call");
+  EXPECT_EQ(ParseError("{{ f(*args) }}"),
+            "line 1:6: unsupported construct '*args' / '**kwargs' in a call");
   EXPECT_EQ(ParseError("{% set x = 1 %}{{ x }}"), "parsed");
   EXPECT_EQ(ParseError(std::string("\xff")), "template is not valid UTF-8 (byte offset 0)");
+}
+
+TEST(JinjaTest, DeepNestingIsAnErrorNotACrash) {
+  std::string deep = std::string(5000, '(') + "1" + std::string(5000, ')');
+  EXPECT_EQ(ParseError("{{ " + deep + " }}"), "line 1:104: expression nested too deeply");
+  EXPECT_EQ(ParseError("{{ " + std::string(5000, '-') + "1 }}"),
+            "line 1:203: expression nested too deeply");
+  std::string blocks;
+  for (int k = 0; k < 300; ++k) blocks += "{% if true %}";
+  EXPECT_TRUE(absl::StrContains(ParseError(blocks), "nested too deeply"));
+  EXPECT_FALSE(ParsePythonLiteral(std::string(100000, '[') + std::string(100000, ']')).ok());
+  // Deep render contexts are refused up front; a template cannot build an unprintable value.
+  json ctx = json::array();
+  for (int k = 0; k < 300; ++k) ctx = json::array({ctx});
+  EXPECT_EQ(RenderError("{{ x }}", {{"x", ctx}}), "render context nests deeper than 256 levels");
+  EXPECT_EQ(RenderError("{% set ns = namespace(v=[]) %}{% for i in range(2000) %}"
+                        "{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v | tojson }}"),
+            "line 1:60: value nested too deeply");
 }
 
 TEST(JinjaTest, RenderContextMustBeAnObject) {
@@ -308,7 +345,8 @@ TEST(JinjaTest, RenderContextMustBeAnObject) {
 }
 
 TEST(JinjaTest, PythonLiteral) {
-  absl::StatusOr<Value> v = ParsePythonLiteral("{'a': [1, -2.5, 'x' \"y\", None, True], 'b': (1,)}");
+  absl::StatusOr<Value> v =
+      ParsePythonLiteral("{'a': [1, -2.5, 'x' \"y\", None, True], 'b': (1,)}");
   ASSERT_TRUE(v.ok()) << v.status();
   JsonDumpOptions o;
   EXPECT_EQ(*PyJsonDumps(*v, o), R"({"a": [1, -2.5, "xy", null, true], "b": [1]})");

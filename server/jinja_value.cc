@@ -85,16 +85,28 @@ Value Value::String(std::string s) {
   v.ptr_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
+namespace {
+uint16_t NestedDepth(int child_max) {
+  return static_cast<uint16_t>(std::min(child_max + 1, 65535));
+}
+}  // namespace
+
 Value Value::MakeList(List items, bool tuple) {
   Value v;
   v.kind_ = Kind::kList;
   v.tuple_ = tuple;
+  int child = 0;
+  for (const Value& e : items) child = std::max(child, e.depth());
+  v.depth_ = NestedDepth(child);
   v.ptr_ = std::make_shared<const List>(std::move(items));
   return v;
 }
 Value Value::MakeDict(Dict d) {
   Value v;
   v.kind_ = Kind::kDict;
+  int child = 0;
+  for (const auto& [key, value] : d.items()) child = std::max({child, key.depth(), value.depth()});
+  v.depth_ = NestedDepth(child);
   v.ptr_ = std::make_shared<const Dict>(std::move(d));
   return v;
 }
@@ -140,9 +152,7 @@ const std::shared_ptr<const List>& Value::list_ptr() const {
 }
 const Dict& Value::dict() const { return *std::get<std::shared_ptr<const Dict>>(ptr_); }
 Namespace& Value::ns() const { return *std::get<std::shared_ptr<Namespace>>(ptr_); }
-const Callable& Value::callable() const {
-  return *std::get<std::shared_ptr<const Callable>>(ptr_);
-}
+const Callable& Value::callable() const { return *std::get<std::shared_ptr<const Callable>>(ptr_); }
 LoopState& Value::loop() const { return *std::get<std::shared_ptr<LoopState>>(ptr_); }
 const std::string& Value::undefined_hint() const {
   if (kind_ != Kind::kUndefined) return EmptyString();
@@ -213,7 +223,25 @@ Value FromJsonImpl(const Json& j) {
   }
 }
 
+template <typename Json>
+bool NestingExceedsImpl(const Json& root, int limit) {
+  std::vector<std::pair<const Json*, int>> stack = {{&root, 0}};
+  while (!stack.empty()) {
+    auto [j, depth] = stack.back();
+    stack.pop_back();
+    if (!j->is_structured()) continue;
+    if (depth + 1 > limit) return true;
+    for (const auto& child : *j) stack.emplace_back(&child, depth + 1);
+  }
+  return false;
+}
+
 }  // namespace
+
+bool JsonNestingExceeds(const nlohmann::json& j, int limit) { return NestingExceedsImpl(j, limit); }
+bool JsonNestingExceeds(const nlohmann::ordered_json& j, int limit) {
+  return NestingExceedsImpl(j, limit);
+}
 
 Value FromJson(const nlohmann::json& j) { return FromJsonImpl(j); }
 Value FromJson(const nlohmann::ordered_json& j) { return FromJsonImpl(j); }
@@ -261,10 +289,24 @@ size_t CodePointCount(absl::string_view s) {
 bool PyIsSpace(char32_t cp) {
   // CPython: bidirectional type WS, B or S, or category Zs.
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D:
-    case 0x1C: case 0x1D: case 0x1E: case 0x1F: case 0x20:
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029:
-    case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x1F:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -370,7 +412,16 @@ std::string StringRepr(const std::string& s) {
 
 }  // namespace
 
-std::string PyRepr(const Value& v) {
+namespace {
+std::string ReprAt(const Value& v, int depth);
+}  // namespace
+
+std::string PyRepr(const Value& v) { return ReprAt(v, 0); }
+
+namespace {
+
+std::string ReprAt(const Value& v, int depth) {
+  if (depth > kMaxValueDepth && (v.is_list() || v.is_dict())) return "...";
   switch (v.kind()) {
     case Kind::kString:
       return StringRepr(v.str());
@@ -379,7 +430,7 @@ std::string PyRepr(const Value& v) {
       const List& l = v.list();
       for (size_t k = 0; k < l.size(); ++k) {
         if (k) out += ", ";
-        out += PyRepr(l[k]);
+        out += ReprAt(l[k], depth + 1);
       }
       if (v.is_tuple() && l.size() == 1) out += ",";
       out += v.is_tuple() ? ")" : "]";
@@ -391,7 +442,7 @@ std::string PyRepr(const Value& v) {
       for (const auto& [k, val] : v.dict().items()) {
         if (!first) out += ", ";
         first = false;
-        out += PyRepr(k) + ": " + PyRepr(val);
+        out += ReprAt(k, depth + 1) + ": " + ReprAt(val, depth + 1);
       }
       return out + "}";
     }
@@ -401,6 +452,8 @@ std::string PyRepr(const Value& v) {
       return PyStr(v);
   }
 }
+
+}  // namespace
 
 std::string PyStr(const Value& v) {
   switch (v.kind()) {
@@ -509,6 +562,9 @@ void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
 }
 
 absl::Status JsonDump(const Value& v, const JsonDumpOptions& o, int level, std::string* out) {
+  if (level > kMaxValueDepth) {
+    return absl::InvalidArgumentError("RecursionError: value nested too deeply for json.dumps");
+  }
   auto newline = [&](int lvl) {
     if (o.indent < 0 && !o.indent_is_string) return;
     out->push_back('\n');
@@ -617,9 +673,8 @@ absl::Status JsonDump(const Value& v, const JsonDumpOptions& o, int level, std::
       return absl::OkStatus();
     }
     default:
-      return absl::InvalidArgumentError(absl::StrCat("TypeError: Object of type ",
-                                                     PyTypeName(v),
-                                                     " is not JSON serializable"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TypeError: Object of type ", PyTypeName(v), " is not JSON serializable"));
   }
 }
 
@@ -634,7 +689,40 @@ absl::StatusOr<std::string> PyJsonDumps(const Value& v, const JsonDumpOptions& o
 
 // --- comparison --------------------------------------------------------------------------
 
-bool PyEquals(const Value& a, const Value& b) {
+bool PyHashable(const Value& v) {
+  if (v.is_dict()) return false;
+  if (v.is_list()) {
+    if (!v.is_tuple()) return false;
+    for (const Value& e : v.list()) {
+      if (!PyHashable(e)) return false;
+    }
+  }
+  return true;
+}
+
+std::string UnhashableMessage(const Value& v) {
+  const Value* bad = &v;
+  while (bad->is_tuple()) {  // Python names the first unhashable element's type
+    for (const Value& e : bad->list()) {
+      if (!PyHashable(e)) {
+        bad = &e;
+        break;
+      }
+    }
+  }
+  return absl::StrCat("TypeError: unhashable type: '", PyTypeName(*bad), "'");
+}
+
+namespace {
+bool EqualsAt(const Value& a, const Value& b, int depth);
+}  // namespace
+
+bool PyEquals(const Value& a, const Value& b) { return EqualsAt(a, b, 0); }
+
+namespace {
+
+bool EqualsAt(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxValueDepth) return false;
   if (a.is_number() && b.is_number()) {
     if (a.is_integral() && b.is_integral()) return a.int_value() == b.int_value();
     return a.number_value() == b.number_value();
@@ -652,7 +740,7 @@ bool PyEquals(const Value& a, const Value& b) {
       const List& y = b.list();
       if (x.size() != y.size()) return false;
       for (size_t k = 0; k < x.size(); ++k) {
-        if (!PyEquals(x[k], y[k])) return false;
+        if (!EqualsAt(x[k], y[k], depth + 1)) return false;
       }
       return true;
     }
@@ -662,7 +750,7 @@ bool PyEquals(const Value& a, const Value& b) {
       if (x.size() != y.size()) return false;
       for (const auto& [k, v] : x.items()) {
         const Value* other = y.Find(k);
-        if (other == nullptr || !PyEquals(v, *other)) return false;
+        if (other == nullptr || !EqualsAt(v, *other, depth + 1)) return false;
       }
       return true;
     }
@@ -676,6 +764,8 @@ bool PyEquals(const Value& a, const Value& b) {
       return false;
   }
 }
+
+}  // namespace
 
 namespace {
 
@@ -703,13 +793,12 @@ absl::StatusOr<int> Order(const Value& a, const Value& b, absl::string_view op) 
   }
   if (a.is_undefined() || b.is_undefined()) {
     const Value& u = a.is_undefined() ? a : b;
-    return absl::InvalidArgumentError(
-        u.undefined_hint().empty() ? "value is undefined" : u.undefined_hint());
+    return absl::InvalidArgumentError(u.undefined_hint().empty() ? "value is undefined"
+                                                                 : u.undefined_hint());
   }
   return absl::InvalidArgumentError(absl::StrCat("TypeError: '", op,
                                                  "' not supported between instances of '",
-                                                 PyTypeName(a), "' and '", PyTypeName(b),
-                                                 "'"));
+                                                 PyTypeName(a), "' and '", PyTypeName(b), "'"));
 }
 
 }  // namespace

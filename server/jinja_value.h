@@ -142,9 +142,13 @@ class Value {
   // Python truthiness.
   bool Truthy() const;
 
+  // Nesting depth of lists/dicts (0 for scalars), saturating at 65535.
+  int depth() const { return depth_; }
+
  private:
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
+  uint16_t depth_ = 0;
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
@@ -153,6 +157,15 @@ class Value {
                std::shared_ptr<const Callable>, std::shared_ptr<LoopState>>
       ptr_;
 };
+
+// Values nest at most this deep where it matters (JSON inputs are checked with
+// JsonNestingExceeds before conversion; repr/json.dumps/== stop descending beyond it), so
+// no input can exhaust the stack.
+inline constexpr int kMaxValueDepth = 256;
+
+// Whether `j` nests objects/arrays deeper than `limit` (iterative: safe on any input).
+bool JsonNestingExceeds(const nlohmann::json& j, int limit);
+bool JsonNestingExceeds(const nlohmann::ordered_json& j, int limit);
 
 // Converts parsed JSON (request messages, tools, kwargs) to template values, keeping the
 // key order of `ordered_json` (jinja2 sees Python dicts in the order json.loads built).
@@ -174,7 +187,7 @@ std::string PyTypeName(const Value& v);
 // transformers' `tojson`. TypeError (as InvalidArgument) for values JSON cannot hold.
 struct JsonDumpOptions {
   bool ensure_ascii = false;
-  int indent = -1;  // -1: None (single line)
+  int indent = -1;         // -1: None (single line)
   std::string indent_str;  // when indent was given as a string
   bool indent_is_string = false;
   std::string item_separator = ", ";
@@ -182,6 +195,11 @@ struct JsonDumpOptions {
   bool sort_keys = false;
 };
 absl::StatusOr<std::string> PyJsonDumps(const Value& v, const JsonDumpOptions& options);
+
+// Python's hash() succeeds: not a list or dict, and tuples only of hashable values.
+bool PyHashable(const Value& v);
+// The TypeError Python raises for an unhashable value.
+std::string UnhashableMessage(const Value& v);
 
 // ==, as Python compares (1 == 1.0 == True; dicts ignore order; undefined == undefined).
 bool PyEquals(const Value& a, const Value& b);

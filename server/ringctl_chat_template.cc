@@ -4,11 +4,14 @@
 //   ringctl chat-template --template tests/data/chat_templates/glm-4.6.jinja < cases.jsonl
 //   ringctl chat-template --model-dir /models/GLM-5.2-mxfp4 < cases.jsonl
 //   ringctl chat-template --model-dir /models/Qwen3-8B --info
+//   ringctl chat-template --raw < snippets.jsonl
 //
 // Each input line is a JSON object {"messages": [...], "tools": [...] | null,
 // "add_generation_prompt": bool (default true), "kwargs": {...} (chat_template_kwargs),
 // "parse_tool_arguments": bool}; each output line is {"text": "..."} or {"error": "..."}.
-// Key order of the input is kept, as transformers keeps it.
+// Key order of the input is kept, as transformers keeps it. With --raw, each line is
+// {"template": "...", "context": {...}}: the bare engine, no chat preparation (used by the
+// parity test's engine fuzz).
 //
 // Exit code 0 when every line was processed (render errors are reported per line), 1 when
 // the template cannot be loaded, 2 for unreadable input lines.
@@ -32,6 +35,7 @@ struct ChatTemplateArgs {
   std::string eos;
   std::string input = "-";
   bool info = false;
+  bool raw = false;
 };
 
 const char* FormatName(text::ToolCallFormat f) {
@@ -47,13 +51,36 @@ const char* FormatName(text::ToolCallFormat f) {
 }
 
 void PrintLine(const nlohmann::ordered_json& j) {
-  std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
-            << "\n";
+  std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+}
+
+// --raw: one template per line, rendered with its own context.
+nlohmann::ordered_json RenderRaw(const nlohmann::ordered_json& req) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (!req.contains("template") || !req["template"].is_string()) {
+    out["error"] = "missing \"template\"";
+    return out;
+  }
+  absl::StatusOr<jinja::Template> t = jinja::Template::Parse(req["template"].get<std::string>());
+  if (!t.ok()) {
+    out["error"] = std::string(t.status().message());
+    return out;
+  }
+  absl::StatusOr<std::string> text =
+      t->Render(req.value("context", nlohmann::ordered_json::object()));
+  if (text.ok()) {
+    out["text"] = *text;
+  } else {
+    out["error"] = std::string(text.status().message());
+  }
+  return out;
 }
 
 int RunChatTemplate(const ChatTemplateArgs& a) {
   absl::StatusOr<text::ChatTemplate> tmpl = absl::InvalidArgumentError("no template");
-  if (!a.model_dir.empty()) {
+  if (a.raw) {
+    tmpl = text::ChatTemplate::FromString("");
+  } else if (!a.model_dir.empty()) {
     tmpl = text::ChatTemplate::FromModelDir(a.model_dir);
   } else {
     std::ifstream f(a.template_path, std::ios::binary);
@@ -68,7 +95,7 @@ int RunChatTemplate(const ChatTemplateArgs& a) {
     std::cerr << "ringctl chat-template: " << tmpl.status().message() << "\n";
     return 1;
   }
-  if (a.info) {
+  if (a.info && !a.raw) {
     nlohmann::ordered_json info;
     info["tool_call_format"] = FormatName(tmpl->tool_call_format());
     info["bos_token"] = tmpl->bos_token();
@@ -98,6 +125,10 @@ int RunChatTemplate(const ChatTemplateArgs& a) {
       rc = 2;
       continue;
     }
+    if (a.raw) {
+      PrintLine(RenderRaw(req));
+      continue;
+    }
     text::OrderedChatTemplateInputs inputs;
     inputs.messages = req.value("messages", nlohmann::ordered_json());
     inputs.tools = req.value("tools", nlohmann::ordered_json());
@@ -115,28 +146,28 @@ int RunChatTemplate(const ChatTemplateArgs& a) {
   return rc;
 }
 
-Registration reg("chat-template", "Render a chat template over JSON-lines conversations",
-                 [](CLI::App* cmd) -> Handler {
-                   auto a = std::make_shared<ChatTemplateArgs>();
-                   auto* src = cmd->add_option("--template", a->template_path,
-                                               "chat template file (.jinja)");
-                   auto* dir = cmd->add_option("--model-dir", a->model_dir,
-                                               "model directory (chat_template.jinja or "
-                                               "tokenizer_config.json)");
-                   src->excludes(dir);
-                   cmd->add_option("--bos", a->bos, "bos_token (with --template)");
-                   cmd->add_option("--eos", a->eos, "eos_token (with --template)");
-                   cmd->add_option("--input", a->input, "JSON-lines input ('-': stdin)");
-                   cmd->add_flag("--info", a->info,
-                                 "print the detected tool-call format and special tokens");
-                   return [a]() -> int {
-                     if (a->template_path.empty() && a->model_dir.empty()) {
-                       std::cerr << "ringctl chat-template: need --template or --model-dir\n";
-                       return 2;
-                     }
-                     return RunChatTemplate(*a);
-                   };
-                 });
+Registration reg(
+    "chat-template", "Render a chat template over JSON-lines conversations",
+    [](CLI::App* cmd) -> Handler {
+      auto a = std::make_shared<ChatTemplateArgs>();
+      auto* src = cmd->add_option("--template", a->template_path, "chat template file (.jinja)");
+      auto* dir = cmd->add_option("--model-dir", a->model_dir,
+                                  "model directory (chat_template.jinja or "
+                                  "tokenizer_config.json)");
+      src->excludes(dir);
+      cmd->add_option("--bos", a->bos, "bos_token (with --template)");
+      cmd->add_option("--eos", a->eos, "eos_token (with --template)");
+      cmd->add_option("--input", a->input, "JSON-lines input ('-': stdin)");
+      cmd->add_flag("--info", a->info, "print the detected tool-call format and special tokens");
+      cmd->add_flag("--raw", a->raw, "lines are {template, context}: render with the bare engine");
+      return [a]() -> int {
+        if (!a->raw && a->template_path.empty() && a->model_dir.empty()) {
+          std::cerr << "ringctl chat-template: need --template or --model-dir\n";
+          return 2;
+        }
+        return RunChatTemplate(*a);
+      };
+    });
 
 #endif  // RING_HAVE_TEXT
 

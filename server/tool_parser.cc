@@ -50,7 +50,9 @@ std::string PyJson(const jinja::Value& v) {
 // string itself.
 jinja::Value DeserializeArg(const std::string& text) {
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (!j.is_discarded()) return jinja::FromJson(j);
+  if (!j.is_discarded() && !jinja::JsonNestingExceeds(j, jinja::kMaxValueDepth)) {
+    return jinja::FromJson(j);
+  }
   absl::StatusOr<jinja::Value> lit = jinja::ParsePythonLiteral(text);
   if (lit.ok()) return *lit;
   return jinja::Value::String(text);
@@ -99,6 +101,7 @@ bool ParseQwen(absl::string_view body, ToolCall* call) {
   nlohmann::ordered_json j =
       nlohmann::ordered_json::parse(absl::StripAsciiWhitespace(body), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return false;
+  if (jinja::JsonNestingExceeds(j, jinja::kMaxValueDepth)) return false;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
   call->name = name->get<std::string>();
@@ -120,7 +123,8 @@ bool ParseQwen(absl::string_view body, ToolCall* call) {
 }
 
 // Length of the longest suffix of `buf` that is a proper prefix of one of `markers`.
-size_t PartialMarkerSuffix(absl::string_view buf, std::initializer_list<absl::string_view> markers) {
+size_t PartialMarkerSuffix(absl::string_view buf,
+                           std::initializer_list<absl::string_view> markers) {
   size_t best = 0;
   for (absl::string_view m : markers) {
     for (size_t len = std::min(buf.size(), m.size() - 1); len > best; --len) {
@@ -160,8 +164,7 @@ ToolSchemas ToolSchemas::FromOpenAiTools(const nlohmann::json& tools) {
     const auto& params = (*fn)["parameters"];
     if (!params.contains("properties") || !params["properties"].is_object()) continue;
     for (auto it = params["properties"].begin(); it != params["properties"].end(); ++it) {
-      if (it.value().is_object() && it.value().contains("type") &&
-          it.value()["type"] == "string") {
+      if (it.value().is_object() && it.value().contains("type") && it.value()["type"] == "string") {
         s.string_args.emplace(name, it.key());
       }
     }
@@ -169,8 +172,8 @@ ToolSchemas ToolSchemas::FromOpenAiTools(const nlohmann::json& tools) {
   return s;
 }
 
-bool ParseToolCallBody(absl::string_view body, ToolCallFormat format,
-                       const ToolSchemas& schemas, ToolCall* call) {
+bool ParseToolCallBody(absl::string_view body, ToolCallFormat format, const ToolSchemas& schemas,
+                       ToolCall* call) {
   switch (format) {
     case ToolCallFormat::kGlm:
       return ParseGlm(body, schemas, call);

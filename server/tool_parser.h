@@ -45,7 +45,7 @@ namespace ring::text {
 enum class ToolCallFormat { kNone, kGlm, kQwen };
 
 struct ToolCall {
-  std::string id;              // "call_" + 24 random alphanumerics
+  std::string id;  // "call_" + 24 random alphanumerics
   std::string name;
   std::string arguments_json;  // a JSON object, json.dumps style: {"city": "Paris"}
 };
@@ -76,9 +76,7 @@ struct OutputDelta {
   std::string reasoning_content;
   std::vector<ToolCall> tool_calls;
 
-  bool empty() const {
-    return content.empty() && reasoning_content.empty() && tool_calls.empty();
-  }
+  bool empty() const { return content.empty() && reasoning_content.empty() && tool_calls.empty(); }
 };
 
 // Incremental parse of decoded text pieces. Push returns what can be emitted now; text
@@ -115,8 +113,8 @@ class StreamingOutputParser {
 
 // Parses one tool call body (the text between <tool_call> and </tool_call>). False when
 // it is not a well-formed call of `format`.
-bool ParseToolCallBody(absl::string_view body, ToolCallFormat format,
-                       const ToolSchemas& schemas, ToolCall* call);
+bool ParseToolCallBody(absl::string_view body, ToolCallFormat format, const ToolSchemas& schemas,
+                       ToolCall* call);
 
 }  // namespace ring::text
 

@@ -53,7 +53,8 @@ Flat Streamed(const std::vector<std::string>& pieces, ToolCallFormat format, boo
 
 TEST(ToolParserTest, GlmToolCallsWithAndWithoutNewlines) {
   Flat f = Whole(
-      "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+      "Let me "
+      "check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
       "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
       "<tool_call>search<arg_key>q</arg_key><arg_value>a \"b\"</arg_value><arg_key>opts</arg_key>"
       "<arg_value>{\"n\": 2, \"x\": [true, null]}</arg_value></tool_call>",
@@ -62,18 +63,21 @@ TEST(ToolParserTest, GlmToolCallsWithAndWithoutNewlines) {
   ASSERT_EQ(f.calls.size(), 2u);
   EXPECT_EQ(f.calls[0], std::make_pair(std::string("get_weather"),
                                        std::string(R"({"city": "Paris", "days": 3})")));
-  EXPECT_EQ(f.calls[1], std::make_pair(std::string("search"),
-                                       std::string(R"({"q": "a \"b\"", "opts": {"n": 2, "x": [true, null]}})")));
+  EXPECT_EQ(
+      f.calls[1],
+      std::make_pair(std::string("search"),
+                     std::string(R"({"q": "a \"b\"", "opts": {"n": 2, "x": [true, null]}})")));
 }
 
 TEST(ToolParserTest, GlmValuesFollowVllmDeserialization) {
   // json.loads, then ast.literal_eval, then the (stripped) string.
-  Flat f = Whole("<tool_call>f<arg_key>a</arg_key><arg_value> 1.50 </arg_value>"
-                 "<arg_key>b</arg_key><arg_value>{'k': True, 'n': None}</arg_value>"
-                 "<arg_key>c</arg_key><arg_value>true</arg_value>"
-                 "<arg_key>d</arg_key><arg_value>not json</arg_value>"
-                 "<arg_key>e</arg_key><arg_value>北京</arg_value></tool_call>",
-                 ToolCallFormat::kGlm, false);
+  Flat f = Whole(
+      "<tool_call>f<arg_key>a</arg_key><arg_value> 1.50 </arg_value>"
+      "<arg_key>b</arg_key><arg_value>{'k': True, 'n': None}</arg_value>"
+      "<arg_key>c</arg_key><arg_value>true</arg_value>"
+      "<arg_key>d</arg_key><arg_value>not json</arg_value>"
+      "<arg_key>e</arg_key><arg_value>北京</arg_value></tool_call>",
+      ToolCallFormat::kGlm, false);
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].second,
             R"({"a": 1.5, "b": {"k": true, "n": null}, "c": true, "d": "not json", "e": "北京"})");
@@ -81,16 +85,18 @@ TEST(ToolParserTest, GlmValuesFollowVllmDeserialization) {
   ToolSchemas schemas = ToolSchemas::FromOpenAiTools(nlohmann::json::parse(R"([
       {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
        "properties": {"zip": {"type": "string"}, "n": {"type": "integer"}}}}}])"));
-  f = Whole("<tool_call>f<arg_key>zip</arg_key><arg_value> 01234</arg_value>"
-            "<arg_key>n</arg_key><arg_value>5</arg_value></tool_call>",
-            ToolCallFormat::kGlm, false, schemas);
+  f = Whole(
+      "<tool_call>f<arg_key>zip</arg_key><arg_value> 01234</arg_value>"
+      "<arg_key>n</arg_key><arg_value>5</arg_value></tool_call>",
+      ToolCallFormat::kGlm, false, schemas);
   EXPECT_EQ(f.calls[0].second, R"({"zip": " 01234", "n": 5})");
 }
 
 TEST(ToolParserTest, GlmReasoningStartsInPrompt) {
-  Flat f = Whole("The user wants weather.\n</think>I'll look it up.\n<tool_call>get_weather\n"
-                 "<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
-                 ToolCallFormat::kGlm, true);
+  Flat f = Whole(
+      "The user wants weather.\n</think>I'll look it up.\n<tool_call>get_weather\n"
+      "<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
+      ToolCallFormat::kGlm, true);
   EXPECT_EQ(f.reasoning, "The user wants weather.");
   EXPECT_EQ(f.content, "I'll look it up.");
   ASSERT_EQ(f.calls.size(), 1u);
@@ -105,11 +111,12 @@ TEST(ToolParserTest, GlmReasoningStartsInPrompt) {
 }
 
 TEST(ToolParserTest, QwenToolCallsAndSelfOpenedThinking) {
-  Flat f = Whole("<think>\nNeed two lookups.\n</think>\n\nSure.\n<tool_call>\n"
-                 "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
-                 "<tool_call>\n{\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"CET\\\"}\"}\n"
-                 "</tool_call>",
-                 ToolCallFormat::kQwen, false);
+  Flat f = Whole(
+      "<think>\nNeed two lookups.\n</think>\n\nSure.\n<tool_call>\n"
+      "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"CET\\\"}\"}\n"
+      "</tool_call>",
+      ToolCallFormat::kQwen, false);
   EXPECT_EQ(f.reasoning, "Need two lookups.");
   EXPECT_EQ(f.content, "Sure.");
   ASSERT_EQ(f.calls.size(), 2u);
@@ -212,6 +219,17 @@ TEST(ToolParserTest, StreamingEqualsWholeTextAtEveryByteBoundary) {
       EXPECT_EQ(Streamed(pieces, c.format, c.in_reasoning), whole) << "trial " << trial;
     }
   }
+}
+
+TEST(ToolParserTest, HostileNestingFallsBackToStrings) {
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  Flat f = Whole("<tool_call>f<arg_key>a</arg_key><arg_value>" + deep + "</arg_value></tool_call>",
+                 ToolCallFormat::kGlm, false);
+  ASSERT_EQ(f.calls.size(), 1u);
+  EXPECT_EQ(f.calls[0].second.size(), deep.size() + 9);  // {"a": "[[...]]"}
+  f = Whole("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}</tool_call>",
+            ToolCallFormat::kQwen, false);
+  EXPECT_TRUE(f.calls.empty());
 }
 
 TEST(ToolParserTest, ToolCallIdsAreUnique) {

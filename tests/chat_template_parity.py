@@ -51,7 +51,8 @@ SPECIAL_TOKENS = {
 # --- the oracle -----------------------------------------------------------------------------
 
 def make_oracle(force_replica=False):
-    """Returns render(source, messages, tools, add_generation_prompt, kwargs, special)."""
+    """Returns (render(source, messages, tools, add_generation_prompt, kwargs, special),
+    render_raw(source, context), name)."""
     try:
         if force_replica:
             raise ImportError("--oracle jinja2")
@@ -68,7 +69,10 @@ def make_oracle(force_replica=False):
                 add_generation_prompt=agp, **template_kwargs)
             return rendered[0]
 
-        return render, "transformers"
+        def render_raw(source, context):
+            return ctu._compile_jinja_template(source).render(**context)
+
+        return render, render_raw, "transformers"
     except Exception as e:  # pragma: no cover - depends on the venv
         print(f"note: transformers unavailable ({type(e).__name__}: {e}); using a jinja2 replica")
 
@@ -135,7 +139,10 @@ def make_oracle(force_replica=False):
         return env.from_string(source).render(messages=conv, tools=tools, documents=None,
                                               add_generation_prompt=agp, **{**special, **kwargs})
 
-    return render, "jinja2 replica"
+    def render_raw(source, context):
+        return env.from_string(source).render(**context)
+
+    return render, render_raw, "jinja2 replica"
 
 
 # --- the conversations -----------------------------------------------------------------------
@@ -278,6 +285,208 @@ def build_cases():
     return cases
 
 
+
+
+# --- engine phase: hand-written snippets and seeded random expressions -------------------------
+#
+# Each snippet is its own template rendered with ENGINE_CONTEXT by jinja2 in transformers'
+# environment and by `ringctl chat-template --raw`; the same equality rule applies.
+
+ENGINE_CONTEXT = {
+    "d": {"a": 1, "b": [1, 2, {"c": "x"}], "items": 2, "s": "Hé llo", "n": None},
+    "l": [3, 1, 2],
+    "ls": ["b", "A", "a", "é"],
+    "s": "Hello, World! héllo 😀",
+    "n": None,
+    "f": 2.5,
+    "i": 7,
+    "t": True,
+    "msgs": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi there"},
+             {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]}],
+}
+
+ENGINE_SNIPPETS = [
+    "{{ 1 + 2 * 3 - 4 / 2 }}|{{ 2 ** 3 ** 2 }}|{{ -2 ** 2 }}|{{ 7 // -2 }}|{{ -7.5 % 2 }}",
+    "{{ 'a' ~ 1 ~ none ~ true }}|{{ 1 ~ 2 * 3 }}|{{ [1, 2] ~ '' }}",
+    "{{ not 1 is defined }}|{{ 1 if false }}|{{ 'x' if 0 else 'y' if none else 'z' }}",
+    "{{ s[::-1] }}|{{ s[3:-3] }}|{{ s[100:] }}|{{ l[::-2] }}|{{ s[-1] }}|{{ s | length }}",
+    "{{ d['items'] }}|{{ d.a }}|{{ d.b[2].c }}|{{ d.b.2.c }}|{{ d.zz is defined }}",
+    "{{ s.split() }}|{{ s.split(',', 1) }}|{{ s.rsplit('l', 2) }}|{{ s.lower().title() }}|{{ s.count('l') }}",
+    "{{ s.startswith(('x', 'He')) }}|{{ s.endswith('😀') }}|{{ s.find('W') }}|{{ s.replace('l', 'L', 2) }}",
+    "{{ '  x y  '.strip() }}|{{ 'xxyxx'.strip('x') }}|{{ '\\t a'.lstrip() }}|{{ 'a\\n'.rstrip() }}",
+    "{{ '{} {x} {0!r}'.format('a', x='b') }}|{{ '%s=%r' | format('k', 'v') }}|{{ ','.join(ls) }}",
+    "{{ ls | sort }}|{{ ls | sort(reverse=true, case_sensitive=true) }}|{{ ls | unique | list }}|{{ ls | max }}|{{ ls | min }}",
+    "{{ l | sum }}|{{ l | sort | first }}|{{ l | last }}|{{ l | reverse | list }}|{{ l | batch(2) | list }}",
+    "{{ {'b': 2, 'A': 1, 'a': 3} | dictsort }}|{{ {'x': 1} | items | list }}",
+    "{{ msgs | map(attribute='role') | join('/') }}|{{ msgs | selectattr('content') | list | length }}|{{ msgs | rejectattr('content', 'none') | map(attribute='role') | list }}",
+    "{{ msgs | selectattr('tool_calls', 'defined') | map(attribute='tool_calls') | first | first | tojson }}",
+    "{{ d | tojson }}|{{ d | tojson(indent=1) }}|{{ s | tojson(ensure_ascii=true) }}|{{ l | tojson(separators=(',', ':')) }}",
+    "{{ f | round }}|{{ 2.675 | round(2) }}|{{ 3.14159 | round(2, 'floor') }}|{{ -3 | abs }}|{{ '3.9' | float }}|{{ '0x1A' | int(0, 16) }}",
+    "{{ 'abc' | center(9) }}|{{ 'a b\\nc' | wordcount }}|{{ 'hi\\nthere' | indent(3, true) }}|{{ 'x' * 3 }}",
+    "{{ i is odd }}{{ i is divisibleby 7 }}{{ s is string }}{{ l is sequence }}{{ d is mapping }}{{ n is none }}{{ t is boolean }}{{ f is float }}{{ i is integer }}",
+    "{{ 'é' is lower }}{{ 'A' is upper }}{{ 2 is in l }}{{ 'a' is in d }}{{ l is iterable }}{{ i is number }}{{ undefined_x is undefined }}",
+    "{% for k, v in d.items() if k != 'b' %}{{ loop.index }}:{{ k }}={{ v }}{{ ',' if not loop.last }}{% endfor %}",
+    "{% for x in l %}{{ loop.revindex0 }}{{ loop.previtem | default('-') }}{{ loop.cycle('a', 'b', 'c') }}{% endfor %}",
+    "{% for c in s if c is upper %}{{ c }}{% else %}none{% endfor %}|{% for x in [] %}{% else %}empty{% endfor %}",
+    "{% set ns = namespace(n=0, acc='') %}{% for m in msgs %}{% set ns.n = ns.n + 1 %}{% set ns.acc = ns.acc ~ m.role[0] %}{% endfor %}{{ ns.n }}{{ ns.acc }}",
+    "{% macro m(a, b='B', c=none) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }}|{{ m(1, c=3) }}|{{ m(a=2, b=none) }}",
+    "{% macro outer() %}[{{ caller('x') }}]{% endmacro %}{% call(v) outer() %}got {{ v }}{% endcall %}",
+    "{%- set x -%}\n  block {{ 1 }}  \n{%- endset -%}[{{ x }}]",
+    "  {% if t %}\n  yes\n  {% endif %}\n{{ 'v' }}  \n  {%- if t %} trimmed{% endif %}\n",
+    "{{ range(3) | list }}{{ range(2, 9, 3) | list }}{{ range(0) | list }}{{ range(3, 0, -1) | list }}",
+    "{{ [1, 2] == [1, 2] }}{{ (1, 2) == [1, 2] }}{{ {'a': 1} == {'a': 1.0} }}{{ 1 == true }}{{ none == none }}{{ 'a' < 'b' < 'c' }}",
+    "{{ [[1, 2], [1, 3]] | max }}|{{ [(2, 'b'), (1, 'a')] | sort }}|{{ ['a', 'B'] | sort(case_sensitive=true) }}",
+    "{{ ['x', 'y'] | map('upper') | list }}|{{ [' a', 'b '] | map('trim') | join }}|{{ [1, 2, 3] | select('gt', 1) | list }}",
+    "{{ 'Mixed Case' | lower | title | replace(' ', '_') | capitalize }}",
+    "{{ {'k': 'v'}.get('k') }}{{ {'k': 'v'}.get('z', 'dflt') }}{{ {'k': 'v'}.keys() | list }}{{ {'k': 'v'}.values() | list }}",
+    "{{ none | default('d') }}{{ undefined_y | default('d') }}{{ '' | default('d', true) }}{{ 0 | d('zero', true) }}",
+    "{{ raise_exception('custom failure ' ~ i) }}",
+    "{{ undefined_z.attr }}",
+    "{{ l.append(4) }}",
+    "{{ 1 + 'a' }}",
+    "{{ [] | first }}|{{ [] | last }}|{{ {} | length }}|{{ '' | list }}",
+    "{{ 'a' in none }}",
+]
+
+
+def random_snippets(count, seed):
+    """Seeded random expressions over ENGINE_CONTEXT (typed so most evaluate)."""
+    import random
+    rng = random.Random(seed)
+    strs = ["s", "d.s", "'abc'", "'A b'", "'héllo'", "'x,y,,z'", "'  pad  '", "(s ~ '!')", "'😀ok'"]
+    nums = ["i", "f", "l[0]", "d.a", "3", "-2", "0", "1.5", "(i // 2)", "(l | length)", "(s | length)"]
+    lists = ["l", "ls", "d.b", "[1, 'a', none]", "(l | sort)", "s.split()", "(ls | unique | list)", "msgs", "[]"]
+    dicts = ["d", "{'k': 1, 'j': [1]}", "msgs[1]", "{}"]
+    anys = ["n", "t", "undefined_v", "d.missing", "none", "true"]
+
+    def S(depth):
+        c = rng.randrange(12 if depth < 3 else 1)
+        if c == 0 or depth >= 3:
+            return rng.choice(strs)
+        if c == 1:
+            return f"({S(depth + 1)} ~ {X(depth + 1)})"
+        if c == 2:
+            return f"{S(depth + 1)}.{rng.choice(['upper', 'lower', 'title', 'capitalize', 'strip'])}()"
+        if c == 3:
+            return f"{S(depth + 1)}.replace({rng.choice(strs)}, {rng.choice(strs)})"
+        if c == 4:
+            return f"({S(depth + 1)} | {rng.choice(['trim', 'upper', 'lower', 'title', 'capitalize', 'string', 'tojson', 'reverse'])})"
+        if c == 5:
+            return f"{S(depth + 1)}[{rng.choice(['0', '-1', '1:', ':2', '::-1', '1:-1', '::2'])}]"
+        if c == 6:
+            return f"({L(depth + 1)} | join({rng.choice(strs)}))"
+        if c == 7:
+            return f"({X(depth + 1)} | string)"
+        if c == 8:
+            return f"({X(depth + 1)} | tojson)"
+        if c == 9:
+            return f"({S(depth + 1)} if {B(depth + 1)} else {S(depth + 1)})"
+        if c == 10:
+            return f"({S(depth + 1)} * {rng.choice(['0', '1', '2'])})"
+        return f"{S(depth + 1)}.strip({rng.choice(strs)})"
+
+    def N(depth):
+        c = rng.randrange(9 if depth < 3 else 1)
+        if c == 0 or depth >= 3:
+            return rng.choice(nums)
+        op = rng.choice(["+", "-", "*", "/", "//", "%"])
+        if c <= 3:
+            return f"({N(depth + 1)} {op} {N(depth + 1)})"
+        if c == 4:
+            return f"({L(depth + 1)} | length)"
+        if c == 5:
+            return f"{S(depth + 1)}.count({rng.choice(strs)})"
+        if c == 6:
+            return f"({S(depth + 1)} | length)"
+        if c == 7:
+            return f"({N(depth + 1)} | {rng.choice(['abs', 'int', 'float', 'round'])})"
+        return f"{S(depth + 1)}.find({rng.choice(strs)})"
+
+    def L(depth):
+        c = rng.randrange(8 if depth < 3 else 1)
+        if c == 0 or depth >= 3:
+            return rng.choice(lists)
+        if c == 1:
+            return f"({L(depth + 1)} + {L(depth + 1)})"
+        if c == 2:
+            return f"({L(depth + 1)} | {rng.choice(['reverse', 'list', 'unique', 'sort'])} | list)"
+        if c == 3:
+            return f"{L(depth + 1)}[{rng.choice(['1:', ':1', '::-1', '-2:'])}]"
+        if c == 4:
+            return f"{S(depth + 1)}.split({rng.choice(['', strs[5], repr(',')])})"
+        if c == 5:
+            return f"({D(depth + 1)} | dictsort)"
+        if c == 6:
+            return f"({L(depth + 1)} | select({rng.choice(['', repr('odd'), repr('string'), repr('defined')])}) | list)"
+        return f"({D(depth + 1)}.keys() | list)"
+
+    def D(depth):
+        return rng.choice(dicts)
+
+    def B(depth):
+        c = rng.randrange(8 if depth < 3 else 1)
+        if c == 0 or depth >= 3:
+            return rng.choice(["t", "not t", "n is none", "(i > 3)", "d.missing is defined"])
+        if c == 1:
+            return f"({X(depth + 1)} is {rng.choice(['defined', 'none', 'string', 'number', 'mapping', 'iterable', 'sequence', 'integer', 'float', 'boolean'])})"
+        if c == 2:
+            return f"({X(depth + 1)} {rng.choice(['==', '!='])} {X(depth + 1)})"
+        if c == 3:
+            return f"({N(depth + 1)} {rng.choice(['<', '<=', '>', '>='])} {N(depth + 1)})"
+        if c == 4:
+            return f"({S(depth + 1)} in {S(depth + 1)})"
+        if c == 5:
+            return f"({B(depth + 1)} {rng.choice(['and', 'or'])} {X(depth + 1)})"
+        if c == 6:
+            return f"{S(depth + 1)}.startswith({rng.choice(strs)})"
+        return f"({X(depth + 1)} not in {L(depth + 1)})"
+
+    def X(depth):
+        return rng.choice([S, N, L, D, B, lambda d: rng.choice(anys)])(depth)
+
+    # Whitespace control: text with spaces/tabs/newlines around tags with -, + and none.
+    def ws_text():
+        return "".join(rng.choice([" ", "  ", "\t", "\n", "\n\n", "x", "y z", ""]) for _ in range(rng.randrange(4)))
+
+    def tag(kind, body):
+        left = rng.choice(["", "-", "+"]) if kind != "{{" else rng.choice(["", "-"])
+        right = rng.choice(["", "-", "+"]) if kind != "{{" else rng.choice(["", "-"])
+        close = {"{%": "%}", "{{": "}}", "{#": "#}"}[kind]
+        return f"{kind}{left} {body} {right}{close}"
+
+    def block(depth):
+        parts = []
+        for _ in range(rng.randrange(1, 4)):
+            parts.append(ws_text())
+            c = rng.randrange(6 if depth < 3 else 3)
+            if c == 0:
+                parts.append(tag("{{", rng.choice(["'v'", "i", "loop.index if loop is defined else 0"])))
+            elif c == 1:
+                parts.append(tag("{#", "note"))
+            elif c == 2:
+                parts.append(tag("{%", rng.choice(["set q = 1", "set q = 2"])))
+            elif c == 3:
+                parts += [tag("{%", "if t"), block(depth + 1), tag("{%", "else"), block(depth + 1), tag("{%", "endif")]
+            elif c == 4:
+                parts += [tag("{%", "for z in l"), block(depth + 1), tag("{%", "endfor")]
+            else:
+                parts += [tag("{%", "macro mm(a)"), block(depth + 1), tag("{%", "endmacro"), ws_text(),
+                          tag("{{", "mm(1)")]
+        parts.append(ws_text())
+        return "".join(parts)
+
+    shapes = ["{{ %s }}", "{{ (%s) | tojson }}", "{% if %s %}T{% else %}F{% endif %}",
+              "{% for x in (%s if %s is iterable and %s is not none else []) %}[{{ x }}]{% endfor %}"]
+    out = []
+    for k in range(count):
+        if k % 5 == 4:
+            out.append(block(0))
+        else:
+            out.append(rng.choice(shapes).replace("%s", X(0)))
+    return out
+
+
+
 # --- comparison ------------------------------------------------------------------------------
 
 def run_ours(ringctl, template_path, special, cases):
@@ -304,6 +513,32 @@ def first_difference(a, b):
     return min(len(a), len(b))
 
 
+def run_engine_phase(render_raw, ringctl, count, seed, verbose):
+    """Returns (cases, mismatches)."""
+    snippets = ENGINE_SNIPPETS + random_snippets(count, seed)
+    payload = "".join(json.dumps({"template": t, "context": ENGINE_CONTEXT}, ensure_ascii=False) + "\n"
+                      for t in snippets)
+    proc = subprocess.run([ringctl, "chat-template", "--raw"], input=payload.encode(),
+                          capture_output=True, timeout=300)
+    lines = proc.stdout.decode().splitlines()
+    if len(lines) != len(snippets):
+        raise RuntimeError(f"--raw: expected {len(snippets)} lines, got {len(lines)}: "
+                           f"{proc.stderr.decode(errors='replace')[:500]}")
+    failures = []
+    for src, line in zip(snippets, lines):
+        got = json.loads(line)
+        try:
+            want = ("text", render_raw(src, copy.deepcopy(ENGINE_CONTEXT)))
+        except Exception as e:
+            want = ("error", f"{type(e).__name__}: {e}")
+        have = ("text", got["text"]) if "text" in got else ("error", got.get("error"))
+        if not (want == have or want[0] == have[0] == "error"):
+            failures.append((src, want, have))
+        elif verbose and want[0] == "error":
+            print(f"  both raise: {src[:80]!r}: {want[1][:80]} | {have[1][:80]}")
+    return len(snippets), failures
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ringctl", required=True)
@@ -311,10 +546,12 @@ def main():
     ap.add_argument("--oracle", choices=["auto", "jinja2"], default="auto",
                     help="jinja2: use the replica of transformers' environment even when "
                          "transformers is importable")
+    ap.add_argument("--fuzz", type=int, default=3000, help="random engine expressions")
+    ap.add_argument("--seed", type=int, default=20260501)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
 
-    render, oracle_name = make_oracle(args.oracle == "jinja2")
+    render, render_raw, oracle_name = make_oracle(args.oracle == "jinja2")
     cases = build_cases()
     names = sorted(f for f in os.listdir(args.templates) if f.endswith(".jinja"))
     if not names:
@@ -360,9 +597,16 @@ def main():
         else:
             print(f"  transformers: {want[0]}: {str(want[1])[:300]!r}")
             print(f"  ours:         {have[0]}: {str(have[1])[:300]!r}")
-    print(f"\n{matched}/{total} cases identical ({both_errors} raise in both); "
+    print(f"\n{matched}/{total} chat cases identical ({both_errors} raise in both); "
           f"{len(failures)} mismatches")
-    return 0 if not failures else 1
+
+    n_engine, engine_failures = run_engine_phase(render_raw, args.ringctl, args.fuzz, args.seed,
+                                                   args.verbose)
+    for src, want, have in engine_failures[:20]:
+        print(f"\nENGINE MISMATCH {src!r}\n  jinja2: {want!r}\n  ours:   {have!r}")
+    print(f"engine: {n_engine - len(engine_failures)}/{n_engine} snippets identical "
+          f"({len(ENGINE_SNIPPETS)} hand-written, {args.fuzz} random, seed {args.seed})")
+    return 0 if not failures and not engine_failures else 1
 
 
 if __name__ == "__main__":
