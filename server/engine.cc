@@ -161,8 +161,12 @@ void Engine::SuperviseLoop() {
       metrics_->ring_reforms.Increment();
       cv_.notify_all();
     } else if (ring_ == nullptr) {
-      ring_status_ = absl::UnavailableError(
-          absl::StrCat("ring not formed: ", formed.status().message(), " (retrying)"));
+      const std::string why(formed.status().message());
+      if (why != last_form_error_) {  // once per distinct reason, not every retry
+        std::cerr << "ring-server: ring not formed: " << why << " (retrying)" << std::endl;
+        last_form_error_ = why;
+      }
+      ring_status_ = absl::UnavailableError(absl::StrCat("ring not formed: ", why, " (retrying)"));
       cv_.wait_for(l, absl::ToChronoNanoseconds(options_.reform_backoff),
                    [this] { return stopping_; });
     }

@@ -152,6 +152,7 @@ class Engine {
   std::vector<std::string> missing_;  // workers left out of a degraded ring
   std::vector<std::string> drained_;
   bool reform_requested_ = false;
+  std::string last_form_error_;
   bool stopping_ = false;
   std::thread supervisor_;
 

@@ -16,7 +16,9 @@
 namespace ring {
 namespace {
 
-using json = nlohmann::json;
+// ordered_json: tool schemas must reach the chat template with the key order the client
+// sent (HF renders them in that order; a sorted map would change the prompt).
+using json = nlohmann::ordered_json;
 
 // Thrown by request parsing and caught in Handle: validation reads as a straight line.
 struct ApiError {
@@ -452,7 +454,7 @@ void OpenAiApi::HandleCompletion(http::HttpRequest req, std::shared_ptr<http::Ht
     // The prompt.
     if (chat) {
       if (!body.contains("messages")) Fields::Fail("messages", "is required");
-      text::ChatTemplateInputs in;
+      text::OrderedChatTemplateInputs in;
       in.messages = NormalizeMessages(body["messages"]);
       std::string tool_choice = "auto";
       if (f.Has("tool_choice")) {
@@ -473,7 +475,7 @@ void OpenAiApi::HandleCompletion(http::HttpRequest req, std::shared_ptr<http::Ht
       }
       in.add_generation_prompt = f.Bool("add_generation_prompt").value_or(true);
       in.parse_tool_arguments = true;
-      job->tool_schemas = text::ToolSchemas::FromOpenAiTools(in.tools);
+      job->tool_schemas = text::ToolSchemas::FromOpenAiTools(nlohmann::json::parse(in.tools.dump()));
       auto prompt = chat_template_->Apply(in);
       if (!prompt.ok()) {
         throw ApiError{400, absl::StrCat("chat template: ", prompt.status().message()),

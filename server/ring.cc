@@ -132,8 +132,13 @@ class RemoteRing final : public Ring {
     }
     RING_ASSIGN_OR_RETURN(pb::DescribeResponse d, ring->clients_.front()->Describe(o.model));
     const pb::ModelInfo& info = d.probed();
+    std::vector<int64_t> split = o.split;
+    if (split.empty() && o.auto_plan && ring->clients_.size() > 1) {
+      RING_ASSIGN_OR_RETURN(RingPlan plan, PlanForWorkers(o));
+      split = plan.LayerCounts();
+    }
     RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges,
-                          PlanStageRanges(o.split, info.num_layers(),
+                          PlanStageRanges(split, info.num_layers(),
                                           static_cast<int>(ring->clients_.size())));
     // fp32 on the wire when asked for (bit-exact); otherwise the model's activation dtype.
     pb::DType act = pb::DTYPE_UNSPECIFIED;
@@ -267,6 +272,43 @@ absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_
         absl::StrCat("split sums to ", begin, " layers; the model has ", num_layers));
   }
   return out;
+}
+
+absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& o) {
+  worker::StageClientOptions co;
+  co.call_timeout = o.step_timeout;
+  co.auth_token = o.auth_token;
+  co.tls_ca = o.tls_ca;
+  co.tls_cert = o.tls_cert;
+  co.tls_key = o.tls_key;
+  std::vector<PlanWorker> workers;
+  PlanModel model;
+  for (size_t i = 0; i < o.workers.size(); ++i) {
+    worker::StageClient c(o.workers[i], static_cast<int>(i), co);
+    // Every worker probes the model: each must have it, and it must be the same one.
+    RING_ASSIGN_OR_RETURN(pb::DescribeResponse d, c.Describe(o.model));
+    if (i == 0) {
+      model.layer_bytes.assign(d.probed().layer_bytes().begin(), d.probed().layer_bytes().end());
+      model.first_stage_extra_bytes = d.probed().first_stage_extra_bytes();
+      model.last_stage_extra_bytes = d.probed().last_stage_extra_bytes();
+      model.kv_bytes_per_token_per_layer = d.probed().kv_bytes_per_token_per_layer();
+    } else if (static_cast<int64_t>(model.layer_bytes.size()) != d.probed().layer_bytes_size()) {
+      return absl::FailedPreconditionError(absl::StrCat(c.name(), " holds a different '", o.model, "'"));
+    }
+    // A worker that already holds a stage counts that memory as available to the plan.
+    int64_t free = d.memory_free_bytes();
+    if (d.loaded()) {
+      for (int64_t l = d.layer_begin(); l < d.layer_end() && l < static_cast<int64_t>(model.layer_bytes.size()); ++l) {
+        free += model.layer_bytes[l];
+      }
+    }
+    workers.push_back({o.workers[i], free, d.memory_bandwidth_bytes_per_s()});
+  }
+  PlanOptions po;
+  po.context_tokens = o.plan_context_tokens;
+  po.sequences = o.plan_sequences;
+  po.split = o.split;
+  return PlanRing(workers, model, po);
 }
 
 std::vector<std::string> ReachableWorkers(const RingOptions& o, absl::Duration timeout) {

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "kernels/cpu/ops.h"
 #include "models/model.h"
+#include "server/planner.h"
 
 namespace ring {
 
@@ -46,6 +47,11 @@ struct RingOptions {
   // Inter-node auth (worker/stage_client.h): shared token and/or TLS, PEM contents.
   std::string auth_token;
   std::string tls_ca, tls_cert, tls_key;
+  // Remote ring without a split: plan it by the workers' free memory and measured
+  // bandwidth (server/planner.h) instead of an even split.
+  bool auto_plan = false;
+  int64_t plan_context_tokens = 4096;  // KV budget per sequence
+  int64_t plan_sequences = 1;
 };
 
 struct RingModelInfo {
@@ -97,6 +103,10 @@ class Ring {
   };
   virtual std::vector<ActivationStats> activation_stats() const = 0;
 };
+
+// Describes every worker of `options` (probing options.model) and plans the split
+// (server/planner.h); options.split, when set, is checked instead of optimized.
+absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& options);
 
 // The workers of `options` that answer Describe within `timeout`, in ring order.
 std::vector<std::string> ReachableWorkers(const RingOptions& options, absl::Duration timeout);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "ringserve/v1/coordinator.grpc.pb.h"
+#include "server/planner.h"
 #include "server/ringctl_command.h"
 
 namespace ring::ctl {
@@ -60,16 +61,7 @@ int Report(const grpc::Status& s, const AdminFlags& f, const char* what) {
   return 1;
 }
 
-std::string Bytes(int64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrCat(b, " B") : absl::StrFormat("%.1f %s", v, units[u]);
-}
+std::string Bytes(int64_t b) { return HumanBytes(b); }
 
 std::string Json(const google::protobuf::Message& m) {
   std::string out;

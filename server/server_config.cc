@@ -134,6 +134,7 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const st
   RING_CFG(ring, "step_timeout_s", step_timeout_s);
   RING_CFG(ring, "load_timeout_s", load_timeout_s);
   RING_CFG(ring, "failover_timeout_s", failover_timeout_s);
+  RING_CFG(ring, "plan", plan);
   RING_CFG(ring, "auth_token_file", auth_token_file);
   RING_CFG(ring, "tls_ca_file", tls_ca_file);
   RING_CFG(ring, "tls_cert_file", tls_cert_file);
@@ -192,6 +193,7 @@ absl::Status ServerConfig::Finalize() {
   if (max_concurrent_requests < 1) return absl::InvalidArgumentError("server.max_concurrent_requests must be >= 1");
   if (max_body_bytes < 1024) return absl::InvalidArgumentError("server.max_body_bytes must be >= 1024");
   if (default_max_tokens < 1) return absl::InvalidArgumentError("model.default_max_tokens must be >= 1");
+  if (plan != "auto" && plan != "even") return absl::InvalidArgumentError("ring.plan must be \"auto\" or \"even\"");
   if (failover_timeout_s < 0) return absl::InvalidArgumentError("ring.failover_timeout_s must be >= 0");
   if (step_timeout_s <= 0 || load_timeout_s <= 0 || read_timeout_s <= 0 || idle_timeout_s <= 0 ||
       write_timeout_s <= 0) {
@@ -234,6 +236,9 @@ RingOptions ServerConfig::ToRingOptions() const {
   o.all_logits = false;
   o.step_timeout = absl::Seconds(step_timeout_s);
   o.load_timeout = absl::Seconds(load_timeout_s);
+  o.auto_plan = plan == "auto";
+  o.plan_context_tokens = max_context > 0 ? max_context : 4096;
+  o.plan_sequences = max_concurrent_requests;
   o.auth_token = auth_token;
   o.tls_ca = tls_ca;
   o.tls_cert = tls_cert;

@@ -37,6 +37,7 @@
 //   step_timeout_s = 30
 //   load_timeout_s = 600
 //   failover_timeout_s = 60             # replay on a re-formed ring within this, else fail
+//   plan = "auto"                       # no split: by free memory + measured bandwidth; "even"
 //   auth_token_file = "/etc/ringserve/ring.token"   # workers run with the same file
 //   tls_ca_file = "ca.pem"                           # TLS to the workers (+ mTLS with:)
 //   tls_cert_file = "coordinator.pem"
@@ -82,6 +83,7 @@ struct ServerConfig {
   int local_stages = 1;
   double step_timeout_s = 30, load_timeout_s = 600;
   double failover_timeout_s = 60;  // wait this long for a re-formed ring, then fail
+  std::string plan = "auto";       // "auto": split by memory and bandwidth; "even"
   std::string auth_token_file, tls_ca_file, tls_cert_file, tls_key_file;
   // Filled by Finalize from the files above.
   std::string auth_token, tls_ca, tls_cert, tls_key;

@@ -2,6 +2,9 @@
 
 #include <limits>
 
+#include "kernels/cpu/bandwidth.h"
+#include "models/inspect.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +69,19 @@ uint64_t ModelHash(const std::string& dir) {
   return h;
 }
 
+// KV cache growth per token and layer of the CPU engine (fp32 caches): MLA keeps the
+// compressed latent + rope key (and the DSA indexer its keys); GQA keeps K and V.
+int64_t KvBytesPerTokenPerLayer(const ModelConfig& c) {
+  int64_t floats = 0;
+  if (c.kv_lora_rank > 0) {
+    floats = c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim;
+  } else {
+    const int64_t hd = c.head_dim > 0 ? c.head_dim : c.hidden_size / std::max<int64_t>(1, c.num_attention_heads);
+    floats = 2 * c.num_key_value_heads * hd;
+  }
+  return floats * 4;
+}
+
 absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::string& model) {
   RING_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(root, model));
   RING_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
@@ -80,6 +96,17 @@ absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::str
   info.set_dtype(cfg.torch_dtype == "float32"   ? "f32"
                  : cfg.torch_dtype == "float16" ? "f16"
                                                 : "bf16");
+  RING_ASSIGN_OR_RETURN(InspectReport report, InspectCheckpoint(dir));
+  for (const InspectLayer& l : report.layers) info.add_layer_bytes(static_cast<int64_t>(l.bytes));
+  int64_t embed = 0, other = 0;
+  for (const InspectGroup& g : report.groups) {
+    if (!g.layers.empty()) continue;
+    (g.kind.rfind("model.embed_tokens", 0) == 0 ? embed : other) += static_cast<int64_t>(g.bytes);
+  }
+  info.set_first_stage_extra_bytes(embed);
+  // A tied LM head reads the embedding too.
+  info.set_last_stage_extra_bytes(other + (cfg.tie_word_embeddings ? embed : 0));
+  info.set_kv_bytes_per_token_per_layer(KvBytesPerTokenPerLayer(cfg));
   return info;
 }
 
@@ -115,6 +142,16 @@ absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::
 
 WorkerService::WorkerService(WorkerOptions options)
     : options_(std::move(options)), listen_address_(options_.listen_address) {}
+
+double WorkerService::MeasuredBandwidth() {
+  // Measured once, on first use: 64 MiB is well above any last-level cache yet quick.
+  absl::MutexLock l(&bandwidth_mu_);
+  if (bandwidth_ == 0) {
+    cpu::BandwidthProbe probe(64 << 20);
+    bandwidth_ = probe.Measure(3);
+  }
+  return bandwidth_;
+}
 
 grpc::Status WorkerService::CheckAuth(const grpc::ServerContext* ctx) const {
   if (options_.auth_token.empty()) return grpc::Status::OK;
@@ -168,6 +205,7 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   resp->set_backend(options_.device);
   resp->add_devices(options_.device);
   resp->set_memory_free_bytes(MemAvailableBytes());
+  resp->set_memory_bandwidth_bytes_per_s(MeasuredBandwidth());
   resp->set_build_version(RING_BUILD_VERSION);
 #if defined(__x86_64__)
   resp->add_compiled_archs("x86_64");

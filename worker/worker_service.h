@@ -80,6 +80,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     uint64_t epoch = 0;
   };
 
+  // Memory read bandwidth of this machine (bytes/s), measured on first use.
+  double MeasuredBandwidth();
   // UNAUTHENTICATED unless the call carries the configured token.
   grpc::Status CheckAuth(const grpc::ServerContext* ctx) const;
   // One frame through the stage; the reply is ready to send. Errors name the hop.
@@ -103,6 +105,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;
+  absl::Mutex bandwidth_mu_;
+  double bandwidth_ ABSL_GUARDED_BY(bandwidth_mu_) = 0;
 };
 
 }  // namespace ring::worker

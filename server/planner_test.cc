@@ -1,0 +1,89 @@
+#include "server/planner.h"
+
+#include "gtest/gtest.h"
+
+namespace ring {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+PlanModel Uniform(int layers, int64_t bytes) {
+  PlanModel m;
+  m.layer_bytes.assign(layers, bytes);
+  return m;
+}
+
+PlanOptions NoKv() {
+  PlanOptions o;
+  o.headroom_fraction = 0;
+  o.headroom_min_bytes = 0;
+  return o;
+}
+
+TEST(PlannerTest, EqualWorkersSplitEvenly) {
+  auto p = PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 100 * kGiB, 1e11}}, Uniform(8, kGiB), NoKv());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{4, 4}));
+  EXPECT_NEAR(p->pipelined_tokens_per_s, 1e11 / (4.0 * kGiB), 1e-6);
+  EXPECT_NEAR(p->single_stream_tokens_per_s, 1e11 / (8.0 * kGiB), 1e-6);
+}
+
+TEST(PlannerTest, FasterWorkerTakesMoreLayers) {
+  auto p = PlanRing({{"slow", 100 * kGiB, 1e11}, {"fast", 100 * kGiB, 3e11}}, Uniform(8, kGiB), NoKv());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{2, 6}));
+}
+
+TEST(PlannerTest, MemoryLimitsOverrideSpeed) {
+  // The fast worker can hold only 3 layers.
+  auto p = PlanRing({{"slow", 100 * kGiB, 1e11}, {"fast", 3 * kGiB, 1e12}}, Uniform(8, kGiB), NoKv());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{5, 3}));
+  for (const auto& s : p->stages) EXPECT_LE(s.weight_bytes + s.kv_bytes, s.usable_bytes);
+}
+
+TEST(PlannerTest, HeadAndEmbeddingCount) {
+  PlanModel m = Uniform(4, kGiB);
+  m.first_stage_extra_bytes = 2 * kGiB;
+  auto p = PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 100 * kGiB, 1e11}}, m, NoKv());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(p->stages[0].weight_bytes, 3 * kGiB);
+}
+
+TEST(PlannerTest, KvBudgetIsReserved) {
+  PlanModel m = Uniform(4, kGiB);
+  m.kv_bytes_per_token_per_layer = 1 << 20;  // 1 MiB per token per layer
+  PlanOptions o = NoKv();
+  o.context_tokens = 1024;  // 1 GiB per layer
+  auto p = PlanRing({{"a", 4 * kGiB, 1e11}, {"b", 4 * kGiB, 1e11}}, m, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{2, 2}));
+  o.context_tokens = 2048;  // 2 GiB per layer: 3 GiB per layer does not fit 2 per worker
+  auto q = PlanRing({{"a", 4 * kGiB, 1e11}, {"b", 4 * kGiB, 1e11}}, m, o);
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(q.status().message().find("no split"), std::string::npos) << q.status();
+}
+
+TEST(PlannerTest, ManualSplitIsCheckedNotOptimized) {
+  PlanOptions o = NoKv();
+  o.split = {1, 7};
+  auto p = PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 100 * kGiB, 1e11}}, Uniform(8, kGiB), o);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{1, 7}));
+  o.split = {1, 7};
+  auto q = PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 6 * kGiB, 1e11}}, Uniform(8, kGiB), o);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find("worker b cannot hold layers 1..7"), std::string::npos) << q.status();
+  o.split = {3, 3};
+  EXPECT_FALSE(PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 100 * kGiB, 1e11}}, Uniform(8, kGiB), o).ok());
+}
+
+TEST(PlannerTest, MoreWorkersThanLayersIsRefused) {
+  auto p = PlanRing({{"a", kGiB, 1}, {"b", kGiB, 1}, {"c", kGiB, 1}}, Uniform(2, 1), NoKv());
+  EXPECT_FALSE(p.ok());
+}
+
+}  // namespace
+}  // namespace ring
