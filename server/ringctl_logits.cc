@@ -1,10 +1,12 @@
-// ringctl logits: run a model on the CPU reference engine (optionally split into stages)
-// and write float32 logits for every prompt position and every decode step as .npy.
+// ringctl logits: run a model on the CPU reference engine or a CUDA device (--backend
+// cpu|cuda|cuda:N; optionally split into stages) and write float32 logits for every prompt
+// position and every decode step as .npy.
 // With --workers the stages run on ring-worker processes instead (the coordinator sends
 // each step through them in order); the step loop is the same, so in-process and remote
 // results are comparable bit for bit.
 //
 //   ringctl logits --model /m/tiny --tokens 1,2,3 --stages 2 --out a.npy
+//   ringctl logits --model /m/tiny --tokens 1,2,3 --backend cuda --out g.npy
 //   ringctl logits --workers 127.0.0.1:7001,127.0.0.1:7002 --model tiny --tokens 1,2,3 --out b.npy
 #include <unistd.h>
 
@@ -22,8 +24,9 @@
 #include "kernels/status.h"
 #include "models/model.h"
 #include "models/stage_runner.h"
-#ifdef RING_HAVE_WORKER
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
+#ifdef RING_HAVE_WORKER
 #include "worker/stage_client.h"
 #endif
 #include "server/ringctl_command.h"
@@ -67,6 +70,9 @@ struct Options {
   std::string model, tokens, force_decode, out, backend = "cpu", act = "auto";
   std::string workers, split;
   int decode = 0, stages = 1, prefill_chunk = 0;
+  int64_t max_context = 0;
+  bool timing = false;
+  double jitter = 0;
   double step_timeout_s = 30;
 };
 
@@ -174,9 +180,12 @@ absl::StatusOr<Ring> RemoteRing(const Options& o, const LoadOptions& lo) {
 #endif
 
 absl::Status Run(const Options& o) {
-  if (o.backend != "cpu") {
-    return absl::UnimplementedError("--backend " + o.backend +
-                                    " is not built in this version; use --backend cpu");
+  absl::StatusOr<DeviceSpec> device = ParseDevice(o.backend);
+  if (!device.ok()) return absl::InvalidArgumentError("--backend: " + std::string(device.status().message()));
+  if (device->kind != DeviceSpec::Kind::kCpu && !o.workers.empty()) {
+    return absl::InvalidArgumentError(
+        "--backend applies to in-process stages; with --workers each ring-worker's --device "
+        "chooses");
   }
   std::vector<int32_t> prompt, forced;
   { auto p = ParseTokenList(o.tokens, "--tokens"); if (!p.ok()) return p.status(); prompt = *p; }
@@ -186,6 +195,9 @@ absl::Status Run(const Options& o) {
     return absl::InvalidArgumentError("--decode and --force-decode disagree on the step count");
   }
   LoadOptions lo;
+  lo.device = *device;
+  lo.max_context = o.max_context;
+  lo.TEST_jitter = o.jitter;
   if (o.act == "f32") lo.act_dtype = cpu::ActDType::kF32;
   else if (o.act == "bf16") lo.act_dtype = cpu::ActDType::kBF16;
   else if (o.act != "auto") return absl::InvalidArgumentError("--act must be auto, bf16 or f32");
@@ -203,6 +215,7 @@ absl::Status Run(const Options& o) {
   const int64_t vocab = ring.vocab;
 
   std::vector<float> all;
+  int32_t greedy = -1;  // argmax of the last row, as the last stage computed it
   auto step = [&](const std::vector<int32_t>& toks) -> absl::Status {
     StageInput in;
     in.tokens = toks;
@@ -210,6 +223,7 @@ absl::Status Run(const Options& o) {
       RING_ASSIGN_OR_RETURN(StageOutput out, ring.runners[i]->Forward(in));
       if (i + 1 == ring.runners.size()) {
         all.insert(all.end(), out.logits.begin(), out.logits.end());
+        greedy = out.argmax.empty() ? -1 : out.argmax.back();
       } else {
         in = StageInput{};
         in.hidden = std::move(out.hidden);
@@ -219,27 +233,48 @@ absl::Status Run(const Options& o) {
     return absl::OkStatus();
   };
   const size_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : prompt.size();
+  const absl::Time t_prefill = absl::Now();
   for (size_t b = 0; b < prompt.size(); b += chunk) {
     std::vector<int32_t> part(prompt.begin() + b,
                               prompt.begin() + std::min(prompt.size(), b + chunk));
     if (auto s = step(part); !s.ok()) return s;
   }
+  const absl::Duration prefill_time = absl::Now() - t_prefill;
   const int steps = forced.empty() ? o.decode : static_cast<int>(forced.size());
   std::vector<int32_t> emitted;
+  const absl::Time t_decode = absl::Now();
   for (int i = 0; i < steps; ++i) {
+    // Greedy: the stage's own argmax (on the GPU for a CUDA stage); remote stages do not
+    // send one, so the host takes it from the logits.
     const int32_t next =
-        forced.empty() ? static_cast<int32_t>(cpu::ArgMax(all.data() + all.size() - vocab, vocab))
-                       : forced[i];
+        !forced.empty() ? forced[i]
+        : greedy >= 0   ? greedy
+                        : static_cast<int32_t>(cpu::ArgMax(all.data() + all.size() - vocab, vocab));
     emitted.push_back(next);
     if (auto s = step({next}); !s.ok()) return s;
   }
+  const absl::Duration decode_time = absl::Now() - t_decode;
   if (ring.release) ring.release();
+  if (o.timing) {
+    // Wall time of the steps as the caller sees them: every step returns its logits to the
+    // host (all rows), so this includes the device-to-host copy of [rows, vocab] floats.
+    const double p_ms = absl::ToDoubleMilliseconds(prefill_time);
+    const double d_ms = absl::ToDoubleMilliseconds(decode_time);
+    std::cerr << "timing: prefill " << prompt.size() << " tokens " << p_ms << " ms ("
+              << (p_ms > 0 ? 1000.0 * prompt.size() / p_ms : 0) << " tok/s)";
+    if (steps > 0) {
+      std::cerr << ", decode " << steps << " steps " << d_ms << " ms (" << d_ms / steps
+                << " ms/step, " << 1000.0 * steps / d_ms << " tok/s)";
+    }
+    std::cerr << "\n";
+  }
   const int64_t rows = static_cast<int64_t>(all.size()) / vocab;
   if (!o.out.empty()) {
     if (auto s = WriteNpy(o.out, all, rows, vocab); !s.ok()) return s;
   }
   std::cerr << "logits: " << rows << " rows x " << vocab << " (" << ring.runners.size()
-            << (o.workers.empty() ? " stage(s))" : " remote stage(s))");
+            << (o.workers.empty() ? absl::StrCat(" stage(s) on ", device->ToString(), ")")
+                                  : std::string(" remote stage(s))"));
   if (!emitted.empty()) {
     std::cerr << ", decode tokens:";
     for (int32_t t : emitted) std::cerr << ' ' << t;
@@ -248,7 +283,7 @@ absl::Status Run(const Options& o) {
   return absl::OkStatus();
 }
 
-Registration reg("logits", "Run the CPU reference engine and write float32 logits (.npy)",
+Registration reg("logits", "Run the model (CPU reference engine or CUDA) and write float32 logits (.npy)",
                  [](CLI::App* cmd) -> Handler {
                    auto o = std::make_shared<Options>();
                    cmd->add_option("--model", o->model, "Model directory (MLX checkpoint)")->required();
@@ -266,9 +301,17 @@ Registration reg("logits", "Run the CPU reference engine and write float32 logit
                                    "then a name under their --model-root)");
                    cmd->add_option("--step-timeout", o->step_timeout_s,
                                    "Deadline in seconds of each remote call (default 30)");
-                   cmd->add_option("--backend", o->backend, "cpu");
+                   cmd->add_option("--backend", o->backend,
+                                   "cpu (reference engine), cuda or cuda:N (in-process stages)");
+                   cmd->add_option("--max-context", o->max_context,
+                                   "Positions a sequence may reach (0: the model's maximum)");
                    cmd->add_option("--act", o->act, "Activation dtype: auto (checkpoint's), bf16, f32");
                    cmd->add_option("--out", o->out, "Output .npy file: float32 [rows, vocab]");
+                   cmd->add_flag("--timing", o->timing,
+                                 "Print the wall time of the prefill and decode steps");
+                   cmd->add_option("--jitter", o->jitter,
+                                   "Diagnostic (cpu): perturb every matmul output by a relative "
+                                   "+-X before rounding, to measure the model's noise floor");
                    return [o] {
                      absl::Status s = Run(*o);
                      if (!s.ok()) {
