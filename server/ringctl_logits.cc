@@ -215,6 +215,9 @@ absl::Status Run(const Options& o) {
   const int64_t vocab = ring.vocab;
 
   std::vector<float> all;
+  // Every row's logits come back; reserve them all so growing the buffer never copies
+  // (at 150k vocab and 2k rows that is a 1.3 GB copy inside a timed decode step).
+  all.reserve((prompt.size() + (forced.empty() ? o.decode : forced.size())) * vocab);
   int32_t greedy = -1;  // argmax of the last row, as the last stage computed it
   auto step = [&](const std::vector<int32_t>& toks) -> absl::Status {
     StageInput in;

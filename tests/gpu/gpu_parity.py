@@ -10,8 +10,11 @@ prefill_chunk through the KV cache, then the forced decode tokens one at a time)
 reference engine and on the GPU, in the checkpoint's activation dtype, and compares every
 row: per-row NMSE = sum((gpu - cpu)^2) / sum(cpu^2) must be <= the threshold (1e-3) at
 every position. Also reported, for information: the GPU against the mlx-lm oracle's
-logits, greedy agreement, and the same comparison with fp32 activations (--act f32), where
-both engines compute the same function up to fp32 summation order. Unless --no-stages, the
+logits, greedy agreement, the same comparison with fp32 activations (--act f32), where
+both engines compute the same function up to fp32 summation order, and the model's noise
+floor: the CPU engine against itself with every matmul output perturbed by a relative 1e-6
+(`--jitter`), i.e. how far a difference of the size of an fp32 summation-order change
+travels through this bf16 network. Unless --no-stages, the
 GPU run split into 2 and 3 in-process stages (hidden state and IndexShare top-k crossing
 the boundaries through the host) must be bit-identical to the 1-stage GPU run.
 
@@ -101,6 +104,8 @@ def check(fdir: Path, args, tmp: Path):
                        args.timeout, ref.shape)
         gpu32, _ = run(args.ringctl, fdir, oracle, tmp / "gpu32.npy", args.backend, ["--act", "f32"],
                        args.timeout, ref.shape)
+        jit, _ = run(args.ringctl, fdir, oracle, tmp / "jitter.npy", "cpu", ["--jitter", "1e-6"],
+                     args.timeout, ref.shape)
     except RunError as e:
         res["msgs"].append(str(e))
         return res
@@ -111,6 +116,7 @@ def check(fdir: Path, args, tmp: Path):
     res["oracle"] = float(row_nmse(gpu, ref).max())
     res["cpu_oracle"] = float(row_nmse(cpu, ref).max())
     res["f32"] = float(row_nmse(gpu32, cpu32).max())
+    res["floor"] = float(row_nmse(jit, cpu).max())
     want = [int(np.argmax(cpu[T - 1 + i])) for i in range(N + 1)]
     got = [int(np.argmax(gpu[T - 1 + i])) for i in range(N + 1)]
     res["greedy"] = f"{sum(int(a == b) for a, b in zip(got, want))}/{N + 1}"
@@ -147,13 +153,15 @@ def fmt(x):
 def render(results, args):
     hdr = ["fixture", "family", "rows", "max NMSE gpu vs cpu", "mean NMSE", "greedy agree",
            "GPU stages 2/3 bit-identical", "result", "max NMSE gpu vs mlx-lm (info)",
-           "max NMSE cpu vs mlx-lm (info)", "max NMSE gpu vs cpu, --act f32 (info)"]
+           "max NMSE cpu vs mlx-lm (info)", "max NMSE gpu vs cpu, --act f32 (info)",
+           "noise floor: max NMSE cpu vs cpu --jitter 1e-6 (info)"]
     lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for r in results:
         lines.append("| " + " | ".join([
             r["name"], r["family"], str(r["rows"]), fmt(r.get("max")), fmt(r.get("mean")),
             r.get("greedy", "-"), r.get("stages", "-"), "PASS" if r["ok"] else "FAIL",
-            fmt(r.get("oracle")), fmt(r.get("cpu_oracle")), fmt(r.get("f32"))]) + " |")
+            fmt(r.get("oracle")), fmt(r.get("cpu_oracle")), fmt(r.get("f32")),
+            fmt(r.get("floor"))]) + " |")
     notes = [f"- `{r['name']}`: {m}" for r in results for m in r["msgs"]]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
@@ -192,7 +200,7 @@ def main():
             r = check(f, args, sub)
             results.append(r)
             print(f"{'PASS' if r['ok'] else 'FAIL'} {f.name}: max NMSE {fmt(r.get('max'))}, "
-                  f"f32 {fmt(r.get('f32'))}, stages {r.get('stages', '-')} "
+                  f"f32 {fmt(r.get('f32'))}, floor {fmt(r.get('floor'))}, stages {r.get('stages', '-')} "
                   f"(cpu {r['cpu_s']:.2f}s, gpu {r['gpu_s']:.2f}s)", flush=True)
             for m in r["msgs"]:
                 print(f"    {m}", flush=True)
