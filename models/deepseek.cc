@@ -2,22 +2,18 @@
 // (GLM-5.x). MLA attention with the compressed latent KV cache, the DSA lightning indexer
 // (v32 / GLM) with GLM-5.2 IndexShare, and DeepSeek MoE (sigmoid + correction bias,
 // group-limited top-k, shared experts). Follows shared spec §1 step by step; the comments
-// name the MLX rounding points that matter for agreement with mlx-lm.
+// name the MLX rounding points that matter for agreement with mlx-lm. Runs on any backend
+// (models/backend.h): the CPU reference engine or a CUDA device.
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/thread_pool.h"
 #include "kernels/status.h"
 #include "models/families.h"
 
 namespace ring::internal {
 namespace {
 
-using cpu::RoundAct;
-using cpu::RoundActInPlace;
-
-constexpr float kBf16Lowest = -3.3895313892515355e38f;  // finfo(bfloat16).min
 
 struct MlaLayer {
   TensorView input_norm, post_norm;
@@ -43,9 +39,9 @@ struct MlaLayer {
 };
 
 struct MlaCache {
-  std::vector<float> latent;   // [S, kv_lora]
-  std::vector<float> k_pe;     // [S, rope]
-  std::vector<float> index_k;  // [S, index_head_dim]
+  CacheRows latent;   // [S, kv_lora], post-norm
+  CacheRows k_pe;     // [S, rope], post-rope
+  CacheRows index_k;  // [S, index_head_dim] (full indexer layers only)
 };
 
 class MlaSequence : public SequenceState {
@@ -53,7 +49,9 @@ class MlaSequence : public SequenceState {
   explicit MlaSequence(int64_t layers) : caches(layers) {}
   int64_t cache_bytes() const override {
     int64_t b = 0;
-    for (const auto& c : caches) b += 4 * (c.latent.size() + c.k_pe.size() + c.index_k.size());
+    for (const auto& c : caches) {
+      b += 4 * position_ * (c.latent.width + c.k_pe.width + c.index_k.width);
+    }
     return b;
   }
   std::vector<MlaCache> caches;  // indexed by layer - range.begin
@@ -64,7 +62,16 @@ class MlaStage : public LayeredStage {
   using LayeredStage::LayeredStage;
   absl::Status Load();
   std::unique_ptr<Sequence> NewSequence() const override {
-    return std::make_unique<MlaSequence>(range().end - range().begin);
+    auto seq = std::make_unique<MlaSequence>(range().end - range().begin);
+    const ModelConfig& c = ctx_.cfg;
+    for (int64_t l = range().begin; l < range().end; ++l) {
+      MlaCache& cache = seq->caches[l - range().begin];
+      const MlaLayer& L = layers_[l - range().begin];
+      cache.latent.width = c.kv_lora_rank;
+      cache.k_pe.width = c.qk_rope_head_dim;
+      cache.index_k.width = L.indexer && !L.indexer_shared ? c.index_head_dim : 0;
+    }
+    return seq;
   }
 
  protected:
@@ -72,17 +79,20 @@ class MlaStage : public LayeredStage {
     const MlaLayer& L = layers_[layer - range().begin];
     return {L.input_norm, L.post_norm};
   }
+  absl::Status ReserveCaches(SequenceState& seq, int64_t rows) const override;
   absl::Status Attention(int64_t layer, SequenceState& seq, const float* x, int64_t rows,
-                         TopkCarry& carry, float* out) const override;
-  void FeedForward(int64_t layer, const float* x, int64_t rows, float* out) const override;
+                         TopkState& carry, float* out) const override;
+  absl::Status FeedForward(int64_t layer, const float* x, int64_t rows,
+                           float* out) const override;
 
  private:
-  void Attend(const MlaLayer& L, MlaCache& cache, const float* x, int64_t T, int64_t offset,
-              TopkCarry& carry, int64_t layer, float* out) const;
-  // Returns false when the context is short enough that the layer stays dense.
-  bool RunIndexer(const MlaLayer& L, MlaCache& cache, const float* x, const float* qr,
-                  int64_t T, int64_t offset, std::vector<int32_t>* topk) const;
-  void Moe(const MlaLayer& L, const float* x, int64_t T, float* out) const;
+  absl::Status Attend(const MlaLayer& L, MlaCache& cache, const float* x, int64_t T,
+                      int64_t offset, TopkState& carry, int64_t layer, float* out) const;
+  // Sets *sparse = false when the context is short enough that the layer stays dense;
+  // otherwise writes [T, index_topk] selected positions to *topk.
+  absl::Status RunIndexer(const MlaLayer& L, MlaCache& cache, const float* x, const float* qr,
+                          int64_t T, int64_t offset, bool* sparse, Buffer* topk) const;
+  absl::Status Moe(const MlaLayer& L, const float* x, int64_t T, float* out) const;
 
   std::vector<MlaLayer> layers_;
   RopeTable rope_, index_rope_;
@@ -91,7 +101,7 @@ class MlaStage : public LayeredStage {
 
 absl::Status MlaStage::Load() {
   const ModelConfig& c = ctx_.cfg;
-  WeightLoader w(*ctx_.ckpt, c);
+  WeightLoader w(*ctx_.ckpt, c, backend());
   const int64_t H = c.num_attention_heads, hid = c.hidden_size;
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int64_t kvl = c.kv_lora_rank;
@@ -101,6 +111,7 @@ absl::Status MlaStage::Load() {
         "qk_nope_head_dim, v_head_dim and an even qk_rope_head_dim"));
   }
   RING_ASSIGN_OR_RETURN(rope_, MakeRope(c.rope, rope, /*traditional=*/true));
+  RING_RETURN_IF_ERROR(backend().AddRope(rope_));
   scale_ = 1.f / std::sqrt(static_cast<float>(nope + rope));
   if (c.rope.type != "default" && c.rope.mscale_all_dim != 0 && c.rope.factor > 1) {
     const double s = 0.1 * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.0;
@@ -113,6 +124,7 @@ absl::Status MlaStage::Load() {
           "qk_rope_head_dim and a q_lora_rank");
     }
     RING_ASSIGN_OR_RETURN(index_rope_, MakeRope(c.rope, rope, c.indexer_rope_interleave));
+    RING_RETURN_IF_ERROR(backend().AddRope(index_rope_));
   }
   for (int64_t l = range().begin; l < range().end; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
@@ -185,251 +197,156 @@ absl::Status MlaStage::Load() {
   return LoadEnds(w);
 }
 
-bool MlaStage::RunIndexer(const MlaLayer& L, MlaCache& cache, const float* x, const float* qr,
-                          int64_t T, int64_t offset, std::vector<int32_t>* topk) const {
-  const ModelConfig& c = ctx_.cfg;
-  const auto t = ctx_.act;
-  const int64_t ih = c.index_n_heads, id = c.index_head_dim, hid = c.hidden_size;
-  std::vector<float> q(T * ih * id), k(T * id);
-  Linear(L.wq_b, qr, T, t, q.data());
-  Linear(L.wk, x, T, t, k.data());
-  cpu::LayerNorm(k.data(), T, id, L.k_norm_w, L.k_norm_b, 1e-5f, t, k.data());
-  ApplyRope(index_rope_, q.data(), T, ih, id, ih * id, offset, t);
-  ApplyRope(index_rope_, k.data(), T, 1, id, id, offset, t);
-  cache.index_k.insert(cache.index_k.end(), k.begin(), k.end());
-  const int64_t S = offset + T;
-  if (S <= c.index_topk) return false;
-  // scores[h][t][j] = relu(q_th . k_j) (bf16 matmul), times w_th = weights_proj(x) * scale.
-  std::vector<float> w(T * ih);
-  Linear(L.weights_proj, x, T, t, w.data());
-  const float wscale = static_cast<float>(1.0 / std::sqrt(double(ih)) / std::sqrt(double(id)));
-  for (auto& v : w) v = RoundAct(v * wscale, t);
-  std::vector<float> total(T * S);
-  topk->assign(T * c.index_topk, 0);
-  cpu::ParallelFor(T, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> hs(S);
-    for (int64_t r = t0; r < t1; ++r) {
-      float* tot = total.data() + r * S;
-      for (int64_t hh = 0; hh < ih; ++hh) {
-        const float* qh = q.data() + (r * ih + hh) * id;
-        for (int64_t j = 0; j < S; ++j) {
-          const float* kj = cache.index_k.data() + j * id;
-          float dot = 0.f;
-          for (int64_t d = 0; d < id; ++d) dot += qh[d] * kj[d];
-          dot = std::max(RoundAct(dot, t), 0.f);
-          const float sc = RoundAct(dot * w[r * ih + hh], t);
-          // mlx-lm sums heads one at a time in bf16 for s > 1 and with mx.sum (fp32
-          // accumulation, one rounding) for s == 1.
-          if (T > 1) {
-            tot[j] = hh == 0 ? sc : RoundAct(tot[j] + sc, t);
-          } else {
-            tot[j] = hh == 0 ? sc : tot[j] + sc;
-          }
-        }
-      }
-      if (T == 1) {
-        for (int64_t j = 0; j < S; ++j) tot[j] = RoundAct(tot[j], t);
-      } else {
-        for (int64_t j = offset + r + 1; j < S; ++j)
-          tot[j] = -std::numeric_limits<float>::infinity();
-      }
-      std::vector<int32_t> sel = cpu::TopKIndices(tot, S, c.index_topk);
-      std::copy(sel.begin(), sel.end(), topk->begin() + r * c.index_topk);
+absl::Status MlaStage::ReserveCaches(SequenceState& seq_base, int64_t rows) const {
+  auto& seq = static_cast<MlaSequence&>(seq_base);
+  for (int64_t l = range().begin; l < range().end; ++l) {
+    MlaCache& c = seq.caches[l - range().begin];
+    const std::string what = absl::StrCat("KV cache of layer ", l);
+    RING_RETURN_IF_ERROR(c.latent.Reserve(backend(), seq.position_, rows, ctx_.max_context,
+                                          what + " (MLA latent)"));
+    RING_RETURN_IF_ERROR(c.k_pe.Reserve(backend(), seq.position_, rows, ctx_.max_context,
+                                        what + " (rope key)"));
+    if (c.index_k.width > 0) {
+      RING_RETURN_IF_ERROR(c.index_k.Reserve(backend(), seq.position_, rows, ctx_.max_context,
+                                             what + " (indexer key)"));
     }
-  });
-  (void)hid;
-  return true;
+  }
+  return absl::OkStatus();
 }
 
-void MlaStage::Attend(const MlaLayer& L, MlaCache& cache, const float* x, int64_t T,
-                      int64_t offset, TopkCarry& carry, int64_t layer, float* out) const {
+absl::Status MlaStage::RunIndexer(const MlaLayer& L, MlaCache& cache, const float* x,
+                                  const float* qr, int64_t T, int64_t offset, bool* sparse,
+                                  Buffer* topk) const {
+  Backend& b = backend();
+  const ModelConfig& c = ctx_.cfg;
+  const auto t = ctx_.act;
+  const int64_t ih = c.index_n_heads, id = c.index_head_dim;
+  RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * ih * id));
+  float* k = cache.index_k.row(offset);  // this step's keys go straight into the cache
+  RING_RETURN_IF_ERROR(b.Linear(L.wq_b, qr, T, t, q.f()));
+  RING_RETURN_IF_ERROR(b.Linear(L.wk, x, T, t, k));
+  RING_RETURN_IF_ERROR(b.LayerNorm(k, T, id, L.k_norm_w, L.k_norm_b, 1e-5f, t, k));
+  RING_RETURN_IF_ERROR(b.Rope(index_rope_, q.f(), T, ih, id, ih * id, offset, t));
+  RING_RETURN_IF_ERROR(b.Rope(index_rope_, k, T, 1, id, id, offset, t));
+  const int64_t S = offset + T;
+  *sparse = S > c.index_topk;
+  if (!*sparse) return absl::OkStatus();
+  // w = round(weights_proj(x) * heads^-0.5 * dim^-0.5); the scores and top-k in one op.
+  RING_ASSIGN_OR_RETURN(Buffer w, b.AllocF(T * ih));
+  RING_RETURN_IF_ERROR(b.Linear(L.weights_proj, x, T, t, w.f()));
+  const float wscale = static_cast<float>(1.0 / std::sqrt(double(ih)) / std::sqrt(double(id)));
+  RING_RETURN_IF_ERROR(b.ScaleRound(w.f(), T * ih, wscale, t));
+  RING_ASSIGN_OR_RETURN(*topk, b.Alloc(T * c.index_topk * 4));
+  cpu::IndexerArgs args;
+  args.q = q.f();
+  args.keys = cache.index_k.row(0);
+  args.w = w.f();
+  args.T = T;
+  args.S = S;
+  args.offset = offset;
+  args.heads = ih;
+  args.dim = id;
+  args.K = c.index_topk;
+  return b.IndexerTopK(args, t, topk->i());
+}
+
+absl::Status MlaStage::Attend(const MlaLayer& L, MlaCache& cache, const float* x, int64_t T,
+                              int64_t offset, TopkState& carry, int64_t layer,
+                              float* out) const {
+  Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t qd = nope + rope, vd = c.v_head_dim, kvl = c.kv_lora_rank;
 
-  std::vector<float> qr, q(T * H * qd);
+  Buffer qr;
+  RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * H * qd));
   if (L.q_lora) {
     const int64_t ql = *c.q_lora_rank;
-    qr.resize(T * ql);
-    Linear(L.q_a_proj, x, T, t, qr.data());
-    cpu::RmsNorm(qr.data(), T, ql, L.q_a_norm, 1e-6f, t, qr.data());
-    Linear(L.q_b_proj, qr.data(), T, t, q.data());
+    RING_ASSIGN_OR_RETURN(qr, b.AllocF(T * ql));
+    RING_RETURN_IF_ERROR(b.Linear(L.q_a_proj, x, T, t, qr.f()));
+    RING_RETURN_IF_ERROR(b.RmsNorm(qr.f(), T, ql, L.q_a_norm, 1e-6f, t, qr.f()));
+    RING_RETURN_IF_ERROR(b.Linear(L.q_b_proj, qr.f(), T, t, q.f()));
   } else {
-    Linear(L.q_proj, x, T, t, q.data());
+    RING_RETURN_IF_ERROR(b.Linear(L.q_proj, x, T, t, q.f()));
   }
-  std::vector<float> ckv(T * (kvl + rope));
-  Linear(L.kv_a_proj, x, T, t, ckv.data());
-  std::vector<float> latent(T * kvl), kpe(T * rope);
-  for (int64_t r = 0; r < T; ++r) {
-    std::copy_n(ckv.data() + r * (kvl + rope), kvl, latent.data() + r * kvl);
-    std::copy_n(ckv.data() + r * (kvl + rope) + kvl, rope, kpe.data() + r * rope);
-  }
-  cpu::RmsNorm(latent.data(), T, kvl, L.kv_a_norm, 1e-6f, t, latent.data());
-  ApplyRope(rope_, q.data() + nope, T, H, qd, H * qd, offset, t);
-  ApplyRope(rope_, kpe.data(), T, 1, rope, rope, offset, t);
-  cache.latent.insert(cache.latent.end(), latent.begin(), latent.end());
-  cache.k_pe.insert(cache.k_pe.end(), kpe.begin(), kpe.end());
+  // ckv = [latent_raw | k_pe]: the latent is normed and the key rotated into the cache rows
+  // of this step.
+  RING_ASSIGN_OR_RETURN(Buffer ckv, b.AllocF(T * (kvl + rope)));
+  RING_RETURN_IF_ERROR(b.Linear(L.kv_a_proj, x, T, t, ckv.f()));
+  float* latent = cache.latent.row(offset);
+  float* kpe = cache.k_pe.row(offset);
+  RING_RETURN_IF_ERROR(b.Copy2D(ckv.f(), kvl + rope, latent, kvl, T, kvl));
+  RING_RETURN_IF_ERROR(b.Copy2D(ckv.f() + kvl, kvl + rope, kpe, rope, T, rope));
+  RING_RETURN_IF_ERROR(b.RmsNorm(latent, T, kvl, L.kv_a_norm, 1e-6f, t, latent));
+  RING_RETURN_IF_ERROR(b.Rope(rope_, q.f() + nope, T, H, qd, H * qd, offset, t));
+  RING_RETURN_IF_ERROR(b.Rope(rope_, kpe, T, 1, rope, rope, offset, t));
   const int64_t S = offset + T;
 
   // Sparse selection: a full layer runs its indexer; a shared one reuses the carry.
-  std::vector<int32_t> topk;
   bool sparse = false;
   if (L.indexer && !L.indexer_shared) {
-    sparse = RunIndexer(L, cache, x, qr.data(), T, offset, &topk);
+    Buffer topk;
+    RING_RETURN_IF_ERROR(RunIndexer(L, cache, x, qr.f(), T, offset, &sparse, &topk));
     carry.source_layer = layer;
     carry.dense = !sparse;
     carry.k = sparse ? c.index_topk : 0;
-    carry.indices = topk;
+    carry.indices = sparse ? topk : Buffer();
   } else if (L.indexer_shared && carry.source_layer >= 0 && !carry.dense) {
     sparse = true;
-    topk = carry.indices;
   }
-  const int64_t K = sparse ? c.index_topk : 0;
 
-  // Keys visible to each query: decode with top-k gathers K cached rows; otherwise all S.
-  const bool gather = sparse && T == 1;
-  const int64_t Sk = gather ? K : S;
-  std::vector<float> glat, gpe;
-  const float* lat = cache.latent.data();
-  const float* pe = cache.k_pe.data();
-  if (gather) {
-    glat.resize(K * kvl);
-    gpe.resize(K * rope);
-    for (int64_t j = 0; j < K; ++j) {
-      std::copy_n(cache.latent.data() + topk[j] * kvl, kvl, glat.data() + j * kvl);
-      std::copy_n(cache.k_pe.data() + topk[j] * rope, rope, gpe.data() + j * rope);
-    }
-    lat = glat.data();
-    pe = gpe.data();
-  }
-  // pe_scores[h][i][j] = round(round(q_pe * scale) . k_pe_j), masked to bf16's lowest.
-  std::vector<float> qpe(T * H * rope);
-  for (int64_t r = 0; r < T; ++r)
-    for (int64_t hh = 0; hh < H; ++hh)
-      for (int64_t d = 0; d < rope; ++d)
-        qpe[(r * H + hh) * rope + d] = RoundAct(q[(r * H + hh) * qd + nope + d] * scale_, t);
-  std::vector<float> pe_scores(H * T * Sk);
-  std::vector<uint8_t> allowed;
-  if (T > 1) {
-    allowed.assign(T * Sk, 0);
-    for (int64_t i = 0; i < T; ++i) {
-      if (sparse) {
-        for (int64_t s = 0; s < K; ++s) allowed[i * Sk + topk[i * K + s]] = 1;
-      } else {
-        std::fill_n(allowed.begin() + i * Sk, Sk, 1);
-      }
-      for (int64_t j = offset + i + 1; j < Sk; ++j) allowed[i * Sk + j] = 0;
-    }
-  }
-  cpu::ParallelFor(H, 1, [&](int64_t h0, int64_t h1) {
-    for (int64_t hh = h0; hh < h1; ++hh) {
-      float* ps = pe_scores.data() + hh * T * Sk;
-      cpu::MatMulABt(qpe.data() + hh * rope, H * rope, pe, rope, T, Sk, rope, ps, Sk, t);
-      if (!allowed.empty()) {
-        for (int64_t i = 0; i < T * Sk; ++i)
-          if (!allowed[i]) ps[i] = kBf16Lowest;
-      }
-    }
-  });
-  std::vector<float> qn(T * H * nope);
-  for (int64_t r = 0; r < T; ++r)
-    for (int64_t hh = 0; hh < H; ++hh)
-      std::copy_n(q.data() + (r * H + hh) * qd, nope, qn.data() + (r * H + hh) * nope);
-
-  std::vector<float> attn(T * H * vd);
-  if (T > 1) {
-    // Expanded form: per-head keys latent @ W_UK and values latent @ W_UV^T.
-    std::vector<float> kexp(Sk * H * nope), vexp(Sk * H * vd);
-    cpu::ParallelFor(H, 1, [&](int64_t h0, int64_t h1) {
-      std::vector<float> kb(Sk * nope), vb(Sk * vd);
-      for (int64_t hh = h0; hh < h1; ++hh) {
-        QMatmulN(lat, Sk, L.embed_q, hh, kb.data());
-        QMatmulT(lat, Sk, L.unembed_out, hh, vb.data());
-        for (int64_t j = 0; j < Sk; ++j) {
-          for (int64_t d = 0; d < nope; ++d)
-            kexp[(j * H + hh) * nope + d] = RoundAct(kb[j * nope + d], t);
-          for (int64_t d = 0; d < vd; ++d)
-            vexp[(j * H + hh) * vd + d] = RoundAct(vb[j * vd + d], t);
-        }
-      }
-    });
-    cpu::AttentionArgs args{qn.data(), H * nope, kexp.data(), H * nope, vexp.data(), H * vd,
-                            T, Sk, H, H, nope, vd, scale_, pe_scores.data(), -1};
-    cpu::Attention(args, t, attn.data());
-  } else {
-    // Absorbed form: queries move into the latent space, K = V = latent (one KV head).
-    std::vector<float> qlat(H * kvl), olat(H * kvl);
-    for (int64_t hh = 0; hh < H; ++hh) {
-      QMatmulT(qn.data() + hh * nope, 1, L.embed_q, hh, qlat.data() + hh * kvl);
-    }
-    RoundActInPlace(qlat.data(), qlat.size(), t);
-    cpu::AttentionArgs args{qlat.data(), H * kvl, lat, kvl, lat, kvl,
-                            1, Sk, H, 1, kvl, kvl, scale_, pe_scores.data(), -1};
-    cpu::Attention(args, t, olat.data());
-    for (int64_t hh = 0; hh < H; ++hh) {
-      QMatmulT(olat.data() + hh * kvl, 1, L.unembed_out, hh, attn.data() + hh * vd);
-    }
-    RoundActInPlace(attn.data(), attn.size(), t);
-  }
-  Linear(L.o_proj, attn.data(), T, t, out);
+  cpu::MlaAttentionArgs args;
+  args.q = q.f();
+  args.latent = cache.latent.row(0);
+  args.k_pe = cache.k_pe.row(0);
+  args.topk = sparse ? carry.indices.i() : nullptr;
+  args.T = T;
+  args.S = S;
+  args.offset = offset;
+  args.K = sparse ? c.index_topk : 0;
+  args.H = H;
+  args.nope = nope;
+  args.rope = rope;
+  args.vd = vd;
+  args.kvl = kvl;
+  args.scale = scale_;
+  RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * vd));
+  RING_RETURN_IF_ERROR(b.MlaAttention(args, L.embed_q, L.unembed_out, t, attn.f()));
+  return b.Linear(L.o_proj, attn.f(), T, t, out);
 }
 
-void MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* out) const {
+absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* out) const {
+  Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, hid = c.hidden_size;
-  std::vector<float> logits(T * E);
-  Linear(L.router, x, T, t, logits.data());
-  std::vector<float> shared;
+  RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(T * E));
+  RING_RETURN_IF_ERROR(b.Linear(L.router, x, T, t, logits.f()));
+  Buffer shared;
   if (L.has_shared) {
-    shared.resize(T * hid);
-    RunMlp(L.shared, x, T, t, shared.data());
+    RING_ASSIGN_OR_RETURN(shared, b.AllocF(T * hid));
+    RING_RETURN_IF_ERROR(RunMlp(b, L.shared, x, T, t, shared.f()));
   }
-  cpu::ParallelFor(T, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> s(E), sel(E), y(K * hid);
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t e = 0; e < E; ++e) {
-        s[e] = 1.f / (1.f + std::exp(-logits[r * E + e]));
-        sel[e] = s[e] + L.score_bias.at(e);
-      }
-      if (c.n_group > 1) {
-        // Group score = sum of its two best experts; the n_group - topk_group weakest
-        // groups are zeroed (set to 0.0, as mlx-lm does, not -inf).
-        const int64_t gs = E / c.n_group;
-        std::vector<float> gscore(c.n_group);
-        for (int64_t g = 0; g < c.n_group; ++g) {
-          std::vector<int32_t> top2 = cpu::TopKIndices(sel.data() + g * gs, gs, 2);
-          gscore[g] = 0.f;
-          for (int32_t i : top2) gscore[g] += sel[g * gs + i];
-        }
-        std::vector<float> neg(c.n_group);
-        for (int64_t g = 0; g < c.n_group; ++g) neg[g] = -gscore[g];
-        for (int32_t g : cpu::TopKIndices(neg.data(), c.n_group, c.n_group - c.topk_group))
-          std::fill_n(sel.begin() + g * gs, gs, 0.f);
-      }
-      std::vector<int32_t> ids = cpu::TopKIndices(sel.data(), E, K);
-      std::vector<float> wts(K);
-      float denom = 0.f;
-      for (int64_t k = 0; k < K; ++k) denom += (wts[k] = s[ids[k]]);
-      for (int64_t k = 0; k < K; ++k) {
-        if (K > 1 && c.norm_topk_prob) wts[k] /= denom;
-        wts[k] *= static_cast<float>(c.routed_scaling_factor);
-      }
-      RunExperts(L.experts, x + r * hid, ids.data(), K, t, y.data());
-      for (int64_t d = 0; d < hid; ++d) {
-        float acc = 0.f;
-        for (int64_t k = 0; k < K; ++k) acc += y[k * hid + d] * wts[k];
-        float v = RoundAct(acc, t);
-        if (L.has_shared) v = RoundAct(v + shared[r * hid + d], t);
-        out[r * hid + d] = v;
-      }
-    }
-  });
+  cpu::SigmoidRouting r;
+  r.E = E;
+  r.k = K;
+  r.n_group = c.n_group;
+  r.topk_group = c.topk_group;
+  r.norm_topk_prob = c.norm_topk_prob;
+  r.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  RING_ASSIGN_OR_RETURN(Buffer ids, b.Alloc(T * K * 4));
+  RING_ASSIGN_OR_RETURN(Buffer wts, b.AllocF(T * K));
+  RING_RETURN_IF_ERROR(b.RouteSigmoid(logits.f(), L.score_bias, T, r, ids.i(), wts.f()));
+  RING_ASSIGN_OR_RETURN(Buffer y, b.AllocF(T * K * hid));
+  RING_RETURN_IF_ERROR(b.ExpertsSwiGlu(L.experts.gate, L.experts.up, L.experts.down, x, T,
+                                       ids.i(), K, t, y.f()));
+  return b.MoeCombine(y.f(), wts.f(), L.has_shared ? shared.f() : nullptr, T, K, hid,
+                      cpu::CombineMode::kFp32Sum, t, out);
 }
 
 absl::Status MlaStage::Attention(int64_t layer, SequenceState& seq_base, const float* x,
-                                 int64_t T, TopkCarry& carry, float* out) const {
+                                 int64_t T, TopkState& carry, float* out) const {
   auto& seq = static_cast<MlaSequence&>(seq_base);
   const MlaLayer& L = layers_[layer - range().begin];
   if (L.indexer_shared && carry.source_layer < 0 &&
@@ -438,17 +355,13 @@ absl::Status MlaStage::Attention(int64_t layer, SequenceState& seq_base, const f
         "layer ", layer, " shares the indexer of an earlier layer but no top-k indices "
         "reached this stage; the previous stage must send them"));
   }
-  Attend(L, seq.caches[layer - range().begin], x, T, seq.position_, carry, layer, out);
-  return absl::OkStatus();
+  return Attend(L, seq.caches[layer - range().begin], x, T, seq.position_, carry, layer, out);
 }
 
-void MlaStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {
+absl::Status MlaStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {
   const MlaLayer& L = layers_[layer - range().begin];
-  if (L.moe) {
-    Moe(L, x, T, out);
-  } else {
-    RunMlp(L.dense, x, T, ctx_.act, out);
-  }
+  if (L.moe) return Moe(L, x, T, out);
+  return RunMlp(backend(), L.dense, x, T, ctx_.act, out);
 }
 
 }  // namespace

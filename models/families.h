@@ -6,6 +6,7 @@
 #define RINGSERVE_MODELS_FAMILIES_H_
 
 #include <memory>
+#include <mutex>
 
 #include "absl/status/statusor.h"
 #include "models/model.h"
@@ -20,6 +21,8 @@ struct StageContext {
   StageRange range;  // resolved (end >= 0)
   cpu::ActDType act;
   bool all_logits = true;
+  int64_t max_context = 0;  // resolved: positions a sequence may reach (0: unbounded)
+  std::shared_ptr<Backend> backend;
 };
 
 // Per-sequence state common to all families; families add their per-layer caches.
@@ -27,6 +30,15 @@ class SequenceState : public Sequence {
  public:
   int64_t position() const override { return position_; }
   int64_t position_ = 0;
+};
+
+// The IndexShare carry while a step runs through a stage (TopkCarry with the indices in
+// backend memory).
+struct TopkState {
+  int64_t source_layer = -1;
+  bool dense = true;
+  int64_t k = 0;
+  Buffer indices;  // [rows, k] int32 when !dense
 };
 
 // The parts every family shares: input checks, embedding on the first stage, the layer
@@ -40,6 +52,7 @@ class LayeredStage : public Stage {
   absl::StatusOr<StageOutput> Forward(Sequence& seq, const StageInput& in) const override;
 
  protected:
+  Backend& backend() const { return *ctx_.backend; }
   // Loads embedding / final norm / head as this stage needs them. Call from the family's
   // factory after the layers.
   absl::Status LoadEnds(const WeightLoader& w);
@@ -48,22 +61,30 @@ class LayeredStage : public Stage {
   // run here; the families supply the three parts. h is [rows, hidden] at positions
   // seq.position() .. + rows and is updated in place.
   absl::Status RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
-                        TopkCarry& carry) const;
+                        TopkState& carry) const;
+  // Makes every cache of this stage hold `rows` positions (before any layer runs, so a
+  // request that does not fit fails with a clear error and changes nothing).
+  virtual absl::Status ReserveCaches(SequenceState& seq, int64_t rows) const = 0;
   struct BlockNorms {
     TensorView input, post;
   };
   virtual BlockNorms Norms(int64_t layer) const = 0;
   // out[rows, hidden] = the layer's attention on the normed input x.
   virtual absl::Status Attention(int64_t layer, SequenceState& seq, const float* x,
-                                 int64_t rows, TopkCarry& carry, float* out) const = 0;
+                                 int64_t rows, TopkState& carry, float* out) const = 0;
   // out[rows, hidden] = the layer's MLP or MoE on the normed input x.
-  virtual void FeedForward(int64_t layer, const float* x, int64_t rows, float* out) const = 0;
+  virtual absl::Status FeedForward(int64_t layer, const float* x, int64_t rows,
+                                   float* out) const = 0;
 
   StageContext ctx_;
   int64_t weight_bytes_ = 0;
   QuantWeight embed_;
   TensorView final_norm_;
   QuantWeight head_;  // lm_head, or the embedding when tied
+
+ private:
+  absl::StatusOr<StageOutput> ForwardOnBackend(SequenceState& seq, const StageInput& in) const;
+  mutable std::mutex mu_;  // serialises Forward on backends without concurrent sequences
 };
 
 // deepseek_v3, deepseek_v32, glm_moe_dsa: MLA attention (+ DSA indexer), DeepSeek MoE.

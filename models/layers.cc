@@ -1,5 +1,6 @@
 #include "models/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,12 @@ namespace ring::internal {
 
 absl::StatusOr<TensorView> WeightLoader::Tensor(const std::string& name,
                                                 const Shape& shape) const {
+  RING_ASSIGN_OR_RETURN(TensorView t, Raw(name, shape));
+  RING_RETURN_IF_ERROR(backend_.AddTensor(t));
+  return t;
+}
+
+absl::StatusOr<TensorView> WeightLoader::Raw(const std::string& name, const Shape& shape) const {
   RING_ASSIGN_OR_RETURN(TensorView t, ckpt_.Get(name));
   if (!shape.empty() && t.shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " in ", ckpt_.dir(),
@@ -30,21 +37,22 @@ absl::StatusOr<QuantWeight> WeightLoader::Linear(const std::string& path, const 
   logical.push_back(rows);
   logical.push_back(cols);
   if (w.spec.mode == QuantMode::kNone) {
-    RING_ASSIGN_OR_RETURN(w.weight, Tensor(path + ".weight", logical));
+    RING_ASSIGN_OR_RETURN(w.weight, Raw(path + ".weight", logical));
     if (!IsFloat(w.weight.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ".weight is ", DTypeName(w.weight.dtype),
           " but the config does not quantize this module (missing .scales or override?)"));
     }
+    RING_RETURN_IF_ERROR(backend_.AddWeight(w));
     return w;
   }
-  RING_ASSIGN_OR_RETURN(w.weight, Tensor(path + ".weight", {}));
-  RING_ASSIGN_OR_RETURN(w.scales, Tensor(path + ".scales", {}));
+  RING_ASSIGN_OR_RETURN(w.weight, Raw(path + ".weight", {}));
+  RING_ASSIGN_OR_RETURN(w.scales, Raw(path + ".scales", {}));
   if (w.spec.mode == QuantMode::kAffine) {
-    RING_ASSIGN_OR_RETURN(w.biases, Tensor(path + ".biases", {}));
+    RING_ASSIGN_OR_RETURN(w.biases, Raw(path + ".biases", {}));
   }
   if (w.spec.mode == QuantMode::kNvfp4 && ckpt_.Has(path + ".global_scale")) {
-    RING_ASSIGN_OR_RETURN(TensorView g, Tensor(path + ".global_scale", {}));
+    RING_ASSIGN_OR_RETURN(TensorView g, Raw(path + ".global_scale", {}));
     if (g.numel() != 1) return absl::InvalidArgumentError(path + ".global_scale is not a scalar");
     w.global_scale = g.at(0);
   }
@@ -57,12 +65,8 @@ absl::StatusOr<QuantWeight> WeightLoader::Linear(const std::string& path, const 
                                                    ", the config implies ",
                                                    ShapeToString(logical)));
   }
+  RING_RETURN_IF_ERROR(backend_.AddWeight(w));
   return w;
-}
-
-void Linear(const QuantWeight& w, const float* x, int64_t m, ActDType t, float* y) {
-  QMatmulT(x, m, w, 0, y);
-  cpu::RoundActInPlace(y, m * w.rows(), t);
 }
 
 absl::StatusOr<Mlp> LoadMlp(const WeightLoader& w, const std::string& prefix, int64_t hidden,
@@ -74,13 +78,15 @@ absl::StatusOr<Mlp> LoadMlp(const WeightLoader& w, const std::string& prefix, in
   return m;
 }
 
-void RunMlp(const Mlp& mlp, const float* x, int64_t m, ActDType t, float* out) {
+absl::Status RunMlp(Backend& b, const Mlp& mlp, const float* x, int64_t m, ActDType t,
+                    float* out) {
   const int64_t inter = mlp.gate.rows();
-  std::vector<float> g(m * inter), u(m * inter);
-  Linear(mlp.gate, x, m, t, g.data());
-  Linear(mlp.up, x, m, t, u.data());
-  cpu::SwiGlu(g.data(), u.data(), m * inter, t, g.data());
-  Linear(mlp.down, g.data(), m, t, out);
+  RING_ASSIGN_OR_RETURN(Buffer g, b.AllocF(m * inter));
+  RING_ASSIGN_OR_RETURN(Buffer u, b.AllocF(m * inter));
+  RING_RETURN_IF_ERROR(b.Linear(mlp.gate, x, m, t, g.f()));
+  RING_RETURN_IF_ERROR(b.Linear(mlp.up, x, m, t, u.f()));
+  RING_RETURN_IF_ERROR(b.SwiGlu(g.f(), u.f(), m * inter, t, g.f()));
+  return b.Linear(mlp.down, g.f(), m, t, out);
 }
 
 absl::StatusOr<Experts> LoadExperts(const WeightLoader& w, const std::string& prefix,
@@ -91,21 +97,6 @@ absl::StatusOr<Experts> LoadExperts(const WeightLoader& w, const std::string& pr
   RING_ASSIGN_OR_RETURN(e.up, w.Linear(prefix + ".up_proj", {num}, inter, hidden));
   RING_ASSIGN_OR_RETURN(e.down, w.Linear(prefix + ".down_proj", {num}, hidden, inter));
   return e;
-}
-
-void RunExperts(const Experts& ex, const float* x, const int32_t* ids, int64_t k, ActDType t,
-                float* out) {
-  const int64_t inter = ex.gate.rows(), hidden = ex.down.rows();
-  std::vector<float> g(inter), u(inter);
-  for (int64_t s = 0; s < k; ++s) {
-    QMatmulT(x, 1, ex.up, ids[s], u.data());
-    QMatmulT(x, 1, ex.gate, ids[s], g.data());
-    cpu::RoundActInPlace(u.data(), inter, t);
-    cpu::RoundActInPlace(g.data(), inter, t);
-    cpu::SwiGlu(g.data(), u.data(), inter, t, g.data());
-    QMatmulT(g.data(), 1, ex.down, ids[s], out + s * hidden);
-    cpu::RoundActInPlace(out + s * hidden, hidden, t);
-  }
 }
 
 absl::StatusOr<RopeTable> MakeRope(const RopeConfig& cfg, int64_t dims, bool traditional) {
@@ -150,16 +141,27 @@ absl::StatusOr<RopeTable> MakeRope(const RopeConfig& cfg, int64_t dims, bool tra
   return absl::UnimplementedError("rope type '" + cfg.type + "' is not supported");
 }
 
-void ApplyRope(const RopeTable& r, float* x, int64_t tokens, int64_t heads, int64_t head_dim,
-               int64_t stride, int64_t offset, ActDType t) {
-  if (r.pre_scale != 1.f) {
-    for (int64_t tok = 0; tok < tokens; ++tok)
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = x + tok * stride + h * head_dim;
-        for (int64_t d = 0; d < r.dims; ++d) v[d] = cpu::RoundAct(v[d] * r.pre_scale, t);
-      }
+absl::Status CacheRows::Reserve(Backend& b, int64_t used, int64_t rows, int64_t max_rows,
+                               const std::string& what) {
+  if (rows <= capacity) return absl::OkStatus();
+  int64_t want = std::max<int64_t>({rows, 2 * capacity, 16});
+  if (max_rows > 0) want = std::max(rows, std::min(want, max_rows));
+  absl::StatusOr<Buffer> grown = b.AllocF(want * width);
+  if (!grown.ok() && want > rows) {
+    want = rows;  // no headroom: try the exact size
+    grown = b.AllocF(want * width);
   }
-  cpu::Rope(x, tokens, heads, head_dim, stride, r.dims, r.traditional, r.inv_freq, offset, t);
+  if (!grown.ok()) {
+    const int64_t free = b.FreeBytes();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ", want * width * 4, " bytes for ", want, " positions on ", b.name(),
+        free >= 0 ? absl::StrCat(" (", free, " bytes free)") : std::string(), ": ",
+        grown.status().message()));
+  }
+  if (used > 0) RING_RETURN_IF_ERROR(b.Copy2D(buf.f(), width, grown->f(), width, used, width));
+  buf = *std::move(grown);
+  capacity = want;
+  return absl::OkStatus();
 }
 
 ActDType ActDTypeFromConfig(const ModelConfig& cfg) {

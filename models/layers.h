@@ -1,9 +1,10 @@
 // File: models/layers.h  (internal to models/)
 //
 // Building blocks shared by the layer programs: loading a module's weights from a
-// checkpoint with shape checks, and the blocks every family uses (linear, SwiGLU MLP,
-// stacked experts, RoPE frequencies). Activations are fp32 buffers rounded to the
-// model's activation dtype as MLX would store them.
+// checkpoint with shape checks (registering each with the stage's backend), and the blocks
+// every family uses (SwiGLU MLP, stacked experts, RoPE frequencies, per-sequence caches).
+// Activations are fp32 buffers in backend memory, rounded to the model's activation dtype as
+// MLX would store them.
 #ifndef RINGSERVE_MODELS_LAYERS_H_
 #define RINGSERVE_MODELS_LAYERS_H_
 
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/quant.h"
+#include "models/backend.h"
 #include "models/config.h"
 #include "models/safetensors.h"
 
@@ -23,8 +25,10 @@ using cpu::ActDType;
 
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& ckpt, const ModelConfig& cfg) : ckpt_(ckpt), cfg_(cfg) {}
-  // A plain tensor with an exact expected shape (empty shape: any).
+  WeightLoader(const Checkpoint& ckpt, const ModelConfig& cfg, Backend& backend)
+      : ckpt_(ckpt), cfg_(cfg), backend_(backend) {}
+  // A plain tensor with an exact expected shape (empty shape: any), registered with the
+  // backend (norm weights, biases).
   absl::StatusOr<TensorView> Tensor(const std::string& name, const Shape& shape) const;
   bool Has(const std::string& name) const { return ckpt_.Has(name); }
   // The module at `path` (".weight", ".scales", ".biases"), quantized per the config's
@@ -34,13 +38,13 @@ class WeightLoader {
   int64_t bytes() const { return bytes_; }
 
  private:
+  // The checkpoint tensor without registering it (parts of a quantized Linear).
+  absl::StatusOr<TensorView> Raw(const std::string& name, const Shape& shape) const;
   const Checkpoint& ckpt_;
   const ModelConfig& cfg_;
+  Backend& backend_;
   mutable int64_t bytes_ = 0;
 };
-
-// y[m, rows] = round(x[m, cols] @ W^T).
-void Linear(const QuantWeight& w, const float* x, int64_t m, ActDType t, float* y);
 
 struct Mlp {
   QuantWeight gate, up, down;
@@ -48,7 +52,8 @@ struct Mlp {
 absl::StatusOr<Mlp> LoadMlp(const WeightLoader& w, const std::string& prefix, int64_t hidden,
                             int64_t inter);
 // out[m, hidden] = down(silu(gate(x)) * up(x)).
-void RunMlp(const Mlp& mlp, const float* x, int64_t m, ActDType t, float* out);
+absl::Status RunMlp(Backend& b, const Mlp& mlp, const float* x, int64_t m, ActDType t,
+                    float* out);
 
 // Experts stacked along axis 0 (mlp.switch_mlp.{gate,up,down}_proj).
 struct Experts {
@@ -57,22 +62,22 @@ struct Experts {
 };
 absl::StatusOr<Experts> LoadExperts(const WeightLoader& w, const std::string& prefix,
                                     int64_t num, int64_t hidden, int64_t inter);
-// out[k, hidden] = expert_e(x) for each of the k selected experts of one token.
-void RunExperts(const Experts& ex, const float* x, const int32_t* ids, int64_t k, ActDType t,
-                float* out);
-
-// Inverse frequencies of a RoPE over `dims` features and the factor the rotated slice is
-// multiplied by first (YaRN's mscale ratio; 1 otherwise), as mlx-lm's initialize_rope.
-struct RopeTable {
-  std::vector<float> inv_freq;
-  float pre_scale = 1.f;
-  int64_t dims = 0;
-  bool traditional = false;
-};
+// RoPE table of the config (RopeTable in backend.h).
 absl::StatusOr<RopeTable> MakeRope(const RopeConfig& cfg, int64_t dims, bool traditional);
-// Applies the table to [tokens, heads, head_dim] rows (stride floats per token).
-void ApplyRope(const RopeTable& r, float* x, int64_t tokens, int64_t heads, int64_t head_dim,
-               int64_t stride, int64_t offset, ActDType t);
+
+// One per-layer cache of a sequence: `width` floats per position in backend memory. Rows
+// [0, position) are valid; a step writes rows [position, position + T) after Reserve, so a
+// step that fails leaves the valid rows untouched and can be retried.
+struct CacheRows {
+  int64_t width = 0;
+  int64_t capacity = 0;  // rows allocated
+  Buffer buf;
+  float* row(int64_t r) const { return buf.f() + r * width; }
+  // Makes room for `rows` positions (keeping the valid `used` rows), growing geometrically
+  // up to `max_rows` (<= 0: unbounded). ResourceExhausted names `what` and the sizes.
+  absl::Status Reserve(Backend& b, int64_t used, int64_t rows, int64_t max_rows,
+                       const std::string& what);
+};
 
 ActDType ActDTypeFromConfig(const ModelConfig& cfg);
 

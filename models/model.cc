@@ -1,5 +1,6 @@
 #include "models/model.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/status.h"
 #include "models/families.h"
@@ -27,31 +28,44 @@ absl::Status LayeredStage::LoadEnds(const WeightLoader& w) {
 }
 
 absl::Status LayeredStage::RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
-                                    TopkCarry& carry) const {
+                                    TopkState& carry) const {
+  Backend& b = backend();
   const int64_t n = rows * ctx_.cfg.hidden_size;
   const float eps = static_cast<float>(ctx_.cfg.rms_norm_eps);
   const BlockNorms norms = Norms(layer);
-  std::vector<float> xn(n), o(n);
-  cpu::RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.input, eps, ctx_.act, xn.data());
-  RING_RETURN_IF_ERROR(Attention(layer, seq, xn.data(), rows, carry, o.data()));
-  cpu::Add(h, o.data(), n, ctx_.act, h);
-  cpu::RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.post, eps, ctx_.act, xn.data());
-  FeedForward(layer, xn.data(), rows, o.data());
-  cpu::Add(h, o.data(), n, ctx_.act, h);
-  return absl::OkStatus();
+  RING_ASSIGN_OR_RETURN(Buffer xn, b.AllocF(n));
+  RING_ASSIGN_OR_RETURN(Buffer o, b.AllocF(n));
+  RING_RETURN_IF_ERROR(b.RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.input, eps, ctx_.act, xn.f()));
+  RING_RETURN_IF_ERROR(Attention(layer, seq, xn.f(), rows, carry, o.f()));
+  RING_RETURN_IF_ERROR(b.Add(h, o.f(), n, ctx_.act, h));
+  RING_RETURN_IF_ERROR(b.RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.post, eps, ctx_.act, xn.f()));
+  RING_RETURN_IF_ERROR(FeedForward(layer, xn.f(), rows, o.f()));
+  return b.Add(h, o.f(), n, ctx_.act, h);
 }
 
 absl::StatusOr<StageOutput> LayeredStage::Forward(Sequence& seq_base,
                                                   const StageInput& in) const {
   auto& seq = static_cast<SequenceState&>(seq_base);
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (!backend().concurrent()) lock.lock();
+  RING_RETURN_IF_ERROR(backend().BeginStep());
+  absl::StatusOr<StageOutput> out = ForwardOnBackend(seq, in);
+  const absl::Status end = backend().EndStep();
+  if (!out.ok()) return out.status();
+  if (!end.ok()) return end;
+  seq.position_ += out->rows;
+  return out;
+}
+
+absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
+                                                           const StageInput& in) const {
+  Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const int64_t hidden = c.hidden_size;
   int64_t rows;
-  std::vector<float> h;
   if (is_first()) {
     rows = static_cast<int64_t>(in.tokens.size());
     if (rows == 0) return absl::InvalidArgumentError("empty step: no tokens");
-    h.resize(rows * hidden);
     for (int64_t r = 0; r < rows; ++r) {
       const int32_t tok = in.tokens[r];
       if (tok < 0 || tok >= c.vocab_size) {
@@ -59,9 +73,7 @@ absl::StatusOr<StageOutput> LayeredStage::Forward(Sequence& seq_base,
             absl::StrCat("token id ", tok, " at row ", r, " is outside the vocabulary [0, ",
                          c.vocab_size, ")"));
       }
-      DequantizeRows(embed_, 0, tok, tok + 1, h.data() + r * hidden);
     }
-    cpu::RoundActInPlace(h.data(), h.size(), ctx_.act);
   } else {
     if (in.hidden.empty() || in.hidden.size() % hidden != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -69,31 +81,72 @@ absl::StatusOr<StageOutput> LayeredStage::Forward(Sequence& seq_base,
           ", got ", in.hidden.size(), " floats"));
     }
     rows = static_cast<int64_t>(in.hidden.size()) / hidden;
-    h = in.hidden;
   }
   if (c.max_position_embeddings > 0 && seq.position_ + rows > c.max_position_embeddings) {
     return absl::OutOfRangeError(absl::StrCat("sequence would reach position ",
                                               seq.position_ + rows, ", past the model's ",
                                               c.max_position_embeddings));
   }
+  if (ctx_.max_context > 0 && seq.position_ + rows > ctx_.max_context) {
+    return absl::OutOfRangeError(absl::StrCat("sequence would reach position ",
+                                              seq.position_ + rows, ", past this stage's ",
+                                              "max_context ", ctx_.max_context));
+  }
+  const TopkCarry& topk_in = in.topk;
+  if (!is_first() && !topk_in.dense &&
+      static_cast<int64_t>(topk_in.indices.size()) != rows * topk_in.k) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top-k carry from layer ", topk_in.source_layer, " has ", topk_in.indices.size(),
+        " indices, expected ", rows, " rows x ", topk_in.k));
+  }
+  RING_RETURN_IF_ERROR(ReserveCaches(seq, seq.position_ + rows));
+
+  RING_ASSIGN_OR_RETURN(Buffer h, b.AllocF(rows * hidden));
+  if (is_first()) {
+    RING_RETURN_IF_ERROR(b.Embed(embed_, in.tokens.data(), rows, ctx_.act, h.f()));
+  } else {
+    RING_RETURN_IF_ERROR(b.Upload(in.hidden.data(), rows * hidden * 4, h.data()));
+  }
+  TopkState carry;
+  if (!is_first()) {
+    carry.source_layer = topk_in.source_layer;
+    carry.dense = topk_in.dense;
+    carry.k = topk_in.k;
+    if (!topk_in.dense && !topk_in.indices.empty()) {
+      RING_ASSIGN_OR_RETURN(carry.indices, b.Alloc(topk_in.indices.size() * 4));
+      RING_RETURN_IF_ERROR(
+          b.Upload(topk_in.indices.data(), topk_in.indices.size() * 4, carry.indices.data()));
+    }
+  }
+  for (int64_t l = range().begin; l < range().end; ++l) {
+    RING_RETURN_IF_ERROR(RunLayer(l, seq, h.f(), rows, carry));
+  }
   StageOutput out;
   out.rows = rows;
-  out.topk = is_first() ? TopkCarry{} : in.topk;
-  for (int64_t l = range().begin; l < range().end; ++l) {
-    RING_RETURN_IF_ERROR(RunLayer(l, seq, h.data(), rows, out.topk));
+  out.topk.source_layer = carry.source_layer;
+  out.topk.dense = carry.dense;
+  out.topk.k = carry.k;
+  if (!carry.dense && carry.k > 0) {
+    out.topk.indices.resize(rows * carry.k);
+    RING_RETURN_IF_ERROR(b.Download(carry.indices.data(), rows * carry.k * 4,
+                                    out.topk.indices.data()));
   }
-  seq.position_ += rows;
   if (!is_last()) {
-    out.hidden = std::move(h);
+    out.hidden.resize(rows * hidden);
+    RING_RETURN_IF_ERROR(b.Download(h.data(), rows * hidden * 4, out.hidden.data()));
     return out;
   }
   const int64_t first_row = ctx_.all_logits ? 0 : rows - 1;
   const int64_t n = rows - first_row;
-  std::vector<float> normed(n * hidden);
-  cpu::RmsNorm(h.data() + first_row * hidden, n, hidden, final_norm_,
-               static_cast<float>(c.rms_norm_eps), ctx_.act, normed.data());
+  RING_ASSIGN_OR_RETURN(Buffer normed, b.AllocF(n * hidden));
+  RING_RETURN_IF_ERROR(b.RmsNorm(h.f() + first_row * hidden, n, hidden, final_norm_,
+                                 static_cast<float>(c.rms_norm_eps), ctx_.act, normed.f()));
+  RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(n * c.vocab_size));
+  RING_RETURN_IF_ERROR(b.Linear(head_, normed.f(), n, ctx_.act, logits.f()));
+  out.argmax.resize(n);
+  RING_RETURN_IF_ERROR(b.ArgMax(logits.f(), n, c.vocab_size, out.argmax.data()));
   out.logits.resize(n * c.vocab_size);
-  Linear(head_, normed.data(), n, ctx_.act, out.logits.data());
+  RING_RETURN_IF_ERROR(b.Download(logits.data(), n * c.vocab_size * 4, out.logits.data()));
   return out;
 }
 
@@ -110,9 +163,42 @@ std::vector<StageRange> SplitLayers(int64_t num_layers, int n) {
   return out;
 }
 
+std::string DeviceSpec::ToString() const {
+  return kind == Kind::kCpu ? "cpu" : absl::StrCat("cuda:", ordinal);
+}
+
+absl::StatusOr<DeviceSpec> ParseDevice(const std::string& s) {
+  DeviceSpec d;
+  if (s == "cpu") return d;
+  if (s == "cuda" || s == "gpu") {
+    d.kind = DeviceSpec::Kind::kCuda;
+    return d;
+  }
+  if (s.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(s.substr(5), &d.ordinal) && d.ordinal >= 0) {
+    d.kind = DeviceSpec::Kind::kCuda;
+    return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device '", s, "': expected cpu, cuda or cuda:N"));
+}
+
+absl::Status CheckDevice(const DeviceSpec& d) {
+  if (d.kind == DeviceSpec::Kind::kCpu) return absl::OkStatus();
+  return internal::NewCudaBackend(d.ordinal).status();
+}
+
 absl::StatusOr<std::unique_ptr<Stage>> LoadStage(const std::string& dir,
                                                  const LoadOptions& options) {
   internal::StageContext ctx;
+  if (options.device.kind == DeviceSpec::Kind::kCuda) {
+    RING_ASSIGN_OR_RETURN(ctx.backend, internal::NewCudaBackend(options.device.ordinal));
+  } else {
+    ctx.backend = internal::NewCpuBackend(options.TEST_jitter);
+  }
+  if (options.TEST_jitter != 0 && options.device.kind != DeviceSpec::Kind::kCpu) {
+    return absl::InvalidArgumentError("TEST_jitter is a CPU-backend diagnostic");
+  }
+  if (options.max_context < 0) return absl::InvalidArgumentError("max_context must be >= 0");
   RING_ASSIGN_OR_RETURN(ctx.cfg, LoadModelConfig(dir));
   RING_ASSIGN_OR_RETURN(ctx.ckpt, Checkpoint::Open(dir));
   const int64_t n = ctx.cfg.num_hidden_layers;
@@ -124,6 +210,7 @@ absl::StatusOr<std::unique_ptr<Stage>> LoadStage(const std::string& dir,
                                                    ") of ", dir));
   }
   ctx.all_logits = options.all_logits;
+  ctx.max_context = options.max_context > 0 ? options.max_context : ctx.cfg.max_position_embeddings;
   if (options.act_dtype) {
     ctx.act = *options.act_dtype;
   } else {

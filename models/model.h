@@ -1,6 +1,6 @@
 // File: models/model.h
 //
-// A model stage on the CPU reference engine: layers [begin, end) of one checkpoint, with
+// A model stage: layers [begin, end) of one checkpoint, with
 // the token embedding when begin == 0 and the final norm + lm_head when end == num_layers.
 // Everything that crosses a stage boundary is in StageInput/StageOutput: the hidden
 // state, and for GLM-5.2 IndexShare the top-k indices of the last "full" indexer layer
@@ -12,7 +12,10 @@
 //   StageInput in; in.tokens = {1, 2, 3};
 //   RING_ASSIGN_OR_RETURN(StageOutput out, stage->Forward(*seq, in));
 //
-// Forward is not thread-safe per Sequence; different sequences may run concurrently.
+// The stage runs on the CPU reference engine or on a CUDA device (LoadOptions::device); both
+// run the same layer programs (models/backend.h) and give the same StageOutput.
+// Forward is not thread-safe per Sequence; different sequences may run concurrently (on a
+// GPU they are serialised).
 #ifndef RINGSERVE_MODELS_MODEL_H_
 #define RINGSERVE_MODELS_MODEL_H_
 
@@ -53,11 +56,37 @@ struct StageOutput {
   int64_t rows = 0;
   std::vector<float> hidden;  // not last stage: [rows, hidden_size]
   std::vector<float> logits;  // last stage: [rows, vocab] (or [1, vocab], see options)
+  std::vector<int32_t> argmax;  // last stage: greedy token of each logits row, computed
+                                // where the logits are (on the GPU for a CUDA stage)
   TopkCarry topk;
 };
 
+// Where a stage runs: "cpu" or "cuda:N" ("cuda" = "cuda:0").
+struct DeviceSpec {
+  enum class Kind : uint8_t { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int ordinal = 0;
+  std::string ToString() const;
+};
+absl::StatusOr<DeviceSpec> ParseDevice(const std::string& s);
+// OK when a stage could run on `d` in this build and on this machine (CUDA: the build has
+// the backend and the device is visible).
+absl::Status CheckDevice(const DeviceSpec& d);
+
 struct LoadOptions {
   StageRange layers;
+  DeviceSpec device;
+  // Positions one sequence may reach (prompt + generated); 0: the model's
+  // max_position_embeddings. A step past it fails with OutOfRange; caches grow on demand
+  // up to it and fail with ResourceExhausted (naming sizes and free memory) when the
+  // device cannot hold them.
+  int64_t max_context = 0;
+  // Diagnostics (CPU backend only): every matmul output is multiplied by 1 +- TEST_jitter
+  // (a deterministic pseudo-random sign per element) before rounding. Two runs that differ
+  // only by this measure the model's noise floor: how far a perturbation of the size of an
+  // fp32 summation-order difference travels, which is what a correct but not bit-identical
+  // engine (the GPU) is compared against. 0: off.
+  double TEST_jitter = 0;
   // Round activations to the checkpoint dtype where MLX does (default: from config).
   std::optional<cpu::ActDType> act_dtype;
   // Last stage: logits for every row (true) or only the last row of each step.

@@ -276,5 +276,73 @@ TEST(StageErrors, MissingLayerTensorsNameTheTensor) {
   fs::remove_all(dir);
 }
 
+TEST(Devices, ParseDevice) {
+  auto cpu = ParseDevice("cpu");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->kind, DeviceSpec::Kind::kCpu);
+  auto cuda = ParseDevice("cuda");
+  ASSERT_TRUE(cuda.ok());
+  EXPECT_EQ(cuda->ToString(), "cuda:0");
+  auto three = ParseDevice("cuda:3");
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->ordinal, 3);
+  for (const char* bad : {"cuda:x", "cuda:-1", "tpu", ""}) {
+    EXPECT_EQ(ParseDevice(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// Without a usable GPU (CI) a CUDA stage is a clear error, never a silent CPU fallback.
+TEST(Devices, CudaStageWithoutDeviceIsAClearError) {
+  const std::string dir = TinyModel("qwen3", {QuantMode::kAffine, 4, 64});
+  LoadOptions lo;
+  lo.device.kind = DeviceSpec::Kind::kCuda;
+  auto st = LoadStage(dir, lo);
+  if (st.ok()) GTEST_SKIP() << "a CUDA device is present; gpu tests cover this backend";
+  EXPECT_TRUE(st.status().code() == absl::StatusCode::kFailedPrecondition ||
+              st.status().code() == absl::StatusCode::kUnimplemented)
+      << st.status();
+  EXPECT_NE(st.status().message().find("CUDA"), std::string::npos) << st.status();
+  lo.device.kind = DeviceSpec::Kind::kCpu;
+  lo.TEST_jitter = 1e-6;
+  EXPECT_TRUE(LoadStage(dir, lo).ok());
+}
+
+// max_context bounds a sequence; a refused step leaves the caches and position as they
+// were, so the sequence continues exactly as if it had not been tried.
+TEST(StageErrors, MaxContextAndAFailedStepChangeNothing) {
+  const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
+  LoadOptions lo;
+  lo.max_context = 10;
+  auto stage = LoadStage(dir, lo);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  auto seq = (*stage)->NewSequence();
+  StageInput in;
+  in.tokens = Prompt(8);
+  ASSERT_TRUE((*stage)->Forward(*seq, in).ok());
+  in.tokens = {3, 4, 5};
+  auto over = (*stage)->Forward(*seq, in);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(over.status().message().find("max_context 10"), std::string::npos) << over.status();
+  EXPECT_EQ(seq->position(), 8);
+  in.tokens = {3, 4};
+  auto ok = (*stage)->Forward(*seq, in);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  // The same 10 tokens in a fresh sequence, without the refused step.
+  auto fresh = (*stage)->NewSequence();
+  in.tokens = Prompt(8);
+  ASSERT_TRUE((*stage)->Forward(*fresh, in).ok());
+  in.tokens = {3, 4};
+  auto ref = (*stage)->Forward(*fresh, in);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(ok->logits, ref->logits);
+  // The last stage reports the greedy token of each row, as cpu::ArgMax on its logits.
+  const int64_t vocab = (*stage)->config().vocab_size;
+  ASSERT_EQ(ok->argmax.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ok->argmax[r], cpu::ArgMax(ok->logits.data() + r * vocab, vocab));
+  }
+}
+
 }  // namespace
 }  // namespace ring

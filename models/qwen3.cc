@@ -1,17 +1,15 @@
 // Layer program of qwen3 and qwen3_moe (shared spec §5): GQA attention with per-head
 // RMSNorm on q and k before a half-split RoPE, SwiGLU MLP, and for Qwen3-MoE a softmax
-// router over all experts with top-k (no shared expert, no scaling factor).
+// router over all experts with top-k (no shared expert, no scaling factor). Runs on any
+// backend (models/backend.h).
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/thread_pool.h"
 #include "kernels/status.h"
 #include "models/families.h"
 
 namespace ring::internal {
 namespace {
-
-using cpu::RoundAct;
 
 struct QwenLayer {
   TensorView input_norm, post_norm, q_norm, k_norm;
@@ -23,7 +21,7 @@ struct QwenLayer {
 };
 
 struct KvCache {
-  std::vector<float> k, v;  // [S, kv_heads, head_dim]
+  CacheRows k, v;  // [S, kv_heads * head_dim]
 };
 
 class QwenSequence : public SequenceState {
@@ -31,7 +29,7 @@ class QwenSequence : public SequenceState {
   explicit QwenSequence(int64_t layers) : caches(layers) {}
   int64_t cache_bytes() const override {
     int64_t b = 0;
-    for (const auto& c : caches) b += 4 * (c.k.size() + c.v.size());
+    for (const auto& c : caches) b += 4 * position_ * (c.k.width + c.v.width);
     return b;
   }
   std::vector<KvCache> caches;
@@ -42,7 +40,11 @@ class QwenStage : public LayeredStage {
   using LayeredStage::LayeredStage;
   absl::Status Load();
   std::unique_ptr<Sequence> NewSequence() const override {
-    return std::make_unique<QwenSequence>(range().end - range().begin);
+    auto seq = std::make_unique<QwenSequence>(range().end - range().begin);
+    for (KvCache& c : seq->caches) {
+      c.k.width = c.v.width = ctx_.cfg.num_key_value_heads * head_dim_;
+    }
+    return seq;
   }
 
  protected:
@@ -50,12 +52,14 @@ class QwenStage : public LayeredStage {
     const QwenLayer& L = layers_[layer - range().begin];
     return {L.input_norm, L.post_norm};
   }
+  absl::Status ReserveCaches(SequenceState& seq, int64_t rows) const override;
   absl::Status Attention(int64_t layer, SequenceState& seq, const float* x, int64_t rows,
-                         TopkCarry& carry, float* out) const override;
-  void FeedForward(int64_t layer, const float* x, int64_t rows, float* out) const override;
+                         TopkState& carry, float* out) const override;
+  absl::Status FeedForward(int64_t layer, const float* x, int64_t rows,
+                           float* out) const override;
 
  private:
-  void Moe(const QwenLayer& L, const float* x, int64_t T, float* out) const;
+  absl::Status Moe(const QwenLayer& L, const float* x, int64_t T, float* out) const;
   std::vector<QwenLayer> layers_;
   RopeTable rope_;
   int64_t head_dim_ = 0;
@@ -63,7 +67,7 @@ class QwenStage : public LayeredStage {
 
 absl::Status QwenStage::Load() {
   const ModelConfig& c = ctx_.cfg;
-  WeightLoader w(*ctx_.ckpt, c);
+  WeightLoader w(*ctx_.ckpt, c, backend());
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, hid = c.hidden_size;
   head_dim_ = c.head_dim;
   if (H <= 0 || KV <= 0 || H % KV != 0 || head_dim_ <= 0 || head_dim_ % 2) {
@@ -72,6 +76,7 @@ absl::Status QwenStage::Load() {
         "num_key_value_heads and an even head_dim"));
   }
   RING_ASSIGN_OR_RETURN(rope_, MakeRope(c.rope, head_dim_, /*traditional=*/false));
+  RING_RETURN_IF_ERROR(backend().AddRope(rope_));
   const int64_t d = head_dim_;
   for (int64_t l = range().begin; l < range().end; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
@@ -102,43 +107,39 @@ absl::Status QwenStage::Load() {
   return LoadEnds(w);
 }
 
-void QwenStage::Moe(const QwenLayer& L, const float* x, int64_t T, float* out) const {
+absl::Status QwenStage::ReserveCaches(SequenceState& seq_base, int64_t rows) const {
+  auto& seq = static_cast<QwenSequence&>(seq_base);
+  for (int64_t l = range().begin; l < range().end; ++l) {
+    KvCache& c = seq.caches[l - range().begin];
+    const std::string what = absl::StrCat("KV cache of layer ", l);
+    RING_RETURN_IF_ERROR(c.k.Reserve(backend(), seq.position_, rows, ctx_.max_context, what + " (K)"));
+    RING_RETURN_IF_ERROR(c.v.Reserve(backend(), seq.position_, rows, ctx_.max_context, what + " (V)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QwenStage::Moe(const QwenLayer& L, const float* x, int64_t T, float* out) const {
+  Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t E = c.num_experts, K = c.num_experts_per_tok, hid = c.hidden_size;
-  std::vector<float> gates(T * E);
-  Linear(L.router, x, T, t, gates.data());
-  cpu::ParallelFor(T, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> p(E), y(K * hid);
-    for (int64_t r = r0; r < r1; ++r) {
-      // softmax(precise=True): fp32 inside, the probabilities stored in the act dtype.
-      const float* g = gates.data() + r * E;
-      float mx = g[0];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, g[e]);
-      float sum = 0.f;
-      for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(g[e] - mx));
-      for (int64_t e = 0; e < E; ++e) p[e] = RoundAct(p[e] / sum, t);
-      std::vector<int32_t> ids = cpu::TopKIndices(p.data(), E, K);
-      std::vector<float> sc(K);
-      float denom = 0.f;
-      for (int64_t k = 0; k < K; ++k) denom += (sc[k] = p[ids[k]]);
-      if (c.norm_topk_prob) {
-        denom = RoundAct(denom, t);
-        for (auto& v : sc) v = RoundAct(v / denom, t);
-      }
-      RunExperts(L.experts, x + r * hid, ids.data(), K, t, y.data());
-      for (int64_t d = 0; d < hid; ++d) {
-        float acc = 0.f;
-        for (int64_t k = 0; k < K; ++k) acc += RoundAct(y[k * hid + d] * sc[k], t);
-        out[r * hid + d] = RoundAct(acc, t);
-      }
-    }
-  });
+  RING_ASSIGN_OR_RETURN(Buffer gates, b.AllocF(T * E));
+  RING_RETURN_IF_ERROR(b.Linear(L.router, x, T, t, gates.f()));
+  RING_ASSIGN_OR_RETURN(Buffer ids, b.Alloc(T * K * 4));
+  RING_ASSIGN_OR_RETURN(Buffer scores, b.AllocF(T * K));
+  RING_RETURN_IF_ERROR(
+      b.RouteSoftmax(gates.f(), T, E, K, c.norm_topk_prob, t, ids.i(), scores.f()));
+  RING_ASSIGN_OR_RETURN(Buffer y, b.AllocF(T * K * hid));
+  RING_RETURN_IF_ERROR(b.ExpertsSwiGlu(L.experts.gate, L.experts.up, L.experts.down, x, T,
+                                       ids.i(), K, t, y.f()));
+  return b.MoeCombine(y.f(), scores.f(), nullptr, T, K, hid, cpu::CombineMode::kRoundedProducts,
+                      t, out);
 }
 
 absl::Status QwenStage::Attention(int64_t layer, SequenceState& seq_base, const float* xn,
-                                  int64_t T, TopkCarry& /*carry*/, float* out) const {
+                                  int64_t T, TopkState& /*carry*/, float* out) const {
   auto& seq = static_cast<QwenSequence&>(seq_base);
+  Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads;
@@ -147,33 +148,30 @@ absl::Status QwenStage::Attention(int64_t layer, SequenceState& seq_base, const 
   KvCache& cache = seq.caches[layer - range().begin];
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  std::vector<float> q(T * H * d), k(T * KV * d), v(T * KV * d);
-  Linear(L.q_proj, xn, T, t, q.data());
-  Linear(L.k_proj, xn, T, t, k.data());
-  Linear(L.v_proj, xn, T, t, v.data());
-  cpu::RmsNorm(q.data(), T * H, d, L.q_norm, eps, t, q.data());
-  cpu::RmsNorm(k.data(), T * KV, d, L.k_norm, eps, t, k.data());
-  ApplyRope(rope_, q.data(), T, H, d, H * d, offset, t);
-  ApplyRope(rope_, k.data(), T, KV, d, KV * d, offset, t);
-  cache.k.insert(cache.k.end(), k.begin(), k.end());
-  cache.v.insert(cache.v.end(), v.begin(), v.end());
+  // k and v of this step are computed straight into their cache rows.
+  RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * H * d));
+  float* k = cache.k.row(offset);
+  float* v = cache.v.row(offset);
+  RING_RETURN_IF_ERROR(b.Linear(L.q_proj, xn, T, t, q.f()));
+  RING_RETURN_IF_ERROR(b.Linear(L.k_proj, xn, T, t, k));
+  RING_RETURN_IF_ERROR(b.Linear(L.v_proj, xn, T, t, v));
+  RING_RETURN_IF_ERROR(b.RmsNorm(q.f(), T * H, d, L.q_norm, eps, t, q.f()));
+  RING_RETURN_IF_ERROR(b.RmsNorm(k, T * KV, d, L.k_norm, eps, t, k));
+  RING_RETURN_IF_ERROR(b.Rope(rope_, q.f(), T, H, d, H * d, offset, t));
+  RING_RETURN_IF_ERROR(b.Rope(rope_, k, T, KV, d, KV * d, offset, t));
   const int64_t S = offset + T;
-  std::vector<float> attn(T * H * d);
-  cpu::AttentionArgs args{q.data(), H * d, cache.k.data(), KV * d, cache.v.data(), KV * d,
+  RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * d));
+  cpu::AttentionArgs args{q.f(), H * d, cache.k.row(0), KV * d, cache.v.row(0), KV * d,
                           T, S, H, KV, d, d, 1.f / std::sqrt(static_cast<float>(d)), nullptr,
                           T > 1 ? offset : -1};
-  cpu::Attention(args, t, attn.data());
-  Linear(L.o_proj, attn.data(), T, t, out);
-  return absl::OkStatus();
+  RING_RETURN_IF_ERROR(b.Attention(args, t, attn.f()));
+  return b.Linear(L.o_proj, attn.f(), T, t, out);
 }
 
-void QwenStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {
+absl::Status QwenStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {
   const QwenLayer& L = layers_[layer - range().begin];
-  if (L.moe) {
-    Moe(L, x, T, out);
-  } else {
-    RunMlp(L.dense, x, T, ctx_.act, out);
-  }
+  if (L.moe) return Moe(L, x, T, out);
+  return RunMlp(backend(), L.dense, x, T, ctx_.act, out);
 }
 
 }  // namespace

@@ -65,6 +65,9 @@ class LocalRing final : public Ring {
     LoadOptions lo;
     lo.act_dtype = o.act_dtype;
     lo.all_logits = o.all_logits;
+    lo.device = o.device;
+    lo.max_context = o.max_context;
+    lo.TEST_jitter = o.TEST_jitter;
     RING_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(o.model));
     const int parts = o.split.empty() ? o.local_stages : static_cast<int>(o.split.size());
     RING_ASSIGN_OR_RETURN(std::vector<StageRange> ranges,

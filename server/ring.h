@@ -40,6 +40,11 @@ struct RingOptions {
   std::vector<int64_t> split;
   int local_stages = 1;
   std::optional<cpu::ActDType> act_dtype;  // unset: the checkpoint's
+  // Local stages: the device they run on, the per-sequence position limit (0: the model's)
+  // and the CPU engine's noise-floor diagnostic (models/model.h LoadOptions).
+  DeviceSpec device;
+  int64_t max_context = 0;
+  double TEST_jitter = 0;
   // Last stage returns logits for every row of a step (ringctl) or only the last (serving).
   bool all_logits = false;
   absl::Duration step_timeout = absl::Seconds(30);

@@ -65,6 +65,9 @@ struct Options {
   std::string model, tokens, force_decode, out, backend = "cpu", act = "auto";
   std::string workers, split, auth_token_file, tls_ca, tls_cert, tls_key;
   int decode = 0, stages = 1, prefill_chunk = 0;
+  int64_t max_context = 0;
+  bool timing = false;
+  double jitter = 0;
   double step_timeout_s = 30;
 };
 
@@ -83,9 +86,12 @@ absl::StatusOr<std::vector<int64_t>> ParseSplit(const std::string& split) {
 }
 
 absl::Status Run(const Options& o) {
-  if (o.backend != "cpu") {
-    return absl::UnimplementedError("--backend " + o.backend +
-                                    " is not built in this version; use --backend cpu");
+  absl::StatusOr<DeviceSpec> device = ParseDevice(o.backend);
+  if (!device.ok()) return absl::InvalidArgumentError("--backend: " + std::string(device.status().message()));
+  if (device->kind != DeviceSpec::Kind::kCpu && !o.workers.empty()) {
+    return absl::InvalidArgumentError(
+        "--backend applies to in-process stages; with --workers each ring-worker's --device "
+        "chooses");
   }
   std::vector<int32_t> prompt, forced;
   { auto p = ParseTokenList(o.tokens, "--tokens"); if (!p.ok()) return p.status(); prompt = *p; }
@@ -99,6 +105,9 @@ absl::Status Run(const Options& o) {
   ro.all_logits = true;
   ro.local_stages = o.stages;
   ro.step_timeout = absl::Seconds(o.step_timeout_s);
+  ro.device = *device;
+  ro.max_context = o.max_context;
+  ro.TEST_jitter = o.jitter;
   if (o.act == "f32") ro.act_dtype = cpu::ActDType::kF32;
   else if (o.act == "bf16") ro.act_dtype = cpu::ActDType::kBF16;
   else if (o.act != "auto") return absl::InvalidArgumentError("--act must be auto, bf16 or f32");
@@ -126,6 +135,10 @@ absl::Status Run(const Options& o) {
   const std::string seq_id = absl::StrCat("ringctl-", getpid(), "-", absl::ToUnixMicros(absl::Now()));
   std::vector<float> all;
   std::vector<int32_t> emitted;
+  // Every row's logits come back; reserve them all so growing the buffer never copies
+  // (at 150k vocab and 2k rows that is a 1.3 GB copy inside a timed decode step).
+  all.reserve((prompt.size() + (forced.empty() ? o.decode : forced.size())) * vocab);
+  absl::Duration prefill_time, decode_time;
   {
   RING_ASSIGN_OR_RETURN(std::unique_ptr<RingSequence> seq, ring->NewSequence(seq_id));
   auto step = [&](const std::vector<int32_t>& toks) -> absl::Status {
@@ -134,11 +147,14 @@ absl::Status Run(const Options& o) {
     return absl::OkStatus();
   };
   const size_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : prompt.size();
+  const absl::Time t_prefill = absl::Now();
   for (size_t b = 0; b < prompt.size(); b += chunk) {
     std::vector<int32_t> part(prompt.begin() + b,
                               prompt.begin() + std::min(prompt.size(), b + chunk));
     if (auto s = step(part); !s.ok()) return s;
   }
+  prefill_time = absl::Now() - t_prefill;
+  const absl::Time t_decode = absl::Now();
   const int steps = forced.empty() ? o.decode : static_cast<int>(forced.size());
   for (int i = 0; i < steps; ++i) {
     const int32_t next =
@@ -147,13 +163,29 @@ absl::Status Run(const Options& o) {
     emitted.push_back(next);
     if (auto s = step({next}); !s.ok()) return s;
   }
+  decode_time = absl::Now() - t_decode;
   }  // the sequence frees its KV caches on every stage here
+  if (o.timing) {
+    // Wall time of the steps as the caller sees them: every step returns its logits to the
+    // host (all rows), so this includes the device-to-host copy of [rows, vocab] floats.
+    const double p_ms = absl::ToDoubleMilliseconds(prefill_time);
+    const double d_ms = absl::ToDoubleMilliseconds(decode_time);
+    const int steps = static_cast<int>(emitted.size());
+    std::cerr << "timing: prefill " << prompt.size() << " tokens " << p_ms << " ms ("
+              << (p_ms > 0 ? 1000.0 * prompt.size() / p_ms : 0) << " tok/s)";
+    if (steps > 0) {
+      std::cerr << ", decode " << steps << " steps " << d_ms << " ms (" << d_ms / steps
+                << " ms/step, " << 1000.0 * steps / d_ms << " tok/s)";
+    }
+    std::cerr << "\n";
+  }
   const int64_t rows = static_cast<int64_t>(all.size()) / vocab;
   if (!o.out.empty()) {
     if (auto s = WriteNpy(o.out, all, rows, vocab); !s.ok()) return s;
   }
   std::cerr << "logits: " << rows << " rows x " << vocab << " (" << ring->stages().size()
-            << (o.workers.empty() ? " stage(s))" : " remote stage(s))");
+            << (o.workers.empty() ? absl::StrCat(" stage(s) on ", device->ToString(), ")")
+                                  : std::string(" remote stage(s))"));
   if (!emitted.empty()) {
     std::cerr << ", decode tokens:";
     for (int32_t t : emitted) std::cerr << ' ' << t;
@@ -162,7 +194,7 @@ absl::Status Run(const Options& o) {
   return absl::OkStatus();
 }
 
-Registration reg("logits", "Run the CPU reference engine and write float32 logits (.npy)",
+Registration reg("logits", "Run the model (CPU reference engine or CUDA) and write float32 logits (.npy)",
                  [](CLI::App* cmd) -> Handler {
                    auto o = std::make_shared<Options>();
                    cmd->add_option("--model", o->model, "Model directory (MLX checkpoint)")->required();
@@ -185,7 +217,15 @@ Registration reg("logits", "Run the CPU reference engine and write float32 logit
                    cmd->add_option("--tls-key", o->tls_key, "Key of --tls-cert (PEM)");
                    cmd->add_option("--step-timeout", o->step_timeout_s,
                                    "Deadline in seconds of each remote call (default 30)");
-                   cmd->add_option("--backend", o->backend, "cpu");
+                   cmd->add_option("--backend", o->backend,
+                                   "cpu (reference engine), cuda or cuda:N (in-process stages)");
+                   cmd->add_option("--max-context", o->max_context,
+                                   "Positions a sequence may reach (0: the model's maximum)");
+                   cmd->add_flag("--timing", o->timing,
+                                 "Print the wall time of the prefill and decode steps");
+                   cmd->add_option("--jitter", o->jitter,
+                                   "Diagnostic (cpu): perturb every matmul output by a relative "
+                                   "+-X before rounding, to measure the model's noise floor");
                    cmd->add_option("--act", o->act, "Activation dtype: auto (checkpoint's), bf16, f32");
                    cmd->add_option("--out", o->out, "Output .npy file: float32 [rows, vocab]");
                    return [o] {

@@ -1,6 +1,6 @@
 // ring-worker: serves one pipeline stage over gRPC (proto/ringserve/v1/worker.proto).
 //
-//   ring-worker --listen 127.0.0.1:7001 --model-root /srv/models [--device cpu]
+//   ring-worker --listen 127.0.0.1:7001 --model-root /srv/models [--device cpu|cuda:N]
 //
 // --listen PORT or :PORT binds 127.0.0.1; all interfaces only when the address says so
 // (0.0.0.0:PORT or [::]:PORT), and then only with a shared token (--auth-token-file) or
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "HOST:PORT, :PORT or PORT (127.0.0.1 unless a host is given)");
   app.add_option("--model-root", model_root, "Directory holding the models LoadStage may load")
       ->required()->check(CLI::ExistingDirectory);
-  app.add_option("--device", device, "Compute device (this build: cpu)");
+  app.add_option("--device", device, "Compute device: cpu, cuda or cuda:N");
   std::string token_file, tls_cert, tls_key, tls_client_ca;
   bool allow_insecure = false;
   app.add_option("--auth-token-file", token_file,
@@ -54,10 +54,20 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-insecure", allow_insecure,
                "Listen beyond loopback without a token or TLS (trusted networks only)");
   CLI11_PARSE(app, argc, argv);
-  if (device != "cpu") {
-    std::cerr << "ring-worker: --device " << device << " is not built in this version; use cpu\n";
+  absl::StatusOr<ring::DeviceSpec> spec = ring::ParseDevice(device);
+  if (!spec.ok()) {
+    std::cerr << "ring-worker: --device: " << spec.status().message() << "\n";
     return 2;
   }
+  if (spec->kind == ring::DeviceSpec::Kind::kCuda) {
+    // Fail at start, not at the first LoadStage, when the device cannot be used.
+    absl::Status usable = ring::CheckDevice(*spec);
+    if (!usable.ok()) {
+      std::cerr << "ring-worker: --device " << device << ": " << usable.message() << "\n";
+      return 2;
+    }
+  }
+  device = spec->ToString();
 
   // Block the stop signals in every thread (gRPC's included) so only sigwait sees them.
   sigset_t stop;

@@ -256,6 +256,11 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   if (!info.ok()) return ToGrpcStatus(info.status());
   LoadOptions lo;
   lo.layers = {req->layer_begin(), req->layer_end()};
+  {
+    absl::StatusOr<DeviceSpec> device = ParseDevice(options_.device);
+    if (!device.ok()) return ToGrpcStatus(device.status());
+    lo.device = *device;
+  }
   lo.all_logits = req->all_logits();
   switch (req->act_dtype()) {
     case pb::DTYPE_UNSPECIFIED: break;

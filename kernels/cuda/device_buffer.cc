@@ -82,4 +82,43 @@ absl::Status DeviceBuffer::Zero() {
   return absl::OkStatus();
 }
 
+StreamBuffer::~StreamBuffer() { Reset(); }
+
+StreamBuffer::StreamBuffer(StreamBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      stream_(other.stream_) {}
+
+StreamBuffer& StreamBuffer::operator=(StreamBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    stream_ = other.stream_;
+  }
+  return *this;
+}
+
+void StreamBuffer::Reset() {
+  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+absl::StatusOr<StreamBuffer> StreamBuffer::Allocate(size_t bytes, cudaStream_t stream) {
+  StreamBuffer b;
+  b.stream_ = stream;
+  if (bytes == 0) return b;
+  const cudaError_t e = cudaMallocAsync(&b.ptr_, bytes, stream);
+  if (e != cudaSuccess) {
+    b.ptr_ = nullptr;
+    cudaGetLastError();
+    return absl::Status(CudaCodeToStatusCode(e),
+                        absl::StrFormat("cudaMallocAsync of %d bytes: %s", bytes,
+                                        cudaGetErrorString(e)));
+  }
+  b.bytes_ = bytes;
+  return b;
+}
+
 }  // namespace ring::cuda

@@ -8,6 +8,8 @@
 #ifndef RINGSERVE_KERNELS_CUDA_DEVICE_BUFFER_H_
 #define RINGSERVE_KERNELS_CUDA_DEVICE_BUFFER_H_
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -57,6 +59,31 @@ class DeviceBuffer {
   void Reset();
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Stream-ordered scratch for an op's temporaries: cudaMallocAsync on `stream`, and
+// cudaFreeAsync on the same stream when destroyed, so the memory is reused only after the
+// work queued before the free has finished. Move-only.
+class StreamBuffer {
+ public:
+  StreamBuffer() = default;
+  ~StreamBuffer();
+  StreamBuffer(StreamBuffer&& other) noexcept;
+  StreamBuffer& operator=(StreamBuffer&& other) noexcept;
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+
+  static absl::StatusOr<StreamBuffer> Allocate(size_t bytes, cudaStream_t stream);
+  void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void Reset();
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace ring::cuda

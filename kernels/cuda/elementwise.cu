@@ -130,6 +130,35 @@ __global__ void AddKernel(DevArray a, DevArray b, int64_t n, cpu::ActDType rt, D
   }
 }
 
+// One thread per scaled element.
+__global__ void ScaleRoundKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
+                                 int64_t stride, int64_t dims, float s, cpu::ActDType rt) {
+  const int64_t n = tokens * heads * dims;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = idx % dims, h = (idx / dims) % heads, tok = idx / (dims * heads);
+    const int64_t i = tok * stride + h * head_dim + d;
+    Store(x.data, x.dtype, i, DevRoundAct(Load(x.data, x.dtype, i) * s, rt));
+  }
+}
+
+__global__ void ToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(x[i]));
+  }
+}
+
+__global__ void GatherRowsKernel(const float* src, int64_t width, const int32_t* idx,
+                                 float* dst) {
+  const int64_t r = blockIdx.y;
+  const float* s = src + static_cast<int64_t>(idx[r]) * width;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < width;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[r * width + c] = s[c];
+  }
+}
+
 absl::Status CheckAct(DevArray a, const char* what, bool optional = false) {
   if (a.data == nullptr) {
     return optional ? absl::OkStatus()
@@ -231,6 +260,44 @@ absl::Status Add(DevArray a, DevArray b, int64_t n, cpu::ActDType round, DevMutA
   RING_EW_CHECK(CheckOut(out));
   if (n <= 0) return absl::OkStatus();
   AddKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(a, b, n, round, out);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status ScaleRound(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
+                        int64_t stride, int64_t dims, float s, cpu::ActDType round,
+                        cudaStream_t stream) {
+  RING_EW_CHECK(CheckOut(x));
+  if (dims > head_dim || heads * head_dim > stride) {
+    return absl::InvalidArgumentError("scale_round: dims/head_dim/stride inconsistent");
+  }
+  const int64_t n = tokens * heads * dims;
+  if (n <= 0) return absl::OkStatus();
+  ScaleRoundKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(x, tokens, heads, head_dim, stride,
+                                                           dims, s, round);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status ToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  if (x == nullptr || out == nullptr) return absl::InvalidArgumentError("to_bf16: null pointer");
+  ToBf16Kernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(x, n, out);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status GatherRows(const float* src, int64_t width, const int32_t* idx, int64_t n,
+                        float* dst, cudaStream_t stream) {
+  if (n <= 0 || width <= 0) return absl::OkStatus();
+  if (src == nullptr || idx == nullptr || dst == nullptr) {
+    return absl::InvalidArgumentError("gather_rows: null pointer");
+  }
+  if (n > 65535) return absl::InvalidArgumentError("gather_rows: more than 65535 rows");
+  const int threads = 128;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((width + threads - 1) / threads, 1024)),
+                  static_cast<unsigned>(n));
+  GatherRowsKernel<<<grid, threads, 0, stream>>>(src, width, idx, dst);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -57,6 +57,24 @@ absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,
 absl::Status Add(DevArray a, DevArray b, int64_t n, cpu::ActDType round, DevMutArray out,
                  cudaStream_t stream);
 
+// In place x = round(x * s) on the first `dims` features of every head of [tokens, heads,
+// head_dim] rows (`stride` elements between tokens): RoPE's YaRN pre-scale; with
+// tokens = heads = 1 and dims = head_dim = stride = n, a flat scale (s = 1: a rounding).
+absl::Status ScaleRound(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
+                        int64_t stride, int64_t dims, float s, cpu::ActDType round,
+                        cudaStream_t stream);
+inline absl::Status ScaleRound(DevMutArray x, int64_t n, float s, cpu::ActDType round,
+                               cudaStream_t stream) {
+  return ScaleRound(x, 1, 1, n, n, n, s, round, stream);
+}
+
+// out[i] = bf16 bits of x[i] (round to nearest even), n elements.
+absl::Status ToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
+
+// dst[r, :] = src[idx[r], :] for r < n, rows of `width` floats (idx on the device).
+absl::Status GatherRows(const float* src, int64_t width, const int32_t* idx, int64_t n,
+                        float* dst, cudaStream_t stream);
+
 }  // namespace ring::cuda
 
 #endif  // RINGSERVE_KERNELS_CUDA_ELEMENTWISE_CUH_

@@ -30,7 +30,17 @@
 //   kTolEwBf16 1e-6: those same fp32 differences occasionally move a value across a bf16
 //     rounding boundary (probability ~1e-7/2^-8 per element, each flip ~2^-16 relative
 //     squared); a missing or extra rounding step gives NMSE ~1e-5.
-//   kTolExact 0: Add and the embedding gather are bit-exact by construction.
+//   kTolExact 0: Add and the embedding gather are bit-exact by construction; so are the
+//     integer results (top-k sets, routed expert ids, argmax), compared element for element.
+//   Model ops (attention, MLA, indexer, MoE): fp32 mode 1e-9 (kTolEwF32: summation order,
+//     online vs two-pass softmax, expf ulps; ~1e-13 expected); bf16 mode kTolAttnBf16 1e-6
+//     for attention / experts / combine (as kTolEwBf16: rare flips of a bf16 rounding); the
+//     MLA core chains five rounded intermediates (pe scores, expanded K/V or latent q) where
+//     one flipped pe score moves a softmax weight by |s| * 2^-8, so it gets kMlaFactor x 1e-6;
+//     a missing rounding step or a wrong mask is >= 1e-4. Router weights are fp32 sigmoid /
+//     normalisation (1e-12: ulps of expf); the Qwen3 softmax scores are rounded (1e-6 in bf16).
+//     The indexer test feeds values whose dot products are exact in fp32, so its top-k must
+//     be identical, not close.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +50,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -47,11 +58,16 @@
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/model_ops.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/indexer.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/qgemv.cuh"
+#include "kernels/cuda/sampling.cuh"
 #include "kernels/dtype.h"
 #include "kernels/quant.h"
 
@@ -64,6 +80,9 @@ constexpr double kWorstRowFactor = 10;
 constexpr double kTolEwF32 = 1e-9;
 constexpr double kTolEwBf16 = 1e-6;
 constexpr double kTolExact = 0.0;
+constexpr double kTolAttnBf16 = 1e-6;
+constexpr double kMlaFactor = 10;
+constexpr double kTolRouteWeights = 1e-12;
 
 bool FullRun() {
   const char* v = std::getenv("RING_GPU_FULL");
@@ -821,6 +840,353 @@ TEST_F(GpuTest, SwiGluAndAdd) {
       ASSERT_TRUE(Add(da.in(), db.in(), n, md.round, dout.out(), nullptr).ok());
       Report("add", absl::StrCat(n), mode, Download(dout, n), ref, kTolExact);
     }
+  }
+}
+
+// ---- model ops: attention, MLA, DSA indexer, MoE, argmax ------------------------------------
+// Each case runs the CUDA op and its CPU reference (kernels/cpu/ops.h, model_ops.h) on the
+// same inputs (fp32 buffers holding bf16 values in bf16 mode).
+std::vector<float> Dl(const float* p, size_t n) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+std::vector<int32_t> DlI(const int32_t* p, size_t n) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int32_t> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+DeviceBuffer UpF(const std::vector<float>& v) {
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::FromVector(v);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : DeviceBuffer();
+}
+DeviceBuffer UpI(const std::vector<int32_t>& v) {
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::FromVector(v);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : DeviceBuffer();
+}
+DeviceBuffer Zeros(size_t floats) {
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(std::max<size_t>(floats, 1) * 4);
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (b.ok()) {
+    EXPECT_TRUE(b->Zero().ok());
+  }
+  return b.ok() ? *std::move(b) : DeviceBuffer();
+}
+// Exact comparison of integer results, reported as a table row (NMSE of the mismatch count).
+void ReportExact(const std::string& op, const std::string& shape, const std::string& mode,
+                 const std::vector<int32_t>& got, const std::vector<int32_t>& ref) {
+  ASSERT_EQ(got.size(), ref.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) bad += got[i] != ref[i];
+  Row r{op, shape, mode, static_cast<double>(bad), kTolExact, bad == 0};
+  PrintRow(r);
+  Table().push_back(r);
+  EXPECT_EQ(bad, 0) << op << " " << shape << " " << mode << ": " << bad << " of " << ref.size()
+                    << " indices differ";
+}
+double AttnTol(cpu::ActDType t) { return t == cpu::ActDType::kBF16 ? kTolAttnBf16 : kTolEwF32; }
+const cpu::ActDType kActs[] = {cpu::ActDType::kF32, cpu::ActDType::kBF16};
+
+TEST_F(GpuTest, AttentionGqa) {
+  struct S {
+    int64_t L, S, hq, hkv, d, causal;
+    bool mask;
+  };
+  // Qwen3 prefill (causal, chunk after a cached prefix), decode, GQA 4:1 / 2:1 / MHA, an
+  // additive mask, and a 512-wide head (GLM's absorbed MLA width).
+  for (S s : {S{7, 7, 4, 2, 32, 0, false}, S{5, 25, 8, 2, 128, 20, false},
+              S{1, 40, 8, 2, 128, -1, false}, S{6, 30, 4, 4, 64, -1, true},
+              S{1, 300, 16, 1, 512, -1, true}, S{3, 70, 32, 8, 128, 67, false}}) {
+    for (cpu::ActDType t : kActs) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const std::vector<float> q = RandomFloats(s.L * s.hq * s.d, 1001, 1.f, bf);
+      const std::vector<float> k = RandomFloats(s.S * s.hkv * s.d, 1002, 1.f, bf);
+      const std::vector<float> v = RandomFloats(s.S * s.hkv * s.d, 1003, 1.f, bf);
+      std::vector<float> mask;
+      if (s.mask) {
+        mask = RandomFloats(s.hq * s.L * s.S, 1004, 2.f, bf);
+        for (size_t i = 0; i < mask.size(); i += 3) mask[i] = -3.3895313892515355e38f;
+      }
+      const float scale = 1.f / std::sqrt(static_cast<float>(s.d));
+      cpu::AttentionArgs a{q.data(), s.hq * s.d, k.data(), s.hkv * s.d, v.data(), s.hkv * s.d,
+                           s.L, s.S, s.hq, s.hkv, s.d, s.d, scale,
+                           s.mask ? mask.data() : nullptr, s.causal};
+      std::vector<float> ref(s.L * s.hq * s.d);
+      cpu::Attention(a, t, ref.data());
+      DeviceBuffer dq = UpF(q), dk = UpF(k), dv = UpF(v), dm = UpF(s.mask ? mask : std::vector<float>{0.f});
+      DeviceBuffer dout = Zeros(ref.size());
+      cpu::AttentionArgs g = a;
+      g.q = dq.as<float>();
+      g.k = dk.as<float>();
+      g.v = dv.as<float>();
+      g.add_mask = s.mask ? dm.as<float>() : nullptr;
+      ASSERT_TRUE(Attention(g, t, dout.as<float>(), nullptr).ok());
+      Report(s.mask ? "attention +mask" : "attention",
+             absl::StrFormat("L%d S%d h%d/%d d%d c%d", s.L, s.S, s.hq, s.hkv, s.d, s.causal),
+             ActName(t), Dl(dout.as<float>(), ref.size()), ref, AttnTol(t));
+    }
+  }
+}
+
+// MLA core in its four regimes: dense / sparse x expanded (prefill chunk after a cached
+// prefix) / absorbed (decode), for mxfp4 and affine embed_q/unembed_out.
+TEST_F(GpuTest, MlaAttention) {
+  const int64_t H = 4, nope = 64, rope = 32, vd = 64, kvl = 128;
+  struct S {
+    int64_t T, offset, K;
+  };
+  uint32_t seed = 1100;
+  for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
+                              FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
+    auto embed_q = MakeWeight(f.spec, f.dtype, H, kvl, nope, ++seed);
+    auto unembed = MakeWeight(f.spec, f.dtype, H, vd, kvl, ++seed);
+    ASSERT_TRUE(embed_q && unembed);
+    for (S s : {S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0}}) {
+      for (cpu::ActDType t : kActs) {
+        const bool bf = t == cpu::ActDType::kBF16;
+        const int64_t T = s.T, Sn = s.offset + s.T, K = s.K;
+        const std::vector<float> q = RandomFloats(T * H * (nope + rope), ++seed, 1.f, bf);
+        // Latent rows are RMS-normed in the model (unit scale); k_pe after RoPE.
+        const std::vector<float> lat = RandomFloats(Sn * kvl, ++seed, 1.f, bf);
+        const std::vector<float> kpe = RandomFloats(Sn * rope, ++seed, 1.f, bf);
+        std::vector<int32_t> topk;
+        if (K > 0) {
+          std::mt19937 rng(seed);
+          std::uniform_real_distribution<float> u(0.f, 1.f);
+          for (int64_t i = 0; i < T; ++i) {
+            std::vector<float> sc(Sn);
+            for (int64_t j = 0; j < Sn; ++j) sc[j] = (T > 1 && j > s.offset + i) ? -INFINITY : u(rng);
+            const std::vector<int32_t> sel = cpu::TopKIndices(sc.data(), Sn, K);
+            topk.insert(topk.end(), sel.begin(), sel.end());
+          }
+        }
+        cpu::MlaAttentionArgs a;
+        a.q = q.data();
+        a.latent = lat.data();
+        a.k_pe = kpe.data();
+        a.topk = K > 0 ? topk.data() : nullptr;
+        a.T = T;
+        a.S = Sn;
+        a.offset = s.offset;
+        a.K = K;
+        a.H = H;
+        a.nope = nope;
+        a.rope = rope;
+        a.vd = vd;
+        a.kvl = kvl;
+        a.scale = 1.f / std::sqrt(static_cast<float>(nope + rope));
+        std::vector<float> ref(T * H * vd);
+        cpu::MlaAttention(a, embed_q->host, unembed->host, t, ref.data());
+        DeviceBuffer dq = UpF(q), dl = UpF(lat), dp = UpF(kpe);
+        DeviceBuffer dt = UpI(K > 0 ? topk : std::vector<int32_t>{0});
+        DeviceBuffer dout = Zeros(ref.size());
+        cpu::MlaAttentionArgs g = a;
+        g.q = dq.as<float>();
+        g.latent = dl.as<float>();
+        g.k_pe = dp.as<float>();
+        g.topk = K > 0 ? dt.as<int32_t>() : nullptr;
+        absl::Status st = MlaAttention(g, embed_q->dev.view, unembed->dev.view, t, dout.as<float>(), nullptr);
+        ASSERT_TRUE(st.ok()) << st;
+        Report(absl::StrFormat("mla %s %s", T > 1 ? "expanded" : "absorbed", K > 0 ? "sparse" : "dense"),
+               absl::StrFormat("T%d @%d K%d h%d", T, s.offset, K, H),
+               absl::StrCat(embed_q->Mode(), " ", ActName(t)), Dl(dout.as<float>(), ref.size()),
+               ref, AttnTol(t) * kMlaFactor);
+      }
+    }
+  }
+}
+
+// Top-k selection: random values with many ties (few levels), +-0, -inf tails; must be the
+// exact set cpu::TopKIndices returns.
+TEST_F(GpuTest, TopKRows) {
+  struct S {
+    int64_t rows, n, k, levels;
+  };
+  for (S s : {S{3, 100, 10, 0}, S{4, 5000, 2048, 0}, S{2, 3000, 64, 7}, S{5, 257, 256, 3},
+              S{1, 70000, 2048, 50}, S{2, 16, 16, 0}}) {
+    std::mt19937 rng(1200 + s.n);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> x(s.rows * s.n);
+    for (float& v : x) {
+      v = s.levels > 0 ? static_cast<float>(static_cast<int>(nd(rng) * s.levels / 3)) : RoundBf16(nd(rng));
+      if (v == 0.f && (rng() & 1)) v = -0.f;
+    }
+    for (int64_t i = 0; i < s.n; i += 5) x[i] = -INFINITY;  // masked keys in row 0
+    std::vector<int32_t> ref;
+    for (int64_t r = 0; r < s.rows; ++r) {
+      const std::vector<int32_t> sel = cpu::TopKIndices(x.data() + r * s.n, s.n, s.k);
+      ref.insert(ref.end(), sel.begin(), sel.end());
+    }
+    DeviceBuffer dx = UpF(x);
+    absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::Allocate(ref.size() * 4);
+    ASSERT_TRUE(dout.ok());
+    ASSERT_TRUE(TopKRows(dx.as<float>(), s.rows, s.n, s.k, dout->as<int32_t>(), nullptr).ok());
+    ReportExact("topk rows", absl::StrFormat("%dx%d k%d", s.rows, s.n, s.k),
+                s.levels > 0 ? absl::StrFormat("%d levels (ties)", s.levels) : "bf16 values",
+                DlI(dout->as<int32_t>(), ref.size()), ref);
+  }
+}
+
+// The DSA indexer: q and k take values n/4 with |n| <= 8 so every dot product is exact in
+// fp32 whatever the summation order; the selected sets must then be identical.
+TEST_F(GpuTest, IndexerTopK) {
+  struct S {
+    int64_t T, offset, heads, dim, K;
+  };
+  for (S s : {S{1, 299, 4, 32, 64}, S{5, 60, 8, 64, 16}, S{7, 0, 4, 32, 4},
+              S{2, 4999, 32, 128, 2048}, S{3, 2045, 32, 128, 2048}}) {
+    for (cpu::ActDType t : kActs) {
+      const int64_t Sn = s.offset + s.T;
+      std::mt19937 rng(1300 + Sn);
+      std::uniform_int_distribution<int> u(-8, 8);
+      std::vector<float> q(s.T * s.heads * s.dim), k(Sn * s.dim);
+      for (float& v : q) v = u(rng) / 4.f;
+      for (float& v : k) v = u(rng) / 4.f;
+      const std::vector<float> w = RandomFloats(s.T * s.heads, 1301, 0.1f, true);
+      cpu::IndexerArgs a;
+      a.q = q.data();
+      a.keys = k.data();
+      a.w = w.data();
+      a.T = s.T;
+      a.S = Sn;
+      a.offset = s.offset;
+      a.heads = s.heads;
+      a.dim = s.dim;
+      a.K = s.K;
+      std::vector<int32_t> ref(s.T * s.K);
+      cpu::IndexerTopK(a, t, ref.data());
+      DeviceBuffer dq = UpF(q), dk = UpF(k), dw = UpF(w);
+      absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::Allocate(ref.size() * 4);
+      ASSERT_TRUE(dout.ok());
+      cpu::IndexerArgs g = a;
+      g.q = dq.as<float>();
+      g.keys = dk.as<float>();
+      g.w = dw.as<float>();
+      absl::Status st = IndexerTopK(g, t, dout->as<int32_t>(), nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      ReportExact("indexer topk", absl::StrFormat("T%d S%d h%d d%d K%d", s.T, Sn, s.heads, s.dim, s.K),
+                  ActName(t), DlI(dout->as<int32_t>(), ref.size()), ref);
+    }
+  }
+}
+
+TEST_F(GpuTest, MoeRouting) {
+  // DeepSeek / GLM: sigmoid + bias, group-limited for n_group > 1.
+  struct D {
+    int64_t E, k, ng, tg;
+    bool norm;
+    float scale;
+  };
+  for (D d : {D{16, 4, 4, 2, true, 2.5f}, D{256, 8, 1, 1, true, 2.5f}, D{256, 8, 8, 4, true, 2.5f},
+              D{8, 2, 1, 1, false, 1.f}, D{64, 6, 8, 3, true, 16.f}}) {
+    const int64_t T = 37;
+    const std::vector<float> logits = RandomFloats(T * d.E, 1400 + d.E, 2.f, true);
+    const std::vector<float> bias = RandomFloats(d.E, 1401, 0.3f, false);
+    cpu::SigmoidRouting r{d.E, d.k, d.ng, d.tg, d.norm, d.scale};
+    std::vector<int32_t> ids(T * d.k);
+    std::vector<float> w(T * d.k);
+    cpu::RouteSigmoid(logits.data(), bias.data(), T, r, ids.data(), w.data());
+    DeviceBuffer dl = UpF(logits), db = UpF(bias), di = Zeros(ids.size()), dw = Zeros(w.size());
+    ASSERT_TRUE(RouteSigmoid(dl.as<float>(), db.as<float>(), T, r, di.as<int32_t>(), dw.as<float>(), nullptr).ok());
+    const std::string shape = absl::StrFormat("T%d E%d k%d g%d/%d", T, d.E, d.k, d.ng, d.tg);
+    ReportExact("route sigmoid ids", shape, d.norm ? "norm" : "no norm", DlI(di.as<int32_t>(), ids.size()), ids);
+    Report("route sigmoid weights", shape, d.norm ? "norm" : "no norm", Dl(dw.as<float>(), w.size()), w,
+           kTolRouteWeights);
+  }
+  // Qwen3-MoE: softmax top-k.
+  struct Q {
+    int64_t E, k;
+    bool norm;
+  };
+  for (Q qc : {Q{128, 8, true}, Q{8, 2, false}, Q{16, 4, true}, Q{60, 4, true}}) {
+    for (cpu::ActDType t : kActs) {
+      const int64_t T = 29;
+      const std::vector<float> gates = RandomFloats(T * qc.E, 1500 + qc.E, 2.f, t == cpu::ActDType::kBF16);
+      std::vector<int32_t> ids(T * qc.k);
+      std::vector<float> sc(T * qc.k);
+      cpu::RouteSoftmax(gates.data(), T, qc.E, qc.k, qc.norm, t, ids.data(), sc.data());
+      DeviceBuffer dg = UpF(gates), di = Zeros(ids.size()), ds = Zeros(sc.size());
+      ASSERT_TRUE(RouteSoftmax(dg.as<float>(), T, qc.E, qc.k, qc.norm, t, di.as<int32_t>(), ds.as<float>(), nullptr).ok());
+      const std::string shape = absl::StrFormat("T%d E%d k%d", T, qc.E, qc.k);
+      const std::string mode = absl::StrCat(qc.norm ? "norm " : "no norm ", ActName(t));
+      ReportExact("route softmax ids", shape, mode, DlI(di.as<int32_t>(), ids.size()), ids);
+      Report("route softmax scores", shape, mode, Dl(ds.as<float>(), sc.size()), sc,
+             t == cpu::ActDType::kBF16 ? kTolEwBf16 : kTolRouteWeights);
+    }
+  }
+}
+
+// The selected experts of every token in one gathered launch per matrix, then the combine.
+TEST_F(GpuTest, MoeExpertsAndCombine) {
+  const int64_t E = 8, hidden = 128, inter = 64, T = 5, k = 3;
+  uint32_t seed = 1600;
+  for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
+                              FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16},
+                              FormatCase{{QuantMode::kAffine, 8, 64}, DType::kBF16}}) {
+    auto gate = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
+    auto up = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
+    auto down = MakeWeight(f.spec, f.dtype, E, hidden, inter, ++seed);
+    ASSERT_TRUE(gate && up && down);
+    std::vector<int32_t> ids;
+    std::mt19937 rng(seed);
+    for (int64_t r = 0; r < T; ++r) {
+      std::vector<int32_t> all(E);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      std::sort(all.begin(), all.begin() + k);
+      ids.insert(ids.end(), all.begin(), all.begin() + k);
+    }
+    for (cpu::ActDType t : kActs) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const std::vector<float> x = RandomFloats(T * hidden, ++seed, 1.f, bf);
+      std::vector<float> ref(T * k * hidden);
+      cpu::ExpertsSwiGlu(gate->host, up->host, down->host, x.data(), T, ids.data(), k, t, ref.data());
+      DeviceBuffer dx = UpF(x), di = UpI(ids), dy = Zeros(ref.size());
+      absl::Status st = ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
+                                      di.as<int32_t>(), k, t, dy.as<float>(), nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      const std::vector<float> got = Dl(dy.as<float>(), ref.size());
+      Report("moe experts swiglu", absl::StrFormat("T%d k%d of %dx%dx%d", T, k, E, inter, hidden),
+             absl::StrCat(gate->Mode(), " ", ActName(t)), got, ref, bf ? kTolEwBf16 : kTolMatmul, hidden);
+      // Combine on the reference's expert outputs (both modes, with and without shared).
+      const std::vector<float> w = RandomFloats(T * k, ++seed, 0.5f, false);
+      const std::vector<float> shared = RandomFloats(T * hidden, ++seed, 1.f, bf);
+      for (cpu::CombineMode mode : {cpu::CombineMode::kFp32Sum, cpu::CombineMode::kRoundedProducts}) {
+        const bool with_shared = mode == cpu::CombineMode::kFp32Sum;
+        std::vector<float> cref(T * hidden);
+        cpu::MoeCombine(ref.data(), w.data(), with_shared ? shared.data() : nullptr, T, k, hidden, mode, t,
+                        cref.data());
+        DeviceBuffer dr = UpF(ref), dw = UpF(w), ds = UpF(shared), dout = Zeros(cref.size());
+        ASSERT_TRUE(MoeCombine(dr.as<float>(), dw.as<float>(), with_shared ? ds.as<float>() : nullptr, T, k,
+                               hidden, mode, t, dout.as<float>(), nullptr)
+                        .ok());
+        Report(with_shared ? "moe combine fp32 +shared" : "moe combine rounded",
+               absl::StrFormat("T%d k%d h%d", T, k, hidden), ActName(t), Dl(dout.as<float>(), cref.size()),
+               cref, EwTol(t));
+      }
+    }
+  }
+}
+
+TEST_F(GpuTest, ArgMax) {
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{4, 300}, {3, 154880}, {1, 7}, {2, 151936}}) {
+    std::vector<float> x = RandomFloats(rows * n, 1700 + n, 3.f, true);
+    // Ties: copy each row's maximum to a later and an earlier position.
+    for (int64_t r = 0; r < rows; ++r) {
+      float* xr = x.data() + r * n;
+      const int64_t m = cpu::ArgMax(xr, n);
+      xr[(m + n / 2) % n] = xr[m];
+      if (r % 2 == 1) xr[0] = xr[m];
+    }
+    std::vector<int32_t> ref(rows);
+    for (int64_t r = 0; r < rows; ++r) ref[r] = static_cast<int32_t>(cpu::ArgMax(x.data() + r * n, n));
+    DeviceBuffer dx = UpF(x), dout = Zeros(rows);
+    ASSERT_TRUE(ArgMaxRows(dx.as<float>(), rows, n, dout.as<int32_t>(), nullptr).ok());
+    ReportExact("argmax", absl::StrFormat("%dx%d", rows, n), "ties", DlI(dout.as<int32_t>(), rows), ref);
   }
 }
 

@@ -1,0 +1,61 @@
+// File: kernels/cuda/attention.cuh
+//
+// Attention on the GPU, mirroring the CPU reference (kernels/cpu/ops.h cpu::Attention,
+// kernels/cpu/model_ops.h cpu::MlaAttention) operation for operation: fp32 scores, additive
+// mask and softmax, one rounding of the output to the activation dtype; every intermediate
+// the reference rounds (MLA's scaled rope query, pe_scores, expanded keys/values, latent
+// queries) is rounded at the same point. Differences are fp32 summation order (the softmax
+// is computed online, keys split over warps) and expf's last ulp.
+//
+//   Attention      GQA / MHA / MQA over strided q, k, v: a causal offset and/or an additive
+//                  [Hq, L, S] mask (Qwen3 GQA, and the core of both MLA forms).
+//   MlaAttention   MLA after the projections: expanded form for prefill chunks (T > 1),
+//                  absorbed form over the compressed latent cache + rope key for decode
+//                  (T == 1), dense or over DSA-selected keys (sparse prefill as a mask,
+//                  sparse decode as a gather of the selected cache rows).
+//
+// All pointers are device memory; work is queued on `stream` (op temporaries are
+// stream-ordered allocations).
+#ifndef RINGSERVE_KERNELS_CUDA_ATTENTION_CUH_
+#define RINGSERVE_KERNELS_CUDA_ATTENTION_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/model_ops.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/qgemv.cuh"
+
+namespace ring::cuda {
+
+// Operands with explicit element strides between tokens and between heads.
+struct AttentionParams {
+  const float* q = nullptr;
+  int64_t q_tok = 0, q_head = 0;
+  const float* k = nullptr;
+  int64_t k_tok = 0, k_head = 0;
+  const float* v = nullptr;
+  int64_t v_tok = 0, v_head = 0;
+  int64_t L = 0, S = 0, hq = 0, hkv = 0, dk = 0, dv = 0;
+  float scale = 1.f;
+  const float* add_mask = nullptr;  // [hq, L, S]
+  int64_t causal_offset = -1;       // >= 0: key j visible to query i iff j <= offset + i
+  float* out = nullptr;             // [L, hq, dv]
+};
+inline constexpr int64_t kMaxAttentionDv = 1024;
+absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream_t stream);
+
+// cpu::Attention's argument layout (heads contiguous inside a token row).
+absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* out,
+                       cudaStream_t stream);
+
+// cpu::MlaAttention: a's pointers (q, latent, k_pe, topk) are device memory.
+absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                          const DeviceQuantWeight& unembed_out, cpu::ActDType round, float* out,
+                          cudaStream_t stream);
+
+}  // namespace ring::cuda
+
+#endif  // RINGSERVE_KERNELS_CUDA_ATTENTION_CUH_

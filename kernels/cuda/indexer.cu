@@ -1,0 +1,201 @@
+// Kernels behind indexer.cuh.
+//
+// IndexerScoresKernel: block = kScoreWarps warps for one query row r and a range of keys; the
+// row's queries [heads, dim] sit in shared memory. A warp owns one key at a time: per head a
+// lane-split dot product and butterfly sum, then lane 0 applies the reference's rounding
+// (round, relu, round(* w_h)) and accumulates over heads in head order (T > 1: each partial
+// sum rounded; T == 1: fp32 then one rounding), masking future keys to -inf for T > 1.
+//
+// TopKRowsKernel: see indexer.cuh.
+#include "kernels/cuda/indexer.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/quant_decode.cuh"
+#include "kernels/status.h"
+
+namespace ring::cuda {
+namespace {
+
+constexpr int kScoreWarps = 8;
+constexpr int kKeysPerBlock = 64;
+constexpr int kTopKThreads = 512;
+
+__device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
+  switch (t) {
+    case cpu::ActDType::kBF16: return qdec::RoundToBf16(v);
+    case cpu::ActDType::kF16: return qdec::RoundToF16(v);
+    default: return v;
+  }
+}
+
+__global__ void __launch_bounds__(kScoreWarps * 32)
+    IndexerScoresKernel(cpu::IndexerArgs a, cpu::ActDType rt, float* scores) {
+  extern __shared__ float qs[];  // [heads, dim]
+  const int64_t r = blockIdx.y;
+  const int64_t hd = a.heads * a.dim;
+  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = a.q[r * hd + i];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock;
+  const int64_t j1 = min(a.S, j0 + kKeysPerBlock);
+  for (int64_t j = j0 + warp; j < j1; j += kScoreWarps) {
+    const float* kj = a.keys + j * a.dim;
+    float tot = 0.f;
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const float* qh = qs + h * a.dim;
+      float dot = 0.f;
+      for (int64_t d = lane; d < a.dim; d += 32) dot = fmaf(qh[d], kj[d], dot);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      dot = fmaxf(RoundActDev(dot, rt), 0.f);
+      const float sc = RoundActDev(dot * a.w[r * a.heads + h], rt);
+      if (a.T > 1) {
+        tot = h == 0 ? sc : RoundActDev(tot + sc, rt);
+      } else {
+        tot = h == 0 ? sc : tot + sc;
+      }
+    }
+    if (lane == 0) {
+      if (a.T == 1) {
+        tot = RoundActDev(tot, rt);
+      } else if (j > a.offset + r) {
+        tot = -INFINITY;
+      }
+      scores[r * a.S + j] = tot;
+    }
+  }
+}
+
+// Order-preserving image of a float: larger float, larger key; -0 maps with +0.
+__device__ __forceinline__ uint32_t Key(float f) {
+  if (f == 0.f) f = 0.f;
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive block scan of one int per thread; returns the prefix, *total the block sum.
+__device__ int BlockExclusiveScan(int v, int* total, int* sh /* [32] */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, off);
+    if (lane >= off) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) sh[warp] = x;
+  __syncthreads();
+  int before = 0, sum = 0;
+  for (int w = 0; w < nw; ++w) {
+    if (w < warp) before += sh[w];
+    sum += sh[w];
+  }
+  *total = sum;
+  return before + x - v;
+}
+
+__global__ void __launch_bounds__(kTopKThreads)
+    TopKRowsKernel(const float* scores, int64_t n, int64_t k, int32_t* out) {
+  __shared__ unsigned hist[256];
+  __shared__ uint32_t s_prefix;
+  __shared__ int64_t s_need;
+  __shared__ int scan_sh[32];
+  const float* x = scores + static_cast<int64_t>(blockIdx.x) * n;
+  int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
+  uint32_t prefix = 0, mask = 0;
+  int64_t need = k;  // how many of the elements matching `prefix` still to take
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const uint32_t key = Key(x[j]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int64_t cum = 0;
+      int chosen = 0;
+      for (int d = 255; d >= 0; --d) {
+        if (cum + hist[d] >= need) {
+          chosen = d;
+          break;
+        }
+        cum += hist[d];
+      }
+      s_prefix = prefix | (static_cast<uint32_t>(chosen) << shift);
+      s_need = need - cum;
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    need = s_need;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  // prefix = key of the k-th largest value; take every larger key and the first `need`
+  // (lowest-index) equal ones, in index order.
+  int written = 0, ties = 0;
+  for (int64_t base = 0; base < n; base += blockDim.x) {
+    const int64_t j = base + threadIdx.x;
+    const uint32_t key = j < n ? Key(x[j]) : 0u;
+    const int eq = (j < n && key == prefix) ? 1 : 0;
+    int eq_total;
+    const int eq_before = BlockExclusiveScan(eq, &eq_total, scan_sh);
+    const int take = (j < n && (key > prefix || (eq && ties + eq_before < need))) ? 1 : 0;
+    int take_total;
+    const int pos = BlockExclusiveScan(take, &take_total, scan_sh);
+    if (take) o[written + pos] = static_cast<int32_t>(j);
+    written += take_total;
+    ties += eq_total;
+    if (written >= k) break;  // uniform: every thread sees the same totals
+  }
+}
+
+}  // namespace
+
+absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, int32_t* out,
+                      cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  if (scores == nullptr || out == nullptr) return absl::InvalidArgumentError("topk: null pointer");
+  if (k <= 0 || k > n) {
+    return absl::InvalidArgumentError(absl::StrFormat("topk: k = %d of n = %d", k, n));
+  }
+  if (rows > 0x7fffffff || n > 0x7fffffff) return absl::InvalidArgumentError("topk: too large");
+  TopKRowsKernel<<<static_cast<unsigned>(rows), kTopKThreads, 0, stream>>>(scores, n, k, out);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
+                         cudaStream_t stream) {
+  if (a.T <= 0) return absl::OkStatus();
+  if (a.q == nullptr || a.keys == nullptr || a.w == nullptr || topk == nullptr) {
+    return absl::InvalidArgumentError("indexer: null pointer");
+  }
+  if (a.S != a.offset + a.T || a.K <= 0 || a.K > a.S || a.heads <= 0 || a.dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "indexer: T %d, S %d, offset %d, K %d, heads %d, dim %d inconsistent", a.T, a.S,
+        a.offset, a.K, a.heads, a.dim));
+  }
+  if (a.T > 65535) return absl::InvalidArgumentError("indexer: more than 65535 query rows");
+  const size_t smem = a.heads * a.dim * sizeof(float);
+  if (smem > 48 * 1024) {
+    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresKernel,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem)));
+  }
+  RING_ASSIGN_OR_RETURN(StreamBuffer scores,
+                        StreamBuffer::Allocate(a.T * a.S * sizeof(float), stream));
+  const dim3 grid(static_cast<unsigned>((a.S + kKeysPerBlock - 1) / kKeysPerBlock),
+                  static_cast<unsigned>(a.T));
+  IndexerScoresKernel<<<grid, kScoreWarps * 32, smem, stream>>>(a, round, scores.as<float>());
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream);
+}
+
+}  // namespace ring::cuda

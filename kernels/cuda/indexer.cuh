@@ -1,0 +1,34 @@
+// File: kernels/cuda/indexer.cuh
+//
+// The DSA lightning indexer's selection on the GPU (cpu::IndexerTopK, kernels/cpu/
+// model_ops.h): per query row the head-weighted relu scores over every cached key, with the
+// reference's rounding points and head summation order, then the top-k positions.
+//
+//   TopKRows: per row of scores [rows, n] the k largest values (ties: lower index), written
+//   in ascending index order (the set cpu::TopKIndices returns). A radix select over the
+//   order-preserving integer image of the floats (4 passes of 8 bits, one block per row)
+//   finds the k-th largest value; a block-wide ordered compaction then writes every index
+//   above it and the lowest-indexed ties. -0.0 and +0.0 are the same value; NaN is not
+//   expected (masked keys are -inf).
+#ifndef RINGSERVE_KERNELS_CUDA_INDEXER_CUH_
+#define RINGSERVE_KERNELS_CUDA_INDEXER_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/model_ops.h"
+
+namespace ring::cuda {
+
+absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, int32_t* out,
+                      cudaStream_t stream);
+
+// cpu::IndexerTopK; a's pointers and `topk` [T, K] are device memory.
+absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
+                         cudaStream_t stream);
+
+}  // namespace ring::cuda
+
+#endif  // RINGSERVE_KERNELS_CUDA_INDEXER_CUH_

@@ -1,0 +1,67 @@
+#include "kernels/cuda/linear.cuh"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/status.h"
+
+namespace ring::cuda {
+namespace {
+
+// Elements of x a launch reads: the last problem's offset plus its m rows.
+int64_t XSpan(const QMatmulArgs& a, int64_t k) {
+  const int64_t ldx = a.ldx > 0 ? a.ldx : k;
+  const int64_t last = a.problems > 0 ? (a.problems - 1) / std::max<int64_t>(a.x_problem_div, 1) : 0;
+  return last * a.x_problem_stride + (a.m - 1) * ldx + k;
+}
+
+// Elements of y a launch writes (for the f16 rounding pass): problems * stride or m rows.
+int64_t YSpan(const QMatmulArgs& a, int64_t n) {
+  const int64_t ldy = a.ldy > 0 ? a.ldy : n;
+  return (a.problems - 1) * a.y_problem_stride + (a.m - 1) * ldy + n;
+}
+
+absl::Status Run(const DeviceQuantWeight& w, const QMatmulArgs& in, cpu::ActDType act,
+                 bool transpose, cudaStream_t stream) {
+  if (in.x_dtype != DType::kF32) {
+    return absl::InvalidArgumentError("LinearT/N take fp32 activation storage");
+  }
+  const int64_t k = transpose ? w.cols : w.rows;
+  const int64_t n = transpose ? w.rows : w.cols;
+  QMatmulArgs a = in;
+  a.round_bf16 = act == cpu::ActDType::kBF16;
+  StreamBuffer xb;
+  const bool affine_gemm = w.spec.mode == QuantMode::kAffine && a.m > 8;
+  if (transpose && act == cpu::ActDType::kBF16 && !affine_gemm) {
+    const int64_t span = XSpan(a, k);
+    RING_ASSIGN_OR_RETURN(xb, StreamBuffer::Allocate(span * 2, stream));
+    RING_RETURN_IF_ERROR(ToBf16(static_cast<const float*>(a.x), span, xb.as<uint16_t>(), stream));
+    a.x = xb.data();
+    a.x_dtype = DType::kBF16;
+  } else {
+    a.path = QmmPath::kSimt;
+  }
+  RING_RETURN_IF_ERROR(transpose ? QMatmulT(w, a, stream) : QMatmulN(w, a, stream));
+  if (act == cpu::ActDType::kF16) {
+    RING_RETURN_IF_ERROR(
+        ScaleRound(DevMutArray{a.y, DType::kF32}, YSpan(a, n), 1.f, act, stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LinearT(const DeviceQuantWeight& w, const QMatmulArgs& a, cpu::ActDType act,
+                     cudaStream_t stream) {
+  return Run(w, a, act, /*transpose=*/true, stream);
+}
+
+absl::Status LinearN(const DeviceQuantWeight& w, const QMatmulArgs& a, cpu::ActDType act,
+                     cudaStream_t stream) {
+  return Run(w, a, act, /*transpose=*/false, stream);
+}
+
+}  // namespace ring::cuda

@@ -1,0 +1,146 @@
+// File: models/backend.h  (internal to models/)
+//
+// The compute backend the layer programs run on. There is ONE copy of each family's model
+// logic (deepseek.cc, qwen3.cc, the block loop in model.cc); it calls the operations below,
+// and a backend implements them: backend_cpu.cc with the fp32 reference ops of
+// kernels/cpu (the oracle), cuda/backend_cuda.cc with the kernels of kernels/cuda, which the
+// op harness checks against exactly those reference ops. This interface is the single
+// dispatch point between a layer program and a device.
+//
+// Memory: activations, caches and index buffers live in backend memory (host memory on the
+// CPU, device memory on CUDA) and are handed around as raw pointers into Buffers, exactly
+// like the CPU engine's float buffers; pointer arithmetic (row offsets) is valid on both.
+// Activations are fp32 holding values rounded to the activation dtype, so both backends
+// round at the same points. Host data crosses only through Upload/Download.
+//
+// Weights stay described by the checkpoint's QuantWeight/TensorView; WeightLoader registers
+// every tensor it hands out (AddWeight/AddTensor), and the CUDA backend keeps a device copy
+// keyed by the host tensor's address.
+//
+// Ordering: operations are executed in call order; results are visible to later calls and
+// to Download (which waits for them). Errors of asynchronous device work surface at the
+// next Download or EndStep.
+#ifndef RINGSERVE_MODELS_BACKEND_H_
+#define RINGSERVE_MODELS_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/model_ops.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/quant.h"
+#include "kernels/tensor.h"
+
+namespace ring::internal {
+
+using cpu::ActDType;
+
+// Backend memory; copies share the allocation (freed with the last copy).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(void* data, int64_t bytes, std::shared_ptr<void> owner)
+      : data_(data), bytes_(bytes), owner_(std::move(owner)) {}
+  void* data() const { return data_; }
+  float* f() const { return static_cast<float*>(data_); }
+  int32_t* i() const { return static_cast<int32_t*>(data_); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+  std::shared_ptr<void> owner_;
+};
+
+// Inverse frequencies of a RoPE over `dims` features and the factor the rotated slice is
+// multiplied by first (YaRN's mscale ratio; 1 otherwise), as mlx-lm's initialize_rope.
+struct RopeTable {
+  std::vector<float> inv_freq;
+  float pre_scale = 1.f;
+  int64_t dims = 0;
+  bool traditional = false;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"
+  // Whether Forward of different sequences may run at the same time on this backend.
+  virtual bool concurrent() const = 0;
+  // Brackets one stage step: BeginStep binds the backend to the calling thread, EndStep
+  // waits for the step's work and reports any asynchronous device fault.
+  virtual absl::Status BeginStep() { return absl::OkStatus(); }
+  virtual absl::Status EndStep() { return absl::OkStatus(); }
+
+  // ---- memory ----
+  virtual absl::StatusOr<Buffer> Alloc(int64_t bytes) = 0;  // uninitialised
+  absl::StatusOr<Buffer> AllocF(int64_t n) { return Alloc(n * static_cast<int64_t>(sizeof(float))); }
+  virtual absl::Status Upload(const void* host, int64_t bytes, void* dst) = 0;
+  virtual absl::Status Download(const void* src, int64_t bytes, void* host) = 0;
+  // dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols (floats).
+  virtual absl::Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld,
+                              int64_t rows, int64_t cols) = 0;
+  // Bytes the backend could still allocate (-1: unknown), for error messages.
+  virtual int64_t FreeBytes() const { return -1; }
+
+  // ---- weights (once per tensor, at load) ----
+  virtual absl::Status AddWeight(const QuantWeight& w) = 0;
+  virtual absl::Status AddTensor(const TensorView& t) = 0;
+  virtual absl::Status AddRope(const RopeTable& r) = 0;
+  // Bytes of weights this backend holds a copy of (0 when it reads the checkpoint in place).
+  virtual int64_t copied_weight_bytes() const { return 0; }
+
+  // ---- ops (kernels/cpu/ops.h, kernels/cpu/model_ops.h semantics) ----
+  // y[m, rows] = round(x[m, cols] @ W^T).
+  virtual absl::Status Linear(const QuantWeight& w, const float* x, int64_t m, ActDType t,
+                              float* y) = 0;
+  // out[i, :] = round(dequant(W[ids[i], :])); ids are host memory, already range-checked.
+  virtual absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n,
+                             ActDType t, float* out) = 0;
+  virtual absl::Status RmsNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
+                               float eps, ActDType t, float* out) = 0;
+  virtual absl::Status LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
+                                 const TensorView& b, float eps, ActDType t, float* out) = 0;
+  // RoPE of the table (YaRN pre-scale first) on [tokens, heads, head_dim] rows, `stride`
+  // floats between tokens, positions offset.. (cpu::Rope).
+  virtual absl::Status Rope(const RopeTable& r, float* x, int64_t tokens, int64_t heads,
+                            int64_t head_dim, int64_t stride, int64_t offset, ActDType t) = 0;
+  virtual absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
+                              float* out) = 0;
+  virtual absl::Status Add(const float* a, const float* b, int64_t n, ActDType t,
+                           float* out) = 0;
+  // x[i] = round(x[i] * s).
+  virtual absl::Status ScaleRound(float* x, int64_t n, float s, ActDType t) = 0;
+  virtual absl::Status Attention(const cpu::AttentionArgs& a, ActDType t, float* out) = 0;
+  virtual absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
+                                    const QuantWeight& unembed_out, ActDType t, float* out) = 0;
+  virtual absl::Status IndexerTopK(const cpu::IndexerArgs& a, ActDType t, int32_t* topk) = 0;
+  virtual absl::Status RouteSigmoid(const float* logits, const TensorView& bias, int64_t T,
+                                    const cpu::SigmoidRouting& r, int32_t* ids,
+                                    float* weights) = 0;
+  virtual absl::Status RouteSoftmax(const float* gates, int64_t T, int64_t E, int64_t k,
+                                    bool norm_topk_prob, ActDType t, int32_t* ids,
+                                    float* scores) = 0;
+  virtual absl::Status ExpertsSwiGlu(const QuantWeight& gate, const QuantWeight& up,
+                                     const QuantWeight& down, const float* x, int64_t T,
+                                     const int32_t* ids, int64_t k, ActDType t, float* y) = 0;
+  virtual absl::Status MoeCombine(const float* y, const float* w, const float* shared,
+                                  int64_t T, int64_t k, int64_t hidden, cpu::CombineMode mode,
+                                  ActDType t, float* out) = 0;
+  // host_out[r] = argmax of row r of x [rows, n] (lowest index on ties).
+  virtual absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) = 0;
+};
+
+// jitter: LoadOptions::TEST_jitter.
+std::shared_ptr<Backend> NewCpuBackend(double jitter = 0);
+// "cuda:N". Unimplemented when this build has no CUDA backend; FailedPrecondition when no
+// such device is visible.
+absl::StatusOr<std::shared_ptr<Backend>> NewCudaBackend(int ordinal);
+
+}  // namespace ring::internal
+
+#endif  // RINGSERVE_MODELS_BACKEND_H_

@@ -1,0 +1,13 @@
+# Whole-model GPU parity (tests/gpu/gpu_parity.py): `ringctl logits --backend cuda` against
+# `--backend cpu` on every mlx-lm oracle fixture, NMSE <= 1e-3 at every position, GPU stage
+# splits bit-identical. Label gpu; exits 77 (skipped) without a CUDA device or without the
+# CUDA backend in this build. Runs on the H200 from a bundle: see docs/correctness.md §3.
+if(TARGET ringctl AND EXISTS ${RING_VENV_PYTHON})
+  add_test(NAME gpu_model_parity
+    COMMAND ${RING_VENV_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/gpu_parity.py
+            --ringctl $<TARGET_FILE:ringctl>
+            --fixtures ${RING_FIXTURES}/models
+            --report ${CMAKE_BINARY_DIR}/gpu_parity.md)
+  set_tests_properties(gpu_model_parity PROPERTIES
+    FIXTURES_REQUIRED oracle_models SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "gpu")
+endif()
