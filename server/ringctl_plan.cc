@@ -1,7 +1,7 @@
 // ringctl plan: how the layers of a model would be split over these workers, what each
 // would hold and the predicted decode speed, before anything loads (dry run).
 //
-//   ringctl plan --workers 10.0.0.1:7001,10.0.0.2:7001 --model GLM-5.2-mxfp4 \
+//   ringctl plan --workers 10.0.0.1:7001,10.0.0.2:7001 --model GLM-5.2-mxfp4
 //                [--context 8192 --sequences 4] [--split 40,38] [--json]
 //
 // Exit 0 with the plan, 1 when no split fits (the reason says which worker and by how

@@ -3,7 +3,7 @@
 //
 //   ring-server --config ring.toml
 //   ring-server --model /srv/models/tiny-glm --no-auth            # one process, loopback
-//   ring-server --model-dir /srv/models/tiny-glm --model-path tiny-glm \
+//   ring-server --model-dir /srv/models/tiny-glm --model-path tiny-glm
 //               --workers 127.0.0.1:7001,127.0.0.1:7002 --api-key "$KEY"
 //
 // Prints "ring-server listening on http://HOST:PORT" once the HTTP port is bound (the ring
