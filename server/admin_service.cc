@@ -70,13 +70,7 @@ grpc::Status AdminService::Status(grpc::ServerContext* ctx, const pb::StatusRequ
   resp->set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - started_));
 
   const std::vector<RingStageInfo> stages = engine_->stages();
-  worker::StageClientOptions co;
-  co.call_timeout = absl::Seconds(2);
-  const RingOptions& ro = engine_->ring_options();
-  co.auth_token = ro.auth_token;
-  co.tls_ca = ro.tls_ca;
-  co.tls_cert = ro.tls_cert;
-  co.tls_key = ro.tls_key;
+  const worker::StageClientOptions co = ClientOptions(engine_->ring_options(), absl::Seconds(2));
   for (size_t i = 0; i < m.workers.size(); ++i) {
     const std::string& addr = m.workers[i];
     pb::WorkerStatus* w = resp->add_workers();

@@ -43,8 +43,11 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 
 }  // namespace
 
-Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics)
-    : ring_options_(std::move(ring_options)), options_(options), metrics_(metrics) {
+Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics, RingFactory factory)
+    : ring_options_(std::move(ring_options)),
+      options_(options),
+      metrics_(metrics),
+      factory_(factory ? std::move(factory) : RingFactory(&Ring::Connect)) {
   for (int i = 0; i < std::max(1, options_.max_concurrent); ++i) {
     pool_.emplace_back([this] {
       while (true) {
@@ -106,7 +109,7 @@ absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Engin
       use.split.clear();  // a manual split was for the full ring
     }
   }
-  auto ring = Ring::Connect(use);
+  auto ring = factory_(use);
   if (!ring.ok()) {
     if (missing.empty()) return ring.status();
     return absl::Status(ring.status().code(),

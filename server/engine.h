@@ -75,7 +75,11 @@ class Engine {
     absl::Duration rejoin_probe = absl::Seconds(2);
   };
 
-  Engine(RingOptions ring_options, Options options, ServerMetrics* metrics);
+  // How rings are formed; tests substitute a scripted ring. Default: Ring::Connect.
+  using RingFactory = std::function<absl::StatusOr<std::unique_ptr<Ring>>(const RingOptions&)>;
+
+  Engine(RingOptions ring_options, Options options, ServerMetrics* metrics,
+         RingFactory factory = nullptr);
   ~Engine();  // stops the pool; callers must have finished their generations
 
   // Starts forming the ring in the background.
@@ -144,6 +148,7 @@ class Engine {
   RingOptions ring_options_;  // .workers guarded by mu_ (membership changes)
   const Options options_;
   ServerMetrics* metrics_;
+  const RingFactory factory_;
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

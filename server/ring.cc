@@ -122,13 +122,7 @@ class RemoteRing final : public Ring {
  public:
   static absl::StatusOr<std::unique_ptr<Ring>> Load(const RingOptions& o) {
     auto ring = std::make_unique<RemoteRing>();
-    worker::StageClientOptions co;
-    co.call_timeout = o.step_timeout;
-    co.load_timeout = o.load_timeout;
-    co.auth_token = o.auth_token;
-    co.tls_ca = o.tls_ca;
-    co.tls_cert = o.tls_cert;
-    co.tls_key = o.tls_key;
+    worker::StageClientOptions co = ClientOptions(o, o.step_timeout);
     for (const std::string& addr : o.workers) {
       ring->clients_.push_back(std::make_unique<worker::StageClient>(
           addr, static_cast<int>(ring->clients_.size()), co));
@@ -277,13 +271,19 @@ absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_
   return out;
 }
 
-absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& o) {
+worker::StageClientOptions ClientOptions(const RingOptions& o, absl::Duration call_timeout) {
   worker::StageClientOptions co;
-  co.call_timeout = o.step_timeout;
+  co.call_timeout = call_timeout;
+  co.load_timeout = o.load_timeout;
   co.auth_token = o.auth_token;
   co.tls_ca = o.tls_ca;
   co.tls_cert = o.tls_cert;
   co.tls_key = o.tls_key;
+  return co;
+}
+
+absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& o) {
+  worker::StageClientOptions co = ClientOptions(o, o.step_timeout);
   std::vector<PlanWorker> workers;
   PlanModel model;
   for (size_t i = 0; i < o.workers.size(); ++i) {
@@ -316,12 +316,7 @@ absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& o) {
 
 std::vector<std::string> ReachableWorkers(const RingOptions& o, absl::Duration timeout) {
   std::vector<std::string> alive;
-  worker::StageClientOptions co;
-  co.call_timeout = timeout;
-  co.auth_token = o.auth_token;
-  co.tls_ca = o.tls_ca;
-  co.tls_cert = o.tls_cert;
-  co.tls_key = o.tls_key;
+  worker::StageClientOptions co = ClientOptions(o, timeout);
   for (size_t i = 0; i < o.workers.size(); ++i) {
     worker::StageClient c(o.workers[i], static_cast<int>(i), co);
     if (c.Describe().ok()) alive.push_back(o.workers[i]);

@@ -27,6 +27,7 @@
 #include "kernels/cpu/ops.h"
 #include "models/model.h"
 #include "server/planner.h"
+#include "worker/stage_client.h"
 
 namespace ring {
 
@@ -108,6 +109,9 @@ class Ring {
   };
   virtual std::vector<ActivationStats> activation_stats() const = 0;
 };
+
+// Client options (deadlines, token, TLS) for talking to the workers of `options`.
+worker::StageClientOptions ClientOptions(const RingOptions& options, absl::Duration call_timeout);
 
 // Describes every worker of `options` (probing options.model) and plans the split
 // (server/planner.h); options.split, when set, is checked instead of optimized.
