@@ -66,7 +66,13 @@ absl::StatusOr<RingPlan> PlanRing(const std::vector<PlanWorker>& workers, const 
     if (x.bandwidth_bytes_per_s > 0) known_min_bw = std::min(known_min_bw, x.bandwidth_bytes_per_s);
   }
   if (!std::isfinite(known_min_bw)) known_min_bw = 1e9;
-  const int64_t kv_per_layer = model.kv_bytes_per_token_per_layer * options.context_tokens * options.sequences;
+  if (options.context_tokens < 0 || options.sequences < 0) {
+    return absl::InvalidArgumentError("plan: context and sequences must be >= 0");
+  }
+  // Saturate rather than overflow: an absurd budget must read as "does not fit".
+  const double kv_d = static_cast<double>(model.kv_bytes_per_token_per_layer) *
+                      static_cast<double>(options.context_tokens) * static_cast<double>(options.sequences);
+  const int64_t kv_per_layer = kv_d > 1e17 ? int64_t{100'000'000'000'000'000} : static_cast<int64_t>(kv_d);
 
   auto stage = [&](int k, int a, int b) {
     PlanStage s;

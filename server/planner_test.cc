@@ -80,6 +80,15 @@ TEST(PlannerTest, ManualSplitIsCheckedNotOptimized) {
   EXPECT_FALSE(PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 100 * kGiB, 1e11}}, Uniform(8, kGiB), o).ok());
 }
 
+TEST(PlannerTest, HugeBudgetDoesNotOverflowIntoFitting) {
+  PlanModel m = Uniform(4, kGiB);
+  m.kv_bytes_per_token_per_layer = 1 << 20;
+  PlanOptions o = NoKv();
+  o.context_tokens = int64_t{1} << 50;
+  o.sequences = int64_t{1} << 20;
+  EXPECT_FALSE(PlanRing({{"a", 100 * kGiB, 1e11}}, m, o).ok());
+}
+
 TEST(PlannerTest, MoreWorkersThanLayersIsRefused) {
   auto p = PlanRing({{"a", kGiB, 1}, {"b", kGiB, 1}, {"c", kGiB, 1}}, Uniform(2, 1), NoKv());
   EXPECT_FALSE(p.ok());

@@ -328,6 +328,17 @@ def run_tests(a, port, model_dir, workers, procs, server):
             return json.loads(r.stdout)
         except ValueError:
             return {"error": r.stderr}
+    r = subprocess.run([a.ringctl, "plan", "--workers", ",".join(workers), "--model", "tiny-glm", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        plan = json.loads(r.stdout)
+    except ValueError:
+        plan = {}
+    check(r.returncode == 0 and sum(plan.get("split", [])) == 4 and len(plan.get("stages", [])) == 2 and
+          plan.get("pipelined_tokens_per_s", 0) > 0, f"ringctl plan: a split of the 4 layers over 2 workers ({plan})")
+    r = subprocess.run([a.ringctl, "plan", "--workers", ",".join(workers), "--model", "tiny-glm",
+                        "--context", str(1 << 40)], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "no split" in r.stderr, f"ringctl plan refuses an infeasible KV budget ({r.stderr.strip()})")
     st = status()
     check(st.get("state") == "ready" and [w["state"] for w in st.get("workers", [])] == ["serving", "serving"],
           f"ringctl status: ready, both workers serving ({st.get('state')}, {st.get('error', '')})")
