@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "server/ringctl_command.h"
 #include "server/ringctl_flags.h"
+#include "worker/worker_service.h"
 
 namespace ring::ctl {
 namespace {
@@ -134,11 +135,21 @@ int Run(const Flags& f) {
   if (!act.ok()) return fail(act.status());
   o.act_dtype = *act;
   o.TEST_fault = f.test_fault;
+  // What runs on the device: a report from new hardware is only useful with this.
+  std::string attestation;
+  if (o.device.kind == DeviceSpec::Kind::kCuda) {
+    absl::StatusOr<ringserve::v1::DeviceAttestation> a =
+        worker::AttestDevice(o.device.ToString(), /*allow_ptx_jit=*/true);
+    attestation = a.ok() ? a->summary() : std::string(a.status().message());
+  }
   absl::StatusOr<VerifyReport> r = Verify(o);
   if (!r.ok()) return fail(r.status());
   if (f.json) {
-    std::cout << ReportJson(*r).dump(1) << "\n";
+    nlohmann::ordered_json j = ReportJson(*r);
+    if (!attestation.empty()) j["attestation"] = attestation;
+    std::cout << j.dump(1) << "\n";
   } else {
+    if (!attestation.empty()) std::cout << "device: " << attestation << "\n";
     std::cout << FormatVerifyReport(*r, f.all_ops);
   }
   return r->ok ? 0 : 1;
