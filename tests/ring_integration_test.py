@@ -180,6 +180,20 @@ def main():
     check("ringctl describe shows the shadow table and DEGRADED", d.returncode == 0 and
           "DEGRADED" in d.stdout and "layer    3" in d.stdout, d.stdout + d.stderr)
 
+    # --- admission gate: each worker verifies its layers before it may serve ---------------
+    r = ringctl(args, ["logits", "--workers", f"{addrs[0]},{addrs[1]}", "--model", "glm", *COMMON,
+                       "--act", "f32", "--admission-prompt-len", "6"], timeout=120)
+    check("admission: clean workers pass and serve", r.returncode == 0, r.stderr.strip())
+    _, bad_adm = start_worker(args, root, {"RING_TEST_FAULT": "scale:layers.2.mlp.shared_experts.down_proj"})
+    r = ringctl(args, ["logits", "--workers", f"{addrs[0]},{bad_adm}", "--model", "glm", *COMMON,
+                       "--act", "f32", "--admission-prompt-len", "6"], timeout=120)
+    check("admission: a wrong kernel is refused, naming the worker and the op",
+          r.returncode != 0 and bad_adm in r.stderr and "admission verify" in r.stderr
+          and "shared_experts.down_proj" in r.stderr, r.stderr.strip(), show=True)
+    d = describe(bad_adm)
+    check("admission: the refused worker reports itself degraded",
+          "admission verify failed" in d.get("degraded_reason", ""), str(d.get("degraded_reason")))
+
     # --- SIGKILL mid-run: must fail fast, naming the dead worker ----------------------------
     victim, vaddr = start_worker(args, root)
     t0 = time.monotonic()

@@ -76,6 +76,15 @@ absl::StatusOr<pb::LoadStageResponse> StageClient::LoadStage(pb::LoadStageReques
   return resp;
 }
 
+absl::StatusOr<pb::VerifyStageResponse> StageClient::VerifyStage(pb::VerifyStageRequest req) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.load_timeout);  // loads the layers on the device and on the CPU
+  req.mutable_stage()->set_stage_index(stage_index_);
+  pb::VerifyStageResponse resp;
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->VerifyStage(&ctx, req, &resp), "VerifyStage " + name()));
+  return resp;
+}
+
 absl::StatusOr<pb::ActivationFrame> StageClient::Forward(const pb::ActivationFrame& f) {
   // One stream per step keeps a deadline on every step; a pipelined coordinator will keep
   // the stream open and cancel it from a watchdog instead.

@@ -40,6 +40,8 @@ class StageClient {
 
   absl::StatusOr<ringserve::v1::DescribeResponse> Describe(const std::string& probe_model = "");
   absl::StatusOr<ringserve::v1::LoadStageResponse> LoadStage(ringserve::v1::LoadStageRequest req);
+  // Admission verify of a layer range (Worker.VerifyStage); load_timeout applies.
+  absl::StatusOr<ringserve::v1::VerifyStageResponse> VerifyStage(ringserve::v1::VerifyStageRequest req);
   // Sends one frame and returns the worker's reply as received (checksum not yet checked).
   absl::StatusOr<ringserve::v1::ActivationFrame> Forward(const ringserve::v1::ActivationFrame& f);
   // `timeout` overrides call_timeout (releases are best effort and must not hold a
