@@ -5,14 +5,18 @@ Synthesizes a model with `ringctl synth` (default: qwen3-0.6b dimensions -- hidd
 vocab 151936, tied LM head -- cut to 8 layers, affine 4-bit), starts N ring-worker
 processes on loopback, and times decode with build/bench/ring_bench (the step loop
 ring-server runs, k sequences on k threads). Every figure is a ratio of runs made in this
-one session, alternated round by round so that load from other processes hits both sides:
+one session. Each round runs the one-process baseline, then every ring configuration, then
+the baseline again; a ring's ratio is taken against the mean of its round's two baseline
+runs (and a k-sequence run against the same round's 1-sequence run), and the table gives
+the median over rounds of those per-round ratios, so that load from other processes that
+drifts over minutes cancels rather than landing on one side:
 
   pipeline efficiency(N) = tokens/s of an N-stage ring, 1 sequence
                            / tokens/s of one process running all layers, 1 sequence
   aggregate speed-up(N, k) = tokens/s of N stages with k concurrent sequences
                              / tokens/s of the same N stages with 1 sequence
 
-Each cell is the median over --rounds rounds. RING_CPU_THREADS (--threads, default 1) is
+Tokens/s cells are medians over rounds too. RING_CPU_THREADS (--threads, default 1) is
 set for every process, the baseline included: on a machine with fewer cores than stages
 the pool threads of idle stages would otherwise compete with the busy one.
 
@@ -66,7 +70,7 @@ def main():
     ap.add_argument("--sequences", default="2,4")
     ap.add_argument("--decode", type=int, default=24)
     ap.add_argument("--prompt", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args()
@@ -87,27 +91,34 @@ def main():
           flush=True)
 
     base, ring1, ringk = [], {n: [] for n in stages}, {(n, k): [] for n in stages for k in seqs}
+    eff, speedup = {n: [] for n in stages}, {(n, k): [] for n in stages for k in seqs}
     for rnd in range(args.rounds):
-        base.append(bench(args, env, model_dir))
+        before = bench(args, env, model_dir)
         for n in stages:
             ring1[n].append(bench(args, env, name, addrs[:n]))
             for k in seqs:
                 ringk[(n, k)].append(bench(args, env, name, addrs[:n], k))
-        print(f"  round {rnd + 1}: one process {base[-1]:.2f} tok/s; "
-              + "; ".join(f"N={n} {ring1[n][-1]:.2f}" for n in stages), flush=True)
+                speedup[(n, k)].append(ringk[(n, k)][-1] / ring1[n][-1])
+        after = bench(args, env, model_dir)
+        base += [before, after]
+        for n in stages:
+            eff[n].append(ring1[n][-1] / ((before + after) / 2))
+        print(f"  round {rnd + 1}: one process {before:.2f} / {after:.2f} tok/s; "
+              + "; ".join(f"N={n} {ring1[n][-1]:.2f} (" + ", ".join(f"k={k} {ringk[(n, k)][-1]:.2f}" for k in seqs) + ")"
+                          for n in stages), flush=True)
     med = statistics.median
-    b = med(base)
-    print(f"\none process, all {args.layers} layers, 1 sequence: {b:.2f} tokens/s (median)")
-    print("\n| stages N | ring tokens/s (1 seq) | pipeline efficiency | "
-          + " | ".join(f"k={k}: tokens/s | speed-up vs 1 seq | target 0.8*min(k,N)" for k in seqs) + " |")
+    print(f"\none process, all {args.layers} layers, 1 sequence: {med(base):.2f} tokens/s "
+          f"(median of {len(base)} runs, min {min(base):.2f}, max {max(base):.2f})")
+    print("\n| stages N | ring tokens/s (1 seq) | pipeline efficiency (min..max over rounds) | "
+          + " | ".join(f"k={k}: tokens/s | speed-up vs 1 seq (min..max) | target 0.8*min(k,N)" for k in seqs) + " |")
     print("|---:|---:|---:|" + "---:|---:|---:|" * len(seqs))
     for n in stages:
-        r1 = med(ring1[n])
         cells = []
         for k in seqs:
-            rk = med(ringk[(n, k)])
-            cells.append(f"{rk:.2f} | {rk / r1:.2f} | {0.8 * min(k, n):.1f}")
-        print(f"| {n} | {r1:.2f} | {r1 / b:.3f} | " + " | ".join(cells) + " |")
+            sp = speedup[(n, k)]
+            cells.append(f"{med(ringk[(n, k)]):.2f} | {med(sp):.2f} ({min(sp):.2f}..{max(sp):.2f}) | {0.8 * min(k, n):.1f}")
+        print(f"| {n} | {med(ring1[n]):.2f} | {med(eff[n]):.3f} ({min(eff[n]):.2f}..{max(eff[n]):.2f}) | "
+              + " | ".join(cells) + " |")
     print(f"\nload average at end {loadavg()}")
 
 
