@@ -272,7 +272,10 @@ class RemoteRing final : public Ring {
   std::vector<ActivationStats> stats_;
 };
 
-RemoteSequence::~RemoteSequence() { ring_->Release(id_); }
+RemoteSequence::~RemoteSequence() {
+  runners_.clear();  // closes the Forward streams before their sequence's caches go
+  ring_->Release(id_);
+}
 
 absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_t>& tokens) {
   StageInput in;

@@ -231,6 +231,28 @@ def main():
         check("stalled worker: deadline", False, "ringctl hung")
     sleeper.send_signal(signal.SIGCONT)
 
+    # --- stalled mid-decode: the sequence's open Forward stream has no call deadline; the
+    # per-step watchdog must cancel it and name the worker -----------------------------
+    mid, maddr_stall = start_worker(args, root)
+    p = subprocess.Popen([args.ringctl, "logits", "--workers", f"{addrs[0]},{maddr_stall}", "--model", "glm",
+                          "--tokens", PROMPT, "--decode", "3000", "--act", "f32", "--step-timeout", "2"],
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    running = p.poll() is None
+    mid.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        _, err = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+        check("worker stalled mid-decode: the step deadline fires on the open stream, naming the worker",
+              running and p.returncode != 0 and maddr_stall in err and "deadline" in err.lower() and took < 10,
+              f"running at stop: {running}, rc {p.returncode}, took {took:.1f}s: {err.strip()}", show=True)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        check("worker stalled mid-decode: step deadline", False, "ringctl hung")
+    mid.send_signal(signal.SIGCONT)
+
     # --- LoadStage paths escaping --model-root are refused --------------------------------
     for bad_model, word in [("../models/glm", "escape"), ("/etc", "absolute"), (root + "/glm", "absolute")]:
         r = ringctl(args, ["logits", "--workers", addrs[0], "--model", bad_model, "--tokens", "1"], timeout=60)
