@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -423,7 +424,9 @@ class LockstepBackend final : public Backend {
                   std::vector<Region> outs,
                   const std::function<absl::Status(Backend&, const Mapper&)>& call) {
     // Every region an op touches, merged where they overlap (in-place ops, views of one
-    // buffer), so the isolated run gets one consistent copy of each.
+    // buffer), so the isolated run gets one consistent copy of each. Regions that merely
+    // touch stay apart: they may be two allocations that happen to be adjacent on the device
+    // (a CUDA memory pool does that) and are not on the reference.
     std::vector<Region> all = ins;
     all.insert(all.end(), outs.begin(), outs.end());
     std::sort(all.begin(), all.end(), [](const Region& a, const Region& b) { return a.p < b.p; });
@@ -433,7 +436,7 @@ class LockstepBackend final : public Backend {
       if (!merged.empty()) {
         Region& last = merged.back();
         const char* end = static_cast<const char*>(last.p) + last.bytes;
-        if (p <= end) {
+        if (p < end) {
           last.bytes = std::max<int64_t>(last.bytes, p + r.bytes - static_cast<const char*>(last.p));
           continue;
         }
@@ -455,23 +458,31 @@ class LockstepBackend final : public Backend {
     RING_RETURN_IF_ERROR(call(*ref_, to_ref));
     RING_RETURN_IF_ERROR(call(*dev_, same));
 
-    std::vector<Buffer> scratch(merged.size());
+    // Isolated: the device op once more, in place on the same device memory (so it reads
+    // exactly what the composed call read, padding and alignment included), after the
+    // regions were overwritten with the reference's inputs; then the device's own composed
+    // state is put back.
+    std::vector<std::vector<char>> composed(merged.size());
     for (size_t i = 0; i < merged.size(); ++i) {
-      RING_ASSIGN_OR_RETURN(scratch[i], dev_->Alloc(merged[i].bytes));
-      RING_RETURN_IF_ERROR(dev_->Upload(before[i].data(), merged[i].bytes, scratch[i].data()));
+      composed[i].resize(merged[i].bytes);
+      RING_RETURN_IF_ERROR(dev_->Download(merged[i].p, merged[i].bytes, composed[i].data()));
+      RING_RETURN_IF_ERROR(dev_->Upload(before[i].data(), merged[i].bytes, const_cast<void*>(merged[i].p)));
     }
-    const Mapper to_scratch = [&](const void* p) -> void* {
+    RING_RETURN_IF_ERROR(call(*dev_, same));
+    // Where a region's bytes are, in `composed` (device, composed) and after the isolated
+    // call (device memory, read below before the restore).
+    auto locate = [&](const void* p, size_t* idx, int64_t* off) {
       const char* c = static_cast<const char*>(p);
       for (size_t i = 0; i < merged.size(); ++i) {
         const char* b = static_cast<const char*>(merged[i].p);
-        if (c >= b && c <= b + merged[i].bytes) {
-          return static_cast<char*>(scratch[i].data()) + (c - b);
+        if (c >= b && c < b + merged[i].bytes) {
+          *idx = i;
+          *off = c - b;
+          return true;
         }
       }
-      return nullptr;
+      return false;
     };
-    RING_RETURN_IF_ERROR(call(*dev_, to_scratch));
-
     OpCheck oc = NewCheck(op, detail);
     double cn = 0, cd = 0, in = 0, id = 0;
     int64_t int_n = 0, comp_bad = 0, iso_bad = 0;
@@ -479,9 +490,12 @@ class LockstepBackend final : public Backend {
     for (const Region& r : outs) {
       const int64_t n = r.bytes / 4;
       std::vector<float> d(n), c(n), s(n);
-      RING_RETURN_IF_ERROR(dev_->Download(r.p, r.bytes, d.data()));
+      size_t idx = 0;
+      int64_t off = 0;
+      if (!locate(r.p, &idx, &off)) return absl::InternalError("verify: output outside its regions");
+      std::memcpy(d.data(), composed[idx].data() + off, r.bytes);
       RING_RETURN_IF_ERROR(ref_->Download(to_ref(r.p), r.bytes, c.data()));
-      RING_RETURN_IF_ERROR(dev_->Download(to_scratch(r.p), r.bytes, s.data()));
+      RING_RETURN_IF_ERROR(dev_->Download(r.p, r.bytes, s.data()));
       if (!r.pieces.empty()) {
         for (std::vector<float>* v : {&d, &c, &s}) *v = Gather(*v, r.pieces);
       }
@@ -499,6 +513,9 @@ class LockstepBackend final : public Backend {
       any_float = true;
       Accumulate(d.data(), c.data(), static_cast<int64_t>(c.size()), oc.composed, cn, cd);
       Accumulate(s.data(), c.data(), static_cast<int64_t>(c.size()), oc.isolated, in, id);
+    }
+    for (size_t i = 0; i < merged.size(); ++i) {
+      RING_RETURN_IF_ERROR(dev_->Upload(composed[i].data(), merged[i].bytes, const_cast<void*>(merged[i].p)));
     }
     Finish(oc.composed, cn, cd);
     Finish(oc.isolated, in, id);
