@@ -12,6 +12,7 @@
 #      --shadow-rate 0 and 1 (every step captured and queued for the CPU).
 #
 #   bench/gpu/verify_h200.sh BUNDLE_DIR   (bin/ringctl, bin/ring-worker, bin/hop_bench)
+#   PARTS="2 3" bench/gpu/verify_h200.sh BUNDLE_DIR   (only those parts; default all)
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUNDLE_DIR" >&2; exit 2; }
 bundle=$(cd "$1" && pwd)
@@ -23,6 +24,7 @@ W=$bundle/bin/ring-worker
 log=$out/verify_h200.txt
 budget=${BUDGET_S:-560}
 m=/tmp/ring_glm52x4
+want() { [[ " ${PARTS:-1 2 3 4 5} " == *" $1 "* ]]; }
 toks() { python3 -c "print(','.join(str((i * 7919 + $2) % 154000 + 10) for i in range($1)))"; }
 start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
   "$W" --listen 127.0.0.1:0 --model-root /tmp --device cuda:0 "${@:2}" > /tmp/$1.out 2> /tmp/$1.err &
@@ -33,20 +35,27 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  if want 1; then
   echo "== 1. attestation"
   start_worker att
   cat /tmp/att.err
   "$R" describe --worker "$WADDR"
   kill $WPID; wait $WPID 2>/dev/null
+  fi
 
+  if want 2; then
   echo "== 2. verify_cli_test.sh on cuda:0"
   bash tests/verify_cli_test.sh "$R" /tmp/vcli cuda:0 | tail -3; echo "rc=${PIPESTATUS[0]}"
   cat /tmp/vcli/glm.txt
+  fi
 
+  if want 3 || want 5; then
   echo "== 3. GLM-5.2 slice"
   t0=$SECONDS
   "$R" synth --arch glm_moe_dsa --preset glm-5.2 --layers 4 --quant mxfp4 --out "$m" --quiet
   echo "(synth took $((SECONDS - t0)) s)"
+  fi
+  if want 3; then
   echo "-- 3a. verify, 32-token prompt + 2 decode steps"
   t0=$SECONDS
   timeout 300 "$R" verify --model "$m" --layers 0-3 --device cuda:0 --prompt-len 32 --decode-steps 2
@@ -56,12 +65,16 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
   timeout 300 "$R" verify --model "$m" --layers 0-3 --device cuda:0 --prompt-len 16 --decode-steps 0 \
     --test-fault scale:layers.3.mlp.switch_mlp.gate_proj | tail -4
   echo "rc=${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+  fi
 
+  if want 4; then
   echo "== 4. fingerprint cost vs GPU decode step"
   "$bundle/bin/hop_bench" --iters 1000 | tail -6
   timeout 120 "$R" logits --model "$m" --tokens "$(toks 16 5)" --decode 32 --backend cuda --timing \
     --out /tmp/dec.npy | tail -3
+  fi
 
+  if want 5; then
   echo "== 5. shadow checks: hot-path cost (slice decode through one CUDA worker)"
   for rate in 0 1; do
     start_worker shadow$rate --shadow-rate $rate
@@ -71,7 +84,9 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
     "$R" describe --worker "$WADDR" | grep -E "shadow|health" || true
     kill $WPID; wait $WPID 2>/dev/null
   done
+  fi
 
+  if want 3; then
   left=$((budget - SECONDS))
   echo "== 3c. verify, ${LONG_TOKENS:-2080}-token prompt (> index_topk 2048) + 1 decode step ($left s left)"
   if [ $left -gt 60 ]; then
@@ -81,6 +96,7 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
     echo "rc=$? ($((SECONDS - t0)) s)"
   else
     echo "skipped: not enough time left in this call"
+  fi
   fi
 } > "$log" 2>&1
 tail -5 "$log"
