@@ -259,6 +259,13 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
     r = ctl("apply", "--workers", f"{workers[0]},127.0.0.1:1", "--split", "2,2")
     check(r.returncode == 1 and "127.0.0.1:1" in r.stderr and layers() == [(0, 1), (1, 4)],
           f"apply naming a worker that does not answer is refused, ring untouched ({r.stderr.strip()[-160:]})")
+    r = ctl("apply", "--workers", f"{workers[1]},{workers[0]}", "--split", "2,2")
+    order = [w.get("address") for w in status().get("workers", [])]
+    check(r.returncode == 0 and order == [workers[1], workers[0]] and layers() == [(0, 2), (2, 4)],
+          f"ringctl apply --workers: the ring in the new order ({order}, {r.stderr.strip()})")
+    r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    check(r.choices[0].text == greedy, "greedy output unchanged in the new worker order")
     cfg2 = os.path.join(a.work, "ring-2-2.toml")
     with open(cfg2, "w") as f:
         f.write(f'[server]\nlisten = "127.0.0.1:0"\n[model]\nname = "tiny-glm"\npath = "tiny-glm"\n'
