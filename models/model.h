@@ -87,6 +87,9 @@ struct LoadOptions {
   // fp32 summation-order difference travels, which is what a correct but not bit-identical
   // engine (the GPU) is compared against. 0: off.
   double TEST_jitter = 0;
+  // Test-only: make one kernel of this stage's backend wrong (spec in models/backend.h,
+  // NewFaultBackend), so that the precision guard can be shown to catch it. "": off.
+  std::string TEST_fault;
   // Round activations to the checkpoint dtype where MLX does (default: from config).
   std::optional<cpu::ActDType> act_dtype;
   // Last stage: logits for every row (true) or only the last row of each step.

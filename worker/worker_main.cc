@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
                  "Require client certificates signed by this CA (mutual TLS)");
   app.add_flag("--allow-insecure", allow_insecure,
                "Listen beyond loopback without a token or TLS (trusted networks only)");
+  bool allow_ptx_jit = false;
+  app.add_flag("--allow-ptx-jit", allow_ptx_jit,
+               "Run on a GPU this binary has no machine code (SASS) for, JIT-compiling PTX "
+               "(refused by default; verify such a worker with `ringctl verify`)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<ring::DeviceSpec> spec = ring::ParseDevice(device);
   if (!spec.ok()) {
@@ -76,6 +80,18 @@ int main(int argc, char** argv) {
     if (!usable.ok()) {
       std::cerr << "ring-worker: --device " << device << ": " << usable.message() << "\n";
       return 2;
+    }
+    // Capability attestation: refuse a device that would run JIT-compiled PTX.
+    absl::StatusOr<ringserve::v1::DeviceAttestation> att =
+        ring::worker::AttestDevice(device, allow_ptx_jit);
+    if (!att.ok()) {
+      std::cerr << "ring-worker: --device " << device << ": " << att.status().message() << "\n";
+      return 2;
+    }
+    std::cerr << "ring-worker: " << device << ": " << att->summary() << "\n";
+    if (!att->sass_match()) {
+      std::cerr << "ring-worker: WARNING: running PTX JIT-compiled by the driver for this "
+                   "device (--allow-ptx-jit); check it with `ringctl verify`\n";
     }
   }
   device = spec->ToString();
@@ -95,6 +111,7 @@ int main(int argc, char** argv) {
   options.model_root = model_root;
   options.device = device;
   options.metrics = &metrics;
+  options.allow_ptx_jit = allow_ptx_jit;
   if (const char* n = std::getenv("RING_TEST_CORRUPT_FRAME")) {
     if (!absl::SimpleAtoi(n, &options.TEST_corrupt_frame)) {
       std::cerr << "ring-worker: RING_TEST_CORRUPT_FRAME must be an integer\n";

@@ -20,6 +20,10 @@
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
 
+#ifdef RING_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
 namespace ring::worker {
 namespace {
 
@@ -148,12 +152,46 @@ absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::
   return c;
 }
 
+absl::StatusOr<pb::DeviceAttestation> AttestDevice(const std::string& device,
+                                                   bool allow_ptx_jit) {
+  RING_ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(device));
+  if (spec.kind != DeviceSpec::Kind::kCuda) {
+    return absl::UnimplementedError("attestation is for CUDA devices");
+  }
+#ifdef RING_HAVE_CUDA
+  RING_ASSIGN_OR_RETURN(cuda::CodeAttestation a, cuda::Attest(spec.ordinal));
+  RING_RETURN_IF_ERROR(cuda::CheckAttestation(a, allow_ptx_jit));
+  pb::DeviceAttestation p;
+  p.set_device_name(a.device.name);
+  p.set_compute_capability(a.device.cc);
+  p.set_driver_version(a.device.driver_version);
+  p.set_runtime_version(a.device.runtime_version);
+  for (const cuda::BuildArch& b : a.sass) {
+    p.add_sass_archs(absl::StrCat("sm_", b.cc, b.arch_specific ? "a" : ""));
+  }
+  for (int cc : a.ptx) p.add_ptx_archs(absl::StrCat("compute_", cc));
+  p.set_running_code_arch(a.device.binary_cc);
+  p.set_running_ptx_arch(a.device.code_cc);
+  p.set_sass_match(a.sass_match);
+  p.set_ptx_jit_allowed(allow_ptx_jit);
+  for (const std::string& v : a.kernel_variants) p.add_kernel_variants(v);
+  p.set_summary(a.ToString());
+  return p;
+#else
+  return absl::UnimplementedError("this build has no CUDA backend");
+#endif
+}
+
 WorkerService::WorkerService(WorkerOptions options)
     : options_(std::move(options)),
       owned_metrics_(options_.metrics ? nullptr : std::make_unique<WorkerMetrics>(options_.device)),
       metrics_(options_.metrics ? options_.metrics : owned_metrics_.get()),
       listen_address_(options_.listen_address) {
   metrics_->SetMemoryFree(MemAvailableBytes());
+  if (absl::StatusOr<pb::DeviceAttestation> a = AttestDevice(options_.device, options_.allow_ptx_jit);
+      a.ok()) {
+    attestation_ = *std::move(a);
+  }
 }
 
 void WorkerService::SetMetricsAddress(std::string address) {
@@ -243,6 +281,7 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   resp->set_tokens_per_second(metrics_->TokensPerSecond());
   resp->set_memory_bandwidth_bytes_per_s(MeasuredBandwidth());
   resp->set_build_version(RING_BUILD_VERSION);
+  if (attestation_) *resp->mutable_attestation() = *attestation_;
 #if defined(__x86_64__)
   resp->add_compiled_archs("x86_64");
 #elif defined(__aarch64__)

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -45,7 +46,17 @@ struct WorkerOptions {
   int64_t TEST_corrupt_frame = 0;
   // Test-only: write a NaN into this worker's output at the N-th step it computes (from 1).
   int64_t TEST_nan_at_step = 0;
+  // Run on a CUDA device even when this binary has no SASS for it (PTX JIT); see
+  // AttestDevice.
+  bool allow_ptx_jit = false;
 };
+
+// Capability attestation of `device` ("cuda:N") for this binary: compute capability,
+// driver/runtime, SASS/PTX archs, whether the code runs natively, kernel variants.
+// FailedPrecondition when the device would run JIT-compiled PTX and !allow_ptx_jit;
+// Unimplemented for "cpu" and in builds without CUDA.
+absl::StatusOr<ringserve::v1::DeviceAttestation> AttestDevice(const std::string& device,
+                                                             bool allow_ptx_jit);
 
 // Resolves `model` (relative) inside `root`; refuses absolute paths, ".." components and
 // symlinks that lead outside the root (PermissionDenied / InvalidArgument).
@@ -108,6 +119,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   const WorkerOptions options_;
   std::unique_ptr<WorkerMetrics> owned_metrics_;  // when options_.metrics is null
   WorkerMetrics* const metrics_;
+  std::optional<ringserve::v1::DeviceAttestation> attestation_;  // CUDA devices
   mutable absl::Mutex mu_;
   int64_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
