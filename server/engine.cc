@@ -48,6 +48,9 @@ Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics
       options_(options),
       metrics_(metrics),
       factory_(factory ? std::move(factory) : RingFactory(&Ring::Connect)) {
+  if (!ring_options_.on_stage_step) {
+    ring_options_.on_stage_step = [m = metrics_](size_t stage, double s) { m->ObserveStageRoundTrip(stage, s); };
+  }
   for (int i = 0; i < std::max(1, options_.max_concurrent); ++i) {
     pool_.emplace_back([this] {
       while (true) {

@@ -74,6 +74,10 @@ ServerMetrics::ServerMetrics()
       failover_timeouts(BuildCounter().Name("ring_failover_timeouts_total")
                             .Help("Requests that failed because no ring formed within failover_timeout_s")
                             .Register(*registry_).Add({})) {
+  stage_round_trip_ = &BuildHistogram().Name("ring_stage_round_trip_seconds")
+                           .Help("One stage's part of a step seen from the coordinator: Forward round trip "
+                                 "(both hops + the worker's compute) and frame codec")
+                           .Register(*registry_);
   worker_up_ = &BuildGauge().Name("ring_worker_up")
                     .Help("1 when the configured worker answers Describe, 0 when it does not")
                     .Register(*registry_);
@@ -111,6 +115,13 @@ void ServerMetrics::SetWorkerUp(const std::string& worker, bool up) {
 void ServerMetrics::ForgetWorker(const std::string& worker) {
   // Add() returns the existing series for these labels, which Remove() then drops.
   worker_up_->Remove(&worker_up_->Add({{"worker", worker}}));
+}
+
+void ServerMetrics::ObserveStageRoundTrip(size_t stage, double seconds) {
+  // Finer than LatencyBuckets at the low end: a loopback hop is tens of microseconds.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  stage_round_trip_->Add({{"stage", std::to_string(stage)}}, kBuckets).Observe(seconds);
 }
 
 void ServerMetrics::CountStageError(const std::string& stage) {

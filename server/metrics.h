@@ -34,6 +34,9 @@ class ServerMetrics {
   void SetWorkerUp(const std::string& worker, bool up);
   // A worker that left the configuration: its series goes, so no alert fires for it.
   void ForgetWorker(const std::string& worker);
+  // One stage's part of a step as the coordinator sees it (Forward round trip + codec);
+  // minus the worker's ring_worker_step_seconds it is the hop time.
+  void ObserveStageRoundTrip(size_t stage, double seconds);
 
   prometheus::Counter& prompt_tokens;
   prometheus::Counter& generated_tokens;
@@ -65,6 +68,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* activation_rms_;
   prometheus::Family<prometheus::Gauge>* activation_absmax_;
   prometheus::Family<prometheus::Gauge>* worker_up_;
+  prometheus::Family<prometheus::Histogram>* stage_round_trip_;
 };
 
 }  // namespace ring

@@ -229,6 +229,8 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
           f"ring_worker_up{{worker}} is 1 for both workers ({up})")
     check(total(text, "ring_formation_seconds_count") >= 1 and "ring_failover_timeouts_total 0" in text,
           "ring_formation_seconds and ring_failover_timeouts_total exported")
+    check(all(total(text, "ring_stage_round_trip_seconds_count", stage=str(i)) >= len(prompt_ids) // 10 + 8
+              for i in range(2)), "ring_stage_round_trip_seconds counts every stage's steps")
     promtool_ok(text, "ring-server /metrics")
 
     # --- ringctl apply. ---
@@ -293,6 +295,22 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
     split = [int(x) for x in moved.get("split", [])]
     begins = [sum(split[:i]) for i in range(len(split))]
     check(layers() == [(b, b + n) for b, n in zip(begins, split)], f"the ring holds the rebalanced split {split} ({layers()})")
+
+    # --- A worker's last error: another client (ringctl logits) reloads worker 0 behind the
+    # coordinator's back, so the ring's next step there fails on the epoch; the request
+    # replays on a re-formed ring and `ringctl status` shows what failed on that worker.
+    r = subprocess.run([a.ringctl, "logits", "--workers", workers[0], "--model", "tiny-glm", "--tokens", "1,2,3",
+                        "--out", os.path.join(a.work, "logits.npy")], capture_output=True, text=True, timeout=120)
+    check(r.returncode == 0, f"ringctl logits on worker 0 alone ({r.stderr.strip()[-200:]})")
+    r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    check(r.choices[0].text == greedy, "the request whose stage was reloaded replays: same greedy output")
+    w0 = [w for w in status().get("workers", []) if w.get("address") == workers[0]]
+    err = w0[0].get("lastError", "") if w0 else ""
+    check("epoch" in err and int(w0[0].get("lastErrorUnixSeconds", 0)) > 0,
+          f"ringctl status --json: worker 0's last error names the epoch mismatch ({err!r})")
+    table = ctl("status", timeout=30).stdout
+    check("last error" in table and "epoch" in table, "ringctl status table shows the last error under the worker")
 
     # --- Shell completion, generated from the CLI. ---
     r = subprocess.run([a.ringctl, "completion", "bash"], capture_output=True, text=True, timeout=30)
