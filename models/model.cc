@@ -119,13 +119,19 @@ absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
           b.Upload(topk_in.indices.data(), topk_in.indices.size() * 4, carry.indices.data()));
     }
   }
+  std::vector<std::vector<float>> layer_hidden;
   for (int64_t l = range().begin; l < range().end; ++l) {
     b.BeginLayer(l);
     RING_RETURN_IF_ERROR(RunLayer(l, seq, h.f(), rows, carry));
     RING_RETURN_IF_ERROR(b.EndLayer(l, h.f(), rows * hidden));
+    if (in.capture_layers) {
+      layer_hidden.emplace_back(rows * hidden);
+      RING_RETURN_IF_ERROR(b.Download(h.data(), rows * hidden * 4, layer_hidden.back().data()));
+    }
   }
   b.BeginLayer(c.num_hidden_layers);
   StageOutput out;
+  out.layer_hidden = std::move(layer_hidden);
   out.rows = rows;
   out.topk.source_layer = carry.source_layer;
   out.topk.dense = carry.dense;

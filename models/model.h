@@ -50,6 +50,8 @@ struct StageInput {
   std::vector<int32_t> tokens;   // first stage: token ids of this step
   std::vector<float> hidden;     // later stages: [rows, hidden_size]
   TopkCarry topk;                // later stages: from the previous stage
+  // Also return every layer's output (StageOutput::layer_hidden), for shadow checks.
+  bool capture_layers = false;
 };
 
 struct StageOutput {
@@ -59,6 +61,9 @@ struct StageOutput {
   std::vector<int32_t> argmax;  // last stage: greedy token of each logits row, computed
                                 // where the logits are (on the GPU for a CUDA stage)
   TopkCarry topk;
+  // With StageInput::capture_layers: the hidden state after each layer of the stage,
+  // [layers][rows * hidden_size].
+  std::vector<std::vector<float>> layer_hidden;
 };
 
 // Where a stage runs: "cpu" or "cuda:N" ("cuda" = "cuda:0").

@@ -65,6 +65,16 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-insecure", allow_insecure,
                "Listen beyond loopback without a token or TLS (trusted networks only)");
   bool allow_ptx_jit = false;
+  ring::worker::ShadowOptions shadow;
+  app.add_option("--shadow-rate", shadow.rate,
+                 "Fraction of sequences recomputed on the CPU reference off the hot path and "
+                 "compared layer by layer (0 = off, 0.01 = 1%)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--shadow-threshold", shadow.threshold,
+                 "Relative difference of a layer output that counts as a divergence");
+  app.add_flag("--shadow-degrade", shadow.degrade,
+               "After a divergence, take no new sequences: the coordinator leaves this worker "
+               "out of the ring");
   app.add_flag("--allow-ptx-jit", allow_ptx_jit,
                "Run on a GPU this binary has no machine code (SASS) for, JIT-compiling PTX "
                "(refused by default; verify such a worker with `ringctl verify`)");
@@ -112,6 +122,11 @@ int main(int argc, char** argv) {
   options.device = device;
   options.metrics = &metrics;
   options.allow_ptx_jit = allow_ptx_jit;
+  options.shadow = shadow;
+  if (const char* f = std::getenv("RING_TEST_FAULT")) {
+    options.TEST_fault = f;
+    std::cerr << "ring-worker: TEST fault injection: kernel fault '" << f << "'\n";
+  }
   if (const char* n = std::getenv("RING_TEST_CORRUPT_FRAME")) {
     if (!absl::SimpleAtoi(n, &options.TEST_corrupt_frame)) {
       std::cerr << "ring-worker: RING_TEST_CORRUPT_FRAME must be an integer\n";

@@ -214,6 +214,16 @@ void WorkerService::AccountCache(const Loaded* loaded, SequenceState* state, int
   metrics_->SetKvCache(kv_bytes_, static_cast<int64_t>(sequences_.size()));
 }
 
+std::string WorkerService::DegradedReason() const {
+  std::shared_ptr<const Loaded> loaded;
+  {
+    absl::MutexLock l(&mu_);
+    if (!degraded_.empty()) return degraded_;
+    loaded = loaded_;
+  }
+  return loaded && loaded->shadow ? loaded->shadow->degraded_reason() : std::string();
+}
+
 double WorkerService::MeasuredBandwidth() {
   // Measured once, on first use: 64 MiB is well above any last-level cache yet quick.
   absl::MutexLock l(&bandwidth_mu_);
@@ -282,6 +292,15 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   resp->set_memory_bandwidth_bytes_per_s(MeasuredBandwidth());
   resp->set_build_version(RING_BUILD_VERSION);
   if (attestation_) *resp->mutable_attestation() = *attestation_;
+  {
+    std::shared_ptr<const Loaded> loaded;
+    {
+      absl::MutexLock l(&mu_);
+      loaded = loaded_;
+    }
+    if (loaded && loaded->shadow) *resp->mutable_shadow() = loaded->shadow->Stats();
+    resp->set_degraded_reason(DegradedReason());
+  }
 #if defined(__x86_64__)
   resp->add_compiled_archs("x86_64");
 #elif defined(__aarch64__)
@@ -340,6 +359,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
     lo.device = *device;
   }
   lo.all_logits = req->all_logits();
+  lo.TEST_fault = options_.TEST_fault;
   switch (req->act_dtype()) {
     case pb::DTYPE_UNSPECIFIED: break;
     case pb::DTYPE_F32: lo.act_dtype = cpu::ActDType::kF32; break;
@@ -358,10 +378,33 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "LoadStage cancelled or past its deadline");
   }
   auto loaded = std::make_shared<Loaded>();
+  if (options_.shadow.rate > 0) {
+    // The reference: the same layers on the CPU engine, which reads the memory-mapped
+    // checkpoint in place, so it costs KV caches of mirrored sequences, not weights.
+    LoadOptions ro = lo;
+    ro.device = DeviceSpec{};
+    ro.TEST_fault.clear();
+    auto reference = ring::LoadStage(*dir, ro);
+    if (!reference.ok()) {
+      SetWaitingOn("idle: last LoadStage failed");
+      return ToGrpcStatus(absl::Status(reference.status().code(),
+                                       absl::StrCat("shadow reference on the CPU: ",
+                                                    reference.status().message())));
+    }
+    std::string name;
+    {
+      absl::MutexLock l(&mu_);
+      name = absl::StrCat("stage ", req->stage_index(), " (", listen_address_, ")");
+    }
+    loaded->shadow = std::make_shared<ShadowChecker>(*std::move(reference), options_.shadow,
+                                                     std::move(name));
+  }
   loaded->stage = std::shared_ptr<const Stage>(std::move(*stage));
   loaded->request = *req;
   loaded->info = *info;
   absl::MutexLock l(&mu_);
+  // Degraded is sticky: a new stage on the same device does not make it trustworthy.
+  if (loaded_ && loaded_->shadow && degraded_.empty()) degraded_ = loaded_->shadow->degraded_reason();
   loaded->epoch = next_epoch_++;
   loaded_ = loaded;
   sequences_.clear();  // caches of the old stage are meaningless for the new one
@@ -402,6 +445,12 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     return absl::Status(input.status().code(), absl::StrCat(hop, ": ", input.status().message()));
   }
   absl::MutexLock seq_lock(&state->mu);
+  if (!state->seq) {
+    if (std::string why = DegradedReason(); !why.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(hop, ": worker is degraded and takes no new sequences: ", why));
+    }
+  }
   if (!state->seq) state->seq = loaded->stage->NewSequence();
   if (static_cast<int64_t>(in.step()) != state->next_step ||
       in.first_position() != state->seq->position()) {
@@ -410,11 +459,15 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
         state->seq->position(), ", got step ", in.step(), " at position ", in.first_position()));
   }
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
+  input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
   const absl::Time step_start = absl::Now();
   auto out = loaded->stage->Forward(*state->seq, *input);
   const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   SetWaitingOn("idle: waiting for Forward frames");
   if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop, ": ", out.status().message()));
+  if (input->capture_layers) {
+    loaded->shadow->Observe(in.sequence_id(), *input, std::move(out->layer_hidden));
+  }
   ++state->next_step;
   // One row after the first position is a decode step; anything else is (chunked) prefill.
   const int64_t rows = std::max<int64_t>(1, in.rows());
@@ -494,6 +547,7 @@ grpc::Status WorkerService::Release(grpc::ServerContext* ctx, const pb::ReleaseR
   std::shared_ptr<SequenceState> state;
   {
     absl::MutexLock l(&mu_);
+    if (loaded_ && loaded_->shadow) loaded_->shadow->Release(req->sequence_id());
     auto it = sequences_.find(req->sequence_id());
     if (it == sequences_.end()) return grpc::Status::OK;
     state = std::move(it->second);

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "models/model.h"
+#include "worker/shadow_checker.h"
 #include "ringserve/v1/worker.grpc.pb.h"
 #include "worker/worker_metrics.h"
 
@@ -49,6 +50,10 @@ struct WorkerOptions {
   // Run on a CUDA device even when this binary has no SASS for it (PTX JIT); see
   // AttestDevice.
   bool allow_ptx_jit = false;
+  // Shadow verification of the loaded stage (worker/shadow_checker.h); rate 0: off.
+  ShadowOptions shadow;
+  // Test-only: a wrong kernel on this worker's device (LoadOptions::TEST_fault).
+  std::string TEST_fault;
 };
 
 // Capability attestation of `device` ("cuda:N") for this binary: compute capability,
@@ -99,8 +104,11 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     ringserve::v1::LoadStageRequest request;  // what produced it (for idempotency)
     ringserve::v1::ModelInfo info;
     uint64_t epoch = 0;
+    std::shared_ptr<ShadowChecker> shadow;  // when options_.shadow.rate > 0
   };
 
+  // Why this worker takes no new sequences (a shadow check diverged); empty: healthy.
+  std::string DegradedReason() const;
   // Memory read bandwidth of this machine (bytes/s), measured on first use.
   double MeasuredBandwidth();
   // UNAUTHENTICATED unless the call carries the configured token.
@@ -126,6 +134,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   int64_t last_error_unix_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::string metrics_address_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
+  std::string degraded_ ABSL_GUARDED_BY(mu_);  // from a replaced stage's shadow checker
   std::map<std::string, std::shared_ptr<SequenceState>> sequences_ ABSL_GUARDED_BY(mu_);
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t frames_sent_ ABSL_GUARDED_BY(mu_) = 0;
