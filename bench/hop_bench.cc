@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
               "hop = RTT/2 p50 | hop p99 | new stream per step: RTT p50 | p99 |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   int rc = 0;
+  std::vector<double> fingerprint_p50;
   for (int64_t rows : {1, 8}) {
     StageInput in;
     in.hidden.resize(rows * kWidth);
@@ -208,6 +209,15 @@ int main(int argc, char** argv) {
       return ring::worker::DecodeStageOutput(reply).ok();
     });
 
+    // The precision guard's share: the activation fingerprint a worker computes over its
+    // output every step (L2, absmax, NaN/Inf counts, samples), alone.
+    volatile double sink = 0;
+    const std::vector<double> fp = Time(iters / 10, iters, [&] {
+      sink = sink + ring::worker::ComputeFingerprint(in.hidden).l2();
+      return true;
+    });
+    fingerprint_p50.push_back(Summarize(fp).p50);
+
     // The old way: a new stream (HTTP/2 stream, headers, trailers) per step.
     const int fresh_iters = std::max(100, iters / 5);
     const std::vector<double> fresh = Time(fresh_iters / 10, fresh_iters, [&] {
@@ -223,7 +233,10 @@ int main(int argc, char** argv) {
                 r.p50 / 2, r.p99 / 2, n.p50, n.p99);
     std::fflush(stdout);
   }
-  std::printf("\n(all times in microseconds)\nload average at end: %s\n", LoadAvg().c_str());
+  std::printf("\n(all times in microseconds)\n");
+  std::printf("fingerprint of a worker's output (ComputeFingerprint), p50: 1 row %.2f us, 8 rows "
+              "%.2f us\n", fingerprint_p50[0], fingerprint_p50[1]);
+  std::printf("load average at end: %s\n", LoadAvg().c_str());
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   return rc;
