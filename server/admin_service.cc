@@ -96,6 +96,10 @@ grpc::Status AdminService::Status(grpc::ServerContext* ctx, const pb::StatusRequ
     w->set_memory_free_bytes(d->memory_free_bytes());
     w->set_build_version(d->build_version());
     w->set_checksum_failures(d->checksum_failures());
+    w->set_tokens_per_second(d->tokens_per_second());
+    w->set_metrics_address(d->metrics_address());
+    w->set_last_error(d->last_error());
+    w->set_last_error_unix_seconds(d->last_error_unix_seconds());
     if (d->loaded()) {
       w->set_layer_begin(d->layer_begin());
       w->set_layer_end(d->layer_end());
@@ -145,6 +149,53 @@ grpc::Status AdminService::Leave(grpc::ServerContext* ctx, const pb::JoinRequest
   if (auto s = engine_->Leave(req->address()); !s.ok()) return worker::ToGrpcStatus(s);
   for (const auto& w : engine_->membership().workers) resp->add_workers(w);
   return grpc::Status::OK;
+}
+
+}  // namespace ring
+
+namespace ring {
+
+grpc::Status AdminService::MoveTo(grpc::ServerContext* ctx, absl::StatusOr<Engine::Layout> layout,
+                                  bool dry_run, pb::ApplyResponse* resp) {
+  if (!layout.ok()) return worker::ToGrpcStatus(layout.status());
+  for (const auto& st : layout->plan.stages) resp->add_workers(st.address);
+  for (int64_t n : layout->plan.LayerCounts()) resp->add_split(n);
+  resp->set_plan(layout->plan.ToText());
+  resp->set_changed(!engine_->IsCurrentLayout(*layout));
+  if (!dry_run && resp->changed()) {
+    const uint64_t generation = engine_->ApplyLayout(*layout);
+    // Loading the new stages can take minutes on a real model: wait as long as the caller
+    // does; a caller that gives up early sees DeadlineExceeded while the ring keeps forming.
+    // Never unbounded: a caller without a deadline waits for one full load at most.
+    const absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()),
+                                         absl::Now() + engine_->ring_options().load_timeout + absl::Minutes(1));
+    if (absl::Status s = engine_->WaitForLayout(generation, deadline); !s.ok()) {
+      return worker::ToGrpcStatus(s);
+    }
+  }
+  resp->set_state(RingState());
+  for (const auto& st : engine_->stages()) {
+    resp->add_stages(absl::StrCat(st.name, " layers ", st.layers.begin, "..", st.layers.end));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Apply(grpc::ServerContext* ctx, const pb::ApplyRequest* req,
+                                 pb::ApplyResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  std::vector<std::string> workers(req->workers().begin(), req->workers().end());
+  std::vector<int64_t> split(req->split().begin(), req->split().end());
+  if (workers.empty() && split.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "apply: give workers and/or a split (ringctl rebalance re-plans the split)");
+  }
+  return MoveTo(ctx, engine_->PlanLayout(std::move(workers), std::move(split)), req->dry_run(), resp);
+}
+
+grpc::Status AdminService::Rebalance(grpc::ServerContext* ctx, const pb::RebalanceRequest* req,
+                                     pb::ApplyResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  return MoveTo(ctx, engine_->PlanLayout({}, {}), req->dry_run(), resp);
 }
 
 }  // namespace ring

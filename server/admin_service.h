@@ -1,7 +1,7 @@
 // File: server/admin_service.h
 //
 // The Coordinator gRPC service (proto/ringserve/v1/coordinator.proto) of ring-server:
-// `ringctl status / drain / undrain / join / leave` talk to it. Status asks every
+// `ringctl status / drain / undrain / join / leave / apply / rebalance` talk to it. Status asks every
 // configured worker for Describe and its flight recorder with a short deadline, so a dead
 // or stalled worker shows as "unreachable" with the reason instead of blocking the call.
 // Callers authenticate with "authorization: Bearer KEY" (an API key or the ring token)
@@ -41,10 +41,18 @@ class AdminService final : public ringserve::v1::Coordinator::Service {
                     ringserve::v1::JoinResponse* resp) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const ringserve::v1::JoinRequest* req,
                      ringserve::v1::JoinResponse* resp) override;
+  grpc::Status Apply(grpc::ServerContext* ctx, const ringserve::v1::ApplyRequest* req,
+                     ringserve::v1::ApplyResponse* resp) override;
+  grpc::Status Rebalance(grpc::ServerContext* ctx, const ringserve::v1::RebalanceRequest* req,
+                         ringserve::v1::ApplyResponse* resp) override;
 
  private:
   grpc::Status CheckAuth(const grpc::ServerContext* ctx) const;
   std::string RingState() const;
+  // Apply and Rebalance: check `layout`, move the ring to it and wait (bounded by the
+  // call's deadline) until it has formed.
+  grpc::Status MoveTo(grpc::ServerContext* ctx, absl::StatusOr<Engine::Layout> layout, bool dry_run,
+                      ringserve::v1::ApplyResponse* resp);
 
   const AdminOptions options_;
   Engine* engine_;

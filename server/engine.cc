@@ -48,6 +48,9 @@ Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics
       options_(options),
       metrics_(metrics),
       factory_(factory ? std::move(factory) : RingFactory(&Ring::Connect)) {
+  if (!ring_options_.on_stage_step) {
+    ring_options_.on_stage_step = [m = metrics_](size_t stage, double s) { m->ObserveStageRoundTrip(stage, s); };
+  }
   for (int i = 0; i < std::max(1, options_.max_concurrent); ++i) {
     pool_.emplace_back([this] {
       while (true) {
@@ -78,22 +81,60 @@ Engine::~Engine() {
   pool_cv_.notify_all();
   for (auto& t : pool_) t.join();
   if (supervisor_.joinable()) supervisor_.join();
+  if (health_prober_.joinable()) health_prober_.join();
 }
 
-void Engine::Start() { supervisor_ = std::thread([this] { SuperviseLoop(); }); }
+void Engine::Start() {
+  supervisor_ = std::thread([this] { SuperviseLoop(); });
+  if (options_.health_probe > absl::ZeroDuration()) health_prober_ = std::thread([this] { HealthProbeLoop(); });
+}
 
-absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Engine::Form() {
+void Engine::HealthProbeLoop() {
+  while (true) {
+    RingOptions probe;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopping_) return;
+      probe = ring_options_;
+    }
+    // Outside the lock: a stalled worker holds this for the probe deadline.
+    const std::vector<std::string> alive = ReachableWorkers(probe, absl::Seconds(2));
+    std::unique_lock<std::mutex> l(mu_);
+    for (const auto& w : probe.workers) {
+      // A worker that left while we probed keeps no series.
+      if (std::find(ring_options_.workers.begin(), ring_options_.workers.end(), w) == ring_options_.workers.end()) {
+        continue;
+      }
+      metrics_->SetWorkerUp(w, std::find(alive.begin(), alive.end(), w) != alive.end());
+    }
+    cv_.wait_for(l, absl::ToChronoNanoseconds(options_.health_probe), [this] { return stopping_; });
+    if (stopping_) return;
+  }
+}
+
+uint64_t Engine::RequestReformLocked() {
+  reform_requested_ = true;
+  ++layout_generation_;
+  cv_.notify_all();
+  return layout_generation_;
+}
+
+absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Engine::Form(uint64_t* generation) {
   RingOptions use;
   {
     std::lock_guard<std::mutex> l(mu_);
     use = ring_options_;
     reform_requested_ = false;
+    *generation = layout_generation_;
     if (!drained_.empty()) {
       std::erase_if(use.workers, [this](const std::string& w) {
         return std::find(drained_.begin(), drained_.end(), w) != drained_.end();
       });
-      use.split.clear();
     }
+    // A split is for one set of serving workers: the full ring's does not fit a drained
+    // one, and one applied while a worker was drained (ringctl apply / rebalance) does not
+    // fit the ring after undrain. Then the ring is planned afresh.
+    if (!use.workers.empty() && use.split.size() != use.workers.size()) use.split.clear();
   }
   const size_t wanted = use.workers.size();
   std::vector<std::string> missing;
@@ -146,9 +187,18 @@ void Engine::SuperviseLoop() {
       // Everyone is back: re-form (requests on the degraded ring see their stage epochs
       // change and replay on the new one).
     }
-    auto formed = Form();
+    uint64_t generation = 0;
+    const absl::Time form_start = absl::Now();
+    auto formed = Form(&generation);
+    metrics_->formation_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - form_start));
+    if (!formed.ok()) metrics_->formation_failures.Increment();
     std::unique_lock<std::mutex> l(mu_);
     if (stopping_) return;
+    if (generation >= formed_generation_) {
+      formed_generation_ = generation;
+      layout_status_ = formed.ok() ? absl::OkStatus() : formed.status();
+    }
+    cv_.notify_all();  // WaitForLayout
     if (formed.ok()) {
       ring_ = std::move(formed->first);
       missing_ = std::move(formed->second);
@@ -189,8 +239,7 @@ absl::Status Engine::Drain(const std::string& address) {
         absl::StrCat("draining ", address, " would leave no worker to serve; join another first"));
   }
   drained_.push_back(address);
-  reform_requested_ = true;
-  cv_.notify_all();
+  RequestReformLocked();
   return absl::OkStatus();
 }
 
@@ -199,8 +248,7 @@ absl::Status Engine::Undrain(const std::string& address) {
   auto it = std::find(drained_.begin(), drained_.end(), address);
   if (it == drained_.end()) return absl::NotFoundError(absl::StrCat("worker ", address, " is not drained"));
   drained_.erase(it);
-  reform_requested_ = true;
-  cv_.notify_all();
+  RequestReformLocked();
   return absl::OkStatus();
 }
 
@@ -225,8 +273,7 @@ absl::Status Engine::Join(const std::string& address) {
   std::lock_guard<std::mutex> l(mu_);
   ring_options_.workers.push_back(address);
   ring_options_.split.clear();
-  reform_requested_ = true;
-  cv_.notify_all();
+  RequestReformLocked();
   return absl::OkStatus();
 }
 
@@ -240,9 +287,88 @@ absl::Status Engine::Leave(const std::string& address) {
   ring_options_.split.clear();
   std::erase(drained_, address);
   std::erase(missing_, address);
-  reform_requested_ = true;
-  cv_.notify_all();
+  metrics_->ForgetWorker(address);
+  RequestReformLocked();
   return absl::OkStatus();
+}
+
+absl::StatusOr<Engine::Layout> Engine::PlanLayout(std::vector<std::string> workers,
+                                                  std::vector<int64_t> split) const {
+  RingOptions o;
+  std::vector<std::string> drained;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    o = ring_options_;
+    drained = drained_;
+  }
+  if (o.workers.empty()) {
+    return absl::FailedPreconditionError("this server runs its stages in-process; it has no ring layout");
+  }
+  if (!workers.empty()) {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].find(':') == std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("worker address '", workers[i], "': want HOST:PORT"));
+      }
+      if (std::find(workers.begin(), workers.begin() + i, workers[i]) != workers.begin() + i) {
+        return absl::InvalidArgumentError(absl::StrCat("worker ", workers[i], " is listed twice"));
+      }
+    }
+    o.workers = std::move(workers);
+  }
+  Layout layout;
+  layout.workers = o.workers;
+  std::erase_if(o.workers, [&](const std::string& w) {
+    return std::find(drained.begin(), drained.end(), w) != drained.end();
+  });
+  if (o.workers.empty()) return absl::FailedPreconditionError("every worker of the layout is drained");
+  o.split = std::move(split);
+  RING_ASSIGN_OR_RETURN(layout.plan, PlanForWorkers(o));
+  return layout;
+}
+
+bool Engine::IsCurrentLayout(const Layout& layout) const {
+  std::shared_ptr<Ring> ring;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (layout.workers != ring_options_.workers || !missing_.empty()) return false;
+    ring = ring_;
+  }
+  if (ring == nullptr || ring->stages().size() != layout.plan.stages.size()) return false;
+  for (size_t i = 0; i < layout.plan.stages.size(); ++i) {
+    const RingStageInfo& have = ring->stages()[i];
+    const PlanStage& want = layout.plan.stages[i];
+    if (have.name.find("(" + want.address + ")") == std::string::npos || have.layers.begin != want.layer_begin ||
+        have.layers.end != want.layer_end) {
+      return false;
+    }
+  }
+  return true;
+}
+
+uint64_t Engine::ApplyLayout(const Layout& layout) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& w : ring_options_.workers) {
+    if (std::find(layout.workers.begin(), layout.workers.end(), w) == layout.workers.end()) {
+      std::erase(drained_, w);
+      std::erase(missing_, w);
+      metrics_->ForgetWorker(w);
+    }
+  }
+  ring_options_.workers = layout.workers;
+  ring_options_.split = layout.plan.LayerCounts();
+  return RequestReformLocked();
+}
+
+absl::Status Engine::WaitForLayout(uint64_t generation, absl::Time deadline) const {
+  std::unique_lock<std::mutex> l(mu_);
+  while (formed_generation_ < generation && !stopping_ && absl::Now() < deadline) {
+    cv_.wait_for(l, std::chrono::milliseconds(100));
+  }
+  if (formed_generation_ < generation) {
+    return absl::DeadlineExceededError(
+        "the new layout is still forming (loading stages); `ringctl status` shows when it is done");
+  }
+  return layout_status_;
 }
 
 Engine::Membership Engine::membership() const {
@@ -436,12 +562,15 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
       metrics_->requests_failed.Increment();
       return s;
     }
+    const absl::Time wait_start = absl::Now();
     std::shared_ptr<Ring> next = WaitForRing(failover_deadline, cancelled);
+    metrics_->failover_wait_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
     if (is_cancelled()) {
       result.finish = FinishReason::kCancelled;
       break;
     }
     if (next == nullptr) {
+      metrics_->failover_timeouts.Increment();
       metrics_->requests_failed.Increment();
       return absl::Status(s.code(), absl::StrCat(s.message(), " (no ring re-formed within the failover timeout)"));
     }

@@ -73,6 +73,8 @@ class Engine {
     bool degraded_rings = true;
     // How often a degraded ring checks whether the missing workers are back.
     absl::Duration rejoin_probe = absl::Seconds(2);
+    // How often every configured worker is asked Describe for ring_worker_up (0: never).
+    absl::Duration health_probe = absl::Seconds(5);
   };
 
   // How rings are formed; tests substitute a scripted ring. Default: Ring::Connect.
@@ -105,6 +107,26 @@ class Engine {
     std::string reason;                // why not ready
   };
   Membership membership() const;
+
+  // Layout changes (ringctl apply / rebalance through the admin service). A layout is the
+  // configured worker order plus the layer split of the serving (not drained) workers.
+  struct Layout {
+    std::vector<std::string> workers;  // configured order, drained ones included
+    RingPlan plan;                     // stages of the serving workers
+  };
+  // Checks a layout against the workers as they are now (server/planner.h: every worker
+  // answers, layers sum up, weights + KV budget fit): `workers` empty keeps the configured
+  // ones; `split` empty plans the split by free memory and measured bandwidth.
+  absl::StatusOr<Layout> PlanLayout(std::vector<std::string> workers,
+                                    std::vector<int64_t> split) const;
+  // True when the formed ring already has exactly this layout (nothing would move).
+  bool IsCurrentLayout(const Layout& layout) const;
+  // Makes `layout` the configuration and re-forms the ring in the background, as a
+  // membership change does (requests in flight replay); returns the change's generation.
+  uint64_t ApplyLayout(const Layout& layout);
+  // Waits until a ring formation that included change `generation` finished (or
+  // `deadline`): its status, DeadlineExceeded when still forming.
+  absl::Status WaitForLayout(uint64_t generation, absl::Time deadline) const;
   const RingOptions& ring_options() const { return ring_options_; }  // auth/TLS for probes
 
   // A generation slot; released when destroyed. nullptr when all are taken.
@@ -141,7 +163,12 @@ class Engine {
   std::shared_ptr<Ring> WaitForRing(absl::Time deadline, const std::atomic<bool>* cancelled) const;
   void SuperviseLoop();
   // Forms the ring (full, else degraded); returns the ring and the workers left out.
-  absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Form();
+  // `generation` receives the layout generation the attempt used.
+  absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Form(uint64_t* generation);
+  // Asks the supervisor to re-form with the current configuration; mu_ held.
+  uint64_t RequestReformLocked();
+  // Sets ring_worker_up for every configured worker, every options_.health_probe.
+  void HealthProbeLoop();
   // Drops `failed` if it is still the current ring (a stale ring's failure is ignored).
   void MarkBroken(const Ring* failed, const absl::Status& why);
 
@@ -157,9 +184,13 @@ class Engine {
   std::vector<std::string> missing_;  // workers left out of a degraded ring
   std::vector<std::string> drained_;
   bool reform_requested_ = false;
+  uint64_t layout_generation_ = 0;  // bumped by every membership / layout change
+  uint64_t formed_generation_ = 0;  // generation of the last finished formation attempt
+  absl::Status layout_status_;      // ... and its result
   std::string last_form_error_;
   bool stopping_ = false;
   std::thread supervisor_;
+  std::thread health_prober_;
 
   std::atomic<int64_t> active_{0};
   std::mutex pool_mu_;

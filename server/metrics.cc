@@ -62,7 +62,25 @@ ServerMetrics::ServerMetrics()
                                .Add({}, LatencyBuckets())),
       decode_step_seconds(BuildHistogram().Name("ring_step_seconds_decode")
                               .Help("One decode token through every stage").Register(*registry_)
-                              .Add({}, LatencyBuckets())) {
+                              .Add({}, LatencyBuckets())),
+      formation_seconds(BuildHistogram().Name("ring_formation_seconds")
+                            .Help("One attempt to form the ring (probe + LoadStage on every worker)")
+                            .Register(*registry_).Add({}, LatencyBuckets())),
+      formation_failures(BuildCounter().Name("ring_formation_failures_total")
+                             .Help("Attempts to form the ring that failed").Register(*registry_).Add({})),
+      failover_wait_seconds(BuildHistogram().Name("ring_failover_wait_seconds")
+                                .Help("Time a request whose ring broke waited for the re-formed ring")
+                                .Register(*registry_).Add({}, LatencyBuckets())),
+      failover_timeouts(BuildCounter().Name("ring_failover_timeouts_total")
+                            .Help("Requests that failed because no ring formed within failover_timeout_s")
+                            .Register(*registry_).Add({})) {
+  stage_round_trip_ = &BuildHistogram().Name("ring_stage_round_trip_seconds")
+                           .Help("One stage's part of a step seen from the coordinator: Forward round trip "
+                                 "(both hops + the worker's compute) and frame codec")
+                           .Register(*registry_);
+  worker_up_ = &BuildGauge().Name("ring_worker_up")
+                    .Help("1 when the configured worker answers Describe, 0 when it does not")
+                    .Register(*registry_);
   http_requests_ = &BuildCounter().Name("ring_http_requests_total")
                         .Help("HTTP requests by route and status").Register(*registry_);
   activation_rms_ = &BuildGauge().Name("ring_stage_activation_rms")
@@ -88,6 +106,22 @@ void ServerMetrics::SetStageActivation(int stage, double rms, double absmax) {
   const std::string s = std::to_string(stage);
   activation_rms_->Add({{"stage", s}}).Set(rms);
   activation_absmax_->Add({{"stage", s}}).Set(absmax);
+}
+
+void ServerMetrics::SetWorkerUp(const std::string& worker, bool up) {
+  worker_up_->Add({{"worker", worker}}).Set(up ? 1 : 0);
+}
+
+void ServerMetrics::ForgetWorker(const std::string& worker) {
+  // Add() returns the existing series for these labels, which Remove() then drops.
+  worker_up_->Remove(&worker_up_->Add({{"worker", worker}}));
+}
+
+void ServerMetrics::ObserveStageRoundTrip(size_t stage, double seconds) {
+  // Finer than LatencyBuckets at the low end: a loopback hop is tens of microseconds.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  stage_round_trip_->Add({{"stage", std::to_string(stage)}}, kBuckets).Observe(seconds);
 }
 
 void ServerMetrics::CountStageError(const std::string& stage) {

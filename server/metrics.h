@@ -30,6 +30,13 @@ class ServerMetrics {
   void CountStageError(const std::string& stage);
   // Activation fingerprint of a stage's latest output (drift between stages shows here).
   void SetStageActivation(int stage, double rms, double absmax);
+  // ring_worker_up{worker}: 1 when the configured worker answers Describe, else 0.
+  void SetWorkerUp(const std::string& worker, bool up);
+  // A worker that left the configuration: its series goes, so no alert fires for it.
+  void ForgetWorker(const std::string& worker);
+  // One stage's part of a step as the coordinator sees it (Forward round trip + codec);
+  // minus the worker's ring_worker_step_seconds it is the hop time.
+  void ObserveStageRoundTrip(size_t stage, double seconds);
 
   prometheus::Counter& prompt_tokens;
   prometheus::Counter& generated_tokens;
@@ -47,12 +54,21 @@ class ServerMetrics {
   prometheus::Histogram& request_seconds;
   prometheus::Histogram& prefill_step_seconds;
   prometheus::Histogram& decode_step_seconds;
+  // Forming the ring: every attempt's duration (LoadStage on all workers) and failures.
+  prometheus::Histogram& formation_seconds;
+  prometheus::Counter& formation_failures;
+  // A request whose ring broke waits for the re-formed one (the failover barrier): how
+  // long, and how often no ring came within failover_timeout_s.
+  prometheus::Histogram& failover_wait_seconds;
+  prometheus::Counter& failover_timeouts;
 
  private:
   prometheus::Family<prometheus::Counter>* http_requests_;
   prometheus::Family<prometheus::Counter>* stage_errors_;
   prometheus::Family<prometheus::Gauge>* activation_rms_;
   prometheus::Family<prometheus::Gauge>* activation_absmax_;
+  prometheus::Family<prometheus::Gauge>* worker_up_;
+  prometheus::Family<prometheus::Histogram>* stage_round_trip_;
 };
 
 }  // namespace ring

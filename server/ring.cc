@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "kernels/status.h"
 #include "models/stage_runner.h"
 #include "worker/frame.h"
@@ -143,6 +144,7 @@ class RemoteRing final : public Ring {
     // fp32 on the wire when asked for (bit-exact); otherwise the model's activation dtype.
     pb::DType act = pb::DTYPE_UNSPECIFIED;
     if (o.act_dtype) act = *o.act_dtype == cpu::ActDType::kF32 ? pb::DTYPE_F32 : pb::DTYPE_BF16;
+    ring->on_stage_step_ = o.on_stage_step;
     ring->wire_ = act != pb::DTYPE_UNSPECIFIED ? act
                   : info.dtype() == "bf16"     ? pb::DTYPE_BF16
                                                : pb::DTYPE_F32;
@@ -260,8 +262,12 @@ class RemoteRing final : public Ring {
     absl::MutexLock l(&stats_mu_);
     return stats_;
   }
+  void NoteStageStep(size_t stage, double seconds) const {
+    if (on_stage_step_) on_stage_step_(stage, seconds);
+  }
 
  private:
+  std::function<void(size_t, double)> on_stage_step_;
   std::vector<std::unique_ptr<worker::StageClient>> clients_;
   std::vector<uint64_t> epochs_;
   std::vector<RingStageInfo> stages_info_;
@@ -282,9 +288,11 @@ absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_
   in.tokens = tokens;
   for (size_t i = 0; i < runners_.size(); ++i) {
     const uint64_t before = runners_[i]->checksum_failures();
+    const absl::Time t0 = absl::Now();
     auto out = runners_[i]->Forward(in);
     ring_->CountChecksumFailures(runners_[i]->checksum_failures() - before);
     if (!out.ok()) return out.status();
+    ring_->NoteStageStep(i, absl::ToDoubleSeconds(absl::Now() - t0));
     ring_->NoteActivation(i, runners_[i]->last_rms(), runners_[i]->last_absmax());
     if (i + 1 == runners_.size()) {
       position_ += static_cast<int64_t>(tokens.size());

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +57,10 @@ struct RingOptions {
   // Remote ring without a split: plan it by the workers' free memory and measured
   // bandwidth (server/planner.h) instead of an even split.
   bool auto_plan = false;
+  // Remote ring: called after every stage's part of a step with the stage index and the
+  // seconds it took as the coordinator sees it (encode, Forward round trip, decode); the
+  // worker's own compute time is in its ring_worker_step_seconds, the rest is the hop.
+  std::function<void(size_t stage, double seconds)> on_stage_step;
   int64_t plan_context_tokens = 4096;  // KV budget per sequence
   int64_t plan_sequences = 1;
   // Admission gate (remote ring): before loading, each worker verifies its layer range on

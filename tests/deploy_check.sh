@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the deploy/ artefacts: Prometheus alert rules and scrape config (promtool), the
-# Grafana dashboard (valid JSON, every ring_* metric it queries exists in ring-server's
-# metrics list), and the relocatable bundle: built from ring-worker/ring-server/ringctl,
+# Grafana dashboard (valid JSON, every ring_* metric it queries exists in ring-server's or
+# ring-worker's metrics list), and the relocatable bundle: built from ring-worker/ring-server/ringctl,
 # copied to another directory, run from there with an empty LD_LIBRARY_PATH.
 #   tests/deploy_check.sh SOURCE_DIR RINGCTL RING_WORKER RING_SERVER WORK_DIR
 set -euo pipefail
@@ -13,7 +13,9 @@ python3 - "$src" <<'PY'
 import json, re, sys
 src = sys.argv[1]
 dash = json.load(open(f"{src}/deploy/grafana/ringserve.json"))
-known = set(re.findall(r'Name\("(ring_[a-z_]+)"\)', open(f"{src}/server/metrics.cc").read()))
+known = set()
+for f in ["server/metrics.cc", "worker/worker_metrics.cc"]:  # ring-server and ring-worker
+    known |= set(re.findall(r'Name\("(ring_[a-z_]+)"\)', open(f"{src}/{f}").read()))
 used = set()
 for text in [json.dumps(dash), open(f"{src}/deploy/prometheus/alerts.yml").read()]:
     used |= {re.sub(r"_(bucket|sum|count)$", "", m) for m in re.findall(r"\b(ring_[a-z_]+)", text)}

@@ -23,6 +23,16 @@ if(TARGET ring-server AND TARGET ring-worker AND TARGET ringctl AND EXISTS ${RIN
   set_tests_properties(openai_api PROPERTIES TIMEOUT 400 LABELS "python;api")
 endif()
 
+# Operations: worker metrics ports (promtool), ring_worker_up, ringctl status tokens/s,
+# ringctl apply / rebalance (mid-stream, nothing fails), shell completion.
+if(TARGET ring-server AND TARGET ring-worker AND TARGET ringctl AND EXISTS ${RING_VENV_PYTHON})
+  add_test(NAME ops
+           COMMAND ${RING_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ops_test.py
+                   --ringctl $<TARGET_FILE:ringctl> --worker $<TARGET_FILE:ring-worker>
+                   --server $<TARGET_FILE:ring-server> --work ${CMAKE_CURRENT_BINARY_DIR}/ops)
+  set_tests_properties(ops PROPERTIES TIMEOUT 400 LABELS "python;ops")
+endif()
+
 # deploy/: promtool checks of the alert rules and scrape config, dashboard metric names,
 # and the relocatable bundle run from another directory.
 find_program(RING_PROMTOOL promtool)

@@ -7,6 +7,10 @@
 // mutual TLS (--tls-cert/--tls-key/--tls-client-ca), unless --allow-insecure. Port 0 picks a
 // free port; the bound address is printed as "ring-worker listening on ADDR" on stdout.
 // SIGTERM/SIGINT: health flips to NOT_SERVING, in-flight calls get kShutdownGrace, exit 0.
+//
+// --metrics-listen ADDR serves Prometheus text at http://ADDR/metrics (worker/worker_metrics.h);
+// a bare PORT or :PORT binds 127.0.0.1 like --listen. Off unless given. The startup line
+// then reads "ring-worker listening on ADDR (metrics http://MADDR/metrics)".
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -15,11 +19,14 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "prometheus/exposer.h"
+
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/stage_client.h"
+#include "worker/worker_metrics.h"
 #include "worker/worker_service.h"
 
 namespace {
@@ -43,6 +50,10 @@ int main(int argc, char** argv) {
   app.add_option("--model-root", model_root, "Directory holding the models LoadStage may load")
       ->required()->check(CLI::ExistingDirectory);
   app.add_option("--device", device, "Compute device: cpu, cuda or cuda:N");
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, :PORT or PORT "
+                 "(127.0.0.1 unless a host is given; port 0 picks one). Off when not given");
   std::string token_file, tls_cert, tls_key, tls_client_ca;
   bool allow_insecure = false;
   app.add_option("--auth-token-file", token_file,
@@ -102,9 +113,14 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+#ifndef RING_BUILD_VERSION
+#define RING_BUILD_VERSION "unknown"
+#endif
+  ring::worker::WorkerMetrics metrics(device, RING_BUILD_VERSION);
   ring::worker::WorkerOptions options;
   options.model_root = model_root;
   options.device = device;
+  options.metrics = &metrics;
   options.allow_ptx_jit = allow_ptx_jit;
   options.shadow = shadow;
   if (const char* f = std::getenv("RING_TEST_FAULT")) {
@@ -188,7 +204,25 @@ int main(int argc, char** argv) {
   }
   // With port 0 the real port is only known now; errors should name what clients dial.
   service->SetListenAddress(absl::StrCat(host, ":", port));
-  std::cout << "ring-worker listening on " << host << ":" << port << std::endl;
+  // The exposer's HTTP threads only read the registry; it is destroyed before `metrics`.
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string metrics_note;
+  if (!metrics_listen.empty()) {
+    const std::string maddr = NormalizeListen(metrics_listen);
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(maddr, /*num_threads=*/2);
+    } catch (const std::exception& e) {
+      std::cerr << "ring-worker: --metrics-listen " << maddr << ": " << e.what() << "\n";
+      return 1;
+    }
+    exposer->RegisterCollectable(metrics.registry());
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    const std::string bound =
+        absl::StrCat(maddr.substr(0, maddr.rfind(':')), ":", ports.empty() ? 0 : ports[0]);
+    service->SetMetricsAddress(bound);
+    metrics_note = absl::StrCat(" (metrics http://", bound, "/metrics)");
+  }
+  std::cout << "ring-worker listening on " << host << ":" << port << metrics_note << std::endl;
 
   int sig = 0;
   sigwait(&stop, &sig);

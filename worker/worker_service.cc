@@ -6,6 +6,7 @@
 #include "models/inspect.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -116,6 +117,13 @@ absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::str
   return info;
 }
 
+// The peer label of frame metrics: the sender names its role ("coordinator", "stage N
+// (ADDR)"); anything else is folded so a caller cannot make label values without bound.
+std::string PeerLabel(const pb::ActivationFrame& f) {
+  if (f.sender() == "coordinator" || f.sender().rfind("stage ", 0) == 0) return f.sender();
+  return "other";
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::string& model) {
@@ -177,11 +185,35 @@ absl::StatusOr<pb::DeviceAttestation> AttestDevice(const std::string& device,
 }
 
 WorkerService::WorkerService(WorkerOptions options)
-    : options_(std::move(options)), listen_address_(options_.listen_address) {
+    : options_(std::move(options)),
+      owned_metrics_(options_.metrics ? nullptr : std::make_unique<WorkerMetrics>(options_.device)),
+      metrics_(options_.metrics ? options_.metrics : owned_metrics_.get()),
+      listen_address_(options_.listen_address) {
+  metrics_->SetMemoryFree(MemAvailableBytes());
   if (absl::StatusOr<pb::DeviceAttestation> a = AttestDevice(options_.device, options_.allow_ptx_jit);
       a.ok()) {
     attestation_ = *std::move(a);
   }
+}
+
+void WorkerService::SetMetricsAddress(std::string address) {
+  absl::MutexLock l(&mu_);
+  metrics_address_ = std::move(address);
+}
+
+void WorkerService::SetLastError(const absl::Status& status) {
+  absl::MutexLock l(&mu_);
+  last_error_ = std::string(status.message());
+  last_error_unix_seconds_ = absl::ToUnixSeconds(absl::Now());
+}
+
+void WorkerService::AccountCache(const Loaded* loaded, SequenceState* state, int64_t cache_bytes) {
+  absl::MutexLock l(&mu_);
+  // A LoadStage since this step dropped every sequence and zeroed the total.
+  if (loaded_.get() != loaded) return;
+  kv_bytes_ += cache_bytes - state->accounted_bytes;
+  state->accounted_bytes = cache_bytes;
+  metrics_->SetKvCache(kv_bytes_, static_cast<int64_t>(sequences_.size()));
 }
 
 std::string WorkerService::DegradedReason() const {
@@ -255,7 +287,10 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   if (auto a = CheckAuth(ctx); !a.ok()) return a;
   resp->set_backend(options_.device);
   resp->add_devices(options_.device);
-  resp->set_memory_free_bytes(MemAvailableBytes());
+  const int64_t mem_free = MemAvailableBytes();
+  resp->set_memory_free_bytes(mem_free);
+  metrics_->SetMemoryFree(mem_free);
+  resp->set_tokens_per_second(metrics_->TokensPerSecond());
   resp->set_memory_bandwidth_bytes_per_s(MeasuredBandwidth());
   resp->set_build_version(RING_BUILD_VERSION);
   if (attestation_) *resp->mutable_attestation() = *attestation_;
@@ -276,6 +311,9 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   {
     absl::MutexLock l(&mu_);
     resp->set_checksum_failures(checksum_failures_);
+    resp->set_last_error(last_error_);
+    resp->set_last_error_unix_seconds(last_error_unix_seconds_);
+    resp->set_metrics_address(metrics_address_);
     if (loaded_) {
       resp->set_loaded(true);
       *resp->mutable_model() = loaded_->info;
@@ -335,6 +373,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   auto stage = ring::LoadStage(*dir, lo);
   if (!stage.ok()) {
     SetWaitingOn("idle: last LoadStage failed");
+    SetLastError(stage.status());
     return ToGrpcStatus(stage.status());
   }
   if (ctx->IsCancelled()) {
@@ -371,7 +410,12 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   loaded->epoch = next_epoch_++;
   loaded_ = loaded;
   sequences_.clear();  // caches of the old stage are meaningless for the new one
+  kv_bytes_ = 0;
   waiting_on_ = "idle: waiting for Forward frames";
+  metrics_->SetStage(req->model(), req->stage_index(),
+                     loaded->stage->range().end - loaded->stage->range().begin, loaded->epoch);
+  metrics_->SetKvCache(0, 0);
+  metrics_->SetMemoryFree(MemAvailableBytes());
   fill(*loaded_, /*reused=*/false);
   return grpc::Status::OK;
 }
@@ -461,6 +505,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   auto input = DecodeStageInput(in);
   if (!input.ok()) {
     if (absl::IsDataLoss(input.status())) {
+      metrics_->CountChecksumFailure(PeerLabel(in));
       absl::MutexLock l(&mu_);
       ++checksum_failures_;
     }
@@ -482,13 +527,21 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   }
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
   input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
+  const absl::Time step_start = absl::Now();
   auto out = loaded->stage->Forward(*state->seq, *input);
+  const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   SetWaitingOn("idle: waiting for Forward frames");
   if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop, ": ", out.status().message()));
   if (input->capture_layers) {
     loaded->shadow->Observe(in.sequence_id(), *input, std::move(out->layer_hidden));
   }
   ++state->next_step;
+  // One row after the first position is a decode step; anything else is (chunked) prefill.
+  const int64_t rows = std::max<int64_t>(1, in.rows());
+  metrics_->ObserveStep(rows == 1 && in.first_position() > 0 ? WorkerMetrics::Phase::kDecode
+                                                             : WorkerMetrics::Phase::kPrefill,
+                        step_seconds, rows);
+  AccountCache(loaded.get(), state.get(), state->seq->cache_bytes());
   {
     absl::MutexLock l(&mu_);
     if (++steps_computed_ == options_.TEST_nan_at_step) {
@@ -508,6 +561,11 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   // NaN/Inf never leave the stage that made them: the step fails here, naming the stage and
   // its layers, instead of turning into "!!!!" three machines later.
   const pb::Fingerprint& fp = reply.fingerprint();
+  int64_t values = reply.shape_size() > 0 ? 1 : 0;
+  for (int64_t d : reply.shape()) values *= d;
+  const int64_t finite = values - fp.nan_count() - fp.inf_count();
+  metrics_->ObserveActivation(finite > 0 ? fp.l2() / std::sqrt(static_cast<double>(finite)) : 0,
+                              fp.absmax(), fp.nan_count(), fp.inf_count());
   if (fp.nan_count() > 0 || fp.inf_count() > 0) {
     return absl::DataLossError(absl::StrCat(
         HopName(), " (layers ", loaded->stage->range().begin, "..", loaded->stage->range().end,
@@ -526,11 +584,16 @@ grpc::Status WorkerService::Forward(
   pb::ActivationFrame in;
   while (stream->Read(&in)) {
     Record(/*sent=*/false, in, peer);
+    const std::string peer_label = PeerLabel(in);
+    metrics_->CountFrame(/*sent=*/false, peer_label, static_cast<int64_t>(in.payload().size()));
     if (ctx->IsCancelled()) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "Forward cancelled or past its deadline");
     }
     auto reply = Step(in, peer);
-    if (!reply.ok()) return ToGrpcStatus(reply.status());
+    if (!reply.ok()) {
+      SetLastError(reply.status());
+      return ToGrpcStatus(reply.status());
+    }
     bool corrupt = false;
     {
       absl::MutexLock l(&mu_);
@@ -539,6 +602,7 @@ grpc::Status WorkerService::Forward(
     // Flip a bit after the checksum was computed, as a bad NIC or memory would.
     if (corrupt && !reply->payload().empty()) (*reply->mutable_payload())[0] ^= 0x01;
     Record(/*sent=*/true, *reply, peer);
+    metrics_->CountFrame(/*sent=*/true, peer_label, static_cast<int64_t>(reply->payload().size()));
     if (!stream->Write(*reply)) break;  // the client went away; its status says why
   }
   return grpc::Status::OK;
@@ -555,6 +619,9 @@ grpc::Status WorkerService::Release(grpc::ServerContext* ctx, const pb::ReleaseR
     if (it == sequences_.end()) return grpc::Status::OK;
     state = std::move(it->second);
     sequences_.erase(it);
+    kv_bytes_ -= state->accounted_bytes;
+    state->accounted_bytes = 0;
+    metrics_->SetKvCache(kv_bytes_, static_cast<int64_t>(sequences_.size()));
   }
   absl::MutexLock seq_lock(&state->mu);
   resp->set_existed(true);

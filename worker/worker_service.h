@@ -23,6 +23,7 @@
 #include "models/model.h"
 #include "worker/shadow_checker.h"
 #include "ringserve/v1/worker.grpc.pb.h"
+#include "worker/worker_metrics.h"
 
 namespace ring::worker {
 
@@ -37,6 +38,10 @@ struct WorkerOptions {
   // Shared secret every caller must send as "authorization: Bearer TOKEN" metadata
   // (compared in constant time). Empty: no token check (loopback development).
   std::string auth_token;
+  // Where steps, frames, KV usage and errors are reported (worker/worker_metrics.h); owned
+  // by the caller, who may serve it over HTTP. Null: the service keeps a private one
+  // (Describe still reports tokens/s).
+  WorkerMetrics* metrics = nullptr;
   // Test-only fault injection: corrupt the payload (after checksumming) of the N-th frame
   // this worker sends, counting from 1; 0 never.
   int64_t TEST_corrupt_frame = 0;
@@ -67,6 +72,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   explicit WorkerService(WorkerOptions options);
   // The address this worker is reached at, for error messages (known after binding).
   void SetListenAddress(std::string address);
+  // Where its /metrics is served (Describe reports it; "" when not served).
+  void SetMetricsAddress(std::string address);
   WorkerService(const WorkerService&) = delete;
   WorkerService& operator=(const WorkerService&) = delete;
 
@@ -90,6 +97,9 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     absl::Mutex mu;
     std::unique_ptr<Sequence> seq ABSL_GUARDED_BY(mu);
     int64_t next_step ABSL_GUARDED_BY(mu) = 0;
+    // Cache bytes of this sequence already counted in WorkerService::kv_bytes_; guarded by
+    // WorkerService::mu_ (not `mu`), like kv_bytes_ itself.
+    int64_t accounted_bytes = 0;
   };
   struct Loaded {
     std::shared_ptr<const Stage> stage;
@@ -110,11 +120,21 @@ class WorkerService final : public ringserve::v1::Worker::Service {
                                                       const std::string& peer);
   void Record(bool sent, const ringserve::v1::ActivationFrame& f, const std::string& peer);
   void SetWaitingOn(std::string what);
+  // Keeps the latest failure for Describe (`ringctl status` shows it).
+  void SetLastError(const absl::Status& status);
+  // Adds the growth of `state`'s cache to the KV total, if `loaded` is still the stage.
+  void AccountCache(const Loaded* loaded, SequenceState* state, int64_t cache_bytes);
   std::string HopName() const;
 
   const WorkerOptions options_;
+  std::unique_ptr<WorkerMetrics> owned_metrics_;  // when options_.metrics is null
+  WorkerMetrics* const metrics_;
   std::optional<ringserve::v1::DeviceAttestation> attestation_;  // CUDA devices
   mutable absl::Mutex mu_;
+  int64_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  int64_t last_error_unix_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string metrics_address_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
   std::string degraded_ ABSL_GUARDED_BY(mu_);  // from a replaced stage's shadow checker
   std::map<std::string, std::shared_ptr<SequenceState>> sequences_ ABSL_GUARDED_BY(mu_);

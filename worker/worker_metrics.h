@@ -1,0 +1,98 @@
+// File: worker/worker_metrics.h
+//
+// The Prometheus metrics of one ring-worker (served as text at /metrics on the worker's
+// --metrics-listen address). One object, created by main and handed to WorkerService by
+// pointer, so the service only reports events and never knows about HTTP. Thread-safe.
+//
+// Names are prefixed `ring_worker_` so a Prometheus that scrapes the coordinator and the
+// workers never mixes the two views of one quantity (e.g. checksum failures seen by the
+// coordinator vs by a worker). Labels are bounded: stage index, phase, model, direction
+// and peer (the frame's `sender`, i.e. "coordinator" or a stage name) — never sequence ids.
+//
+//   WorkerMetrics metrics;
+//   metrics.ObserveStep(WorkerMetrics::Phase::kDecode, 0.012, /*tokens=*/1);
+//   prometheus::Exposer exposer("127.0.0.1:9101");
+//   exposer.RegisterCollectable(metrics.registry());
+#ifndef RINGSERVE_WORKER_WORKER_METRICS_H_
+#define RINGSERVE_WORKER_WORKER_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace ring::worker {
+
+class WorkerMetrics {
+ public:
+  enum class Phase { kPrefill, kDecode };
+
+  // `device` and `version` go into ring_worker_info (constant for the process).
+  explicit WorkerMetrics(const std::string& device = "cpu", const std::string& version = "unknown");
+  WorkerMetrics(const WorkerMetrics&) = delete;
+  WorkerMetrics& operator=(const WorkerMetrics&) = delete;
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  std::string Render() const;  // Prometheus text exposition format (tests, debugging)
+
+  // A stage was loaded (a new epoch): the stage/model labels of later observations, the
+  // layer count and the epoch. Called once per LoadStage that changed the stage.
+  void SetStage(const std::string& model, int stage_index, int64_t layers, uint64_t epoch);
+  // One Forward step of the loaded stage: `tokens` rows took `seconds`.
+  void ObserveStep(Phase phase, double seconds, int64_t tokens, absl::Time now = absl::Now());
+  // Activation fingerprint of the step's output (the frame this worker sends).
+  void ObserveActivation(double rms, double absmax, int64_t nan_count, int64_t inf_count);
+  // One frame through this worker: received from / sent to `peer`.
+  void CountFrame(bool sent, const std::string& peer, int64_t bytes);
+  void CountChecksumFailure(const std::string& peer);
+  // KV cache bytes held by live sequences, and how many sequences hold them.
+  void SetKvCache(int64_t used_bytes, int64_t live_sequences);
+  // Free memory on this machine (MemAvailable, or device memory for GPU workers).
+  void SetMemoryFree(int64_t bytes);
+
+  // Tokens (prefill rows + decode steps) processed per second over the last
+  // kRateWindow seconds; for Describe and `ringctl status`.
+  double TokensPerSecond(absl::Time now = absl::Now()) const;
+
+  static constexpr int kRateWindow = 10;  // seconds
+
+ private:
+  std::string StageLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Counter>& tokens_;
+  prometheus::Family<prometheus::Counter>& frames_;
+  prometheus::Family<prometheus::Counter>& frame_bytes_;
+  prometheus::Family<prometheus::Counter>& checksum_failures_;
+  prometheus::Family<prometheus::Gauge>& activation_rms_;
+  prometheus::Family<prometheus::Gauge>& activation_absmax_;
+  prometheus::Family<prometheus::Counter>& activation_nonfinite_;
+  prometheus::Family<prometheus::Gauge>& stage_layers_;
+  prometheus::Gauge& kv_cache_bytes_;
+  prometheus::Gauge& sequences_live_;
+  prometheus::Gauge& memory_free_bytes_;
+  prometheus::Gauge& epoch_;
+  prometheus::Counter& epoch_changes_;
+
+  mutable absl::Mutex mu_;
+  int stage_index_ ABSL_GUARDED_BY(mu_) = -1;
+  prometheus::Gauge* stage_layers_gauge_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Tokens per whole second, in a ring of kRateWindow buckets (bucket = unix second %
+  // kRateWindow); a bucket whose second is stale counts as empty.
+  std::array<int64_t, kRateWindow> rate_tokens_ ABSL_GUARDED_BY(mu_) = {};
+  std::array<int64_t, kRateWindow> rate_second_ ABSL_GUARDED_BY(mu_) = {};
+};
+
+}  // namespace ring::worker
+
+#endif  // RINGSERVE_WORKER_WORKER_METRICS_H_
