@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Decode speed of the GPU forward on the H200 machine, before/after in one run: the same
+# greedy `ringctl logits --timing` runs with up to three ringctl builds or settings:
+#   before   BEFORE_BUNDLE/bin/ringctl (optional; e.g. the previous commit's bundle)
+#   graphs   AFTER_BUNDLE/bin/ringctl (CUDA graphs on, the default)
+#   direct   AFTER_BUNDLE/bin/ringctl with RING_CUDA_GRAPHS=0 (every op launched directly)
+# on a Qwen3-0.6B-shaped model (affine int4 g64, 128-token prompt, 32 greedy steps) and the
+# GLM-5.2 4-layer slice (mxfp4, 16-token prompt, 64 greedy steps); both models are random
+# weights from `ringctl synth`. Every run writes all its logits; the script then checks that
+# the three variants' logits are bitwise identical (they launch the same kernels on the same
+# data). AFTER runs print the backend's step statistics (RING_CUDA_STEP_STATS=1).
+# Output under $OUT: perf.txt.
+#
+#   bench/gpu/decode_perf_h200.sh AFTER_BUNDLE [BEFORE_BUNDLE]
+set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 AFTER_BUNDLE [BEFORE_BUNDLE]" >&2; exit 2; }
+after=$(cd "$1" && pwd)
+before=""
+[ $# -ge 2 ] && before=$(cd "$2" && pwd)
+out=${OUT:-$PWD/gpu_out}
+mkdir -p "$out"
+log=$out/perf.txt
+reps=${REPS:-2}
+q=/tmp/ring_qwen06
+g=/tmp/ring_glm52x4
+status=0
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+} > "$log" 2>&1
+synth() { LD_LIBRARY_PATH="$after/lib" "$after/bin/ringctl" synth "$@"; }
+[ -d "$q" ] || synth --preset qwen3-0.6b --quant affine --bits 4 --out "$q" > /tmp/synth_q.txt 2>&1 &
+[ -d "$g" ] || synth --arch glm_moe_dsa --preset glm-5.2 --layers 4 --quant mxfp4 --out "$g" \
+  > /tmp/synth_g.txt 2>&1 &
+wait
+qt=$(python3 -c "print(','.join(str((i * 7919) % 150000 + 10) for i in range(128)))")
+gt=$(python3 -c "print(','.join(str((i * 7919 + 5) % 154000 + 10) for i in range(16)))")
+variants="graphs direct"
+[ -n "$before" ] && variants="before $variants"
+for v in $variants; do
+  bundle=$after
+  envs="RING_CUDA_STEP_STATS=1"
+  case $v in
+    before) bundle=$before; envs="" ;;
+    direct) envs="RING_CUDA_STEP_STATS=1 RING_CUDA_GRAPHS=0" ;;
+  esac
+  for rep in $(seq 1 "$reps"); do
+    echo "== $v qwen3-0.6b run $rep" >> "$log"
+    env $envs LD_LIBRARY_PATH="$bundle/lib" timeout 120 "$bundle/bin/ringctl" logits --model "$q" \
+      --tokens "$qt" --decode 32 --backend cuda --timing --out "/tmp/q_$v.npy" >> "$log" 2>&1 || status=1
+    echo "== $v glm-5.2x4 run $rep" >> "$log"
+    env $envs LD_LIBRARY_PATH="$bundle/lib" timeout 120 "$bundle/bin/ringctl" logits --model "$g" \
+      --tokens "$gt" --decode 64 --backend cuda --timing --out "/tmp/g_$v.npy" >> "$log" 2>&1 || status=1
+  done
+done
+python3 - $variants >> "$log" 2>&1 <<'PY' || status=1
+import sys, numpy as np
+vs = sys.argv[1:]
+bad = 0
+for m in ("q", "g"):
+    ref = np.load(f"/tmp/{m}_{vs[0]}.npy")
+    for v in vs[1:]:
+        a = np.load(f"/tmp/{m}_{v}.npy")
+        same = a.shape == ref.shape and np.array_equal(a.view(np.uint32), ref.view(np.uint32))
+        d = float(np.abs(a.astype(np.float64) - ref).max()) if a.shape == ref.shape else float("nan")
+        print(f"{m}: {v} vs {vs[0]}: shape {a.shape}, bitwise identical {same}, max |diff| {d:.3e}")
+        bad += not same
+sys.exit(1 if bad else 0)
+PY
+grep -E "^==|timing:|ring: cuda|bitwise" "$log"
+exit $status
