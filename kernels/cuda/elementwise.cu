@@ -52,7 +52,7 @@ __device__ float BlockSum(float v, float* scratch) {
 }
 
 __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
-                              DevMutArray out) {
+                              DevMutArray out, uint16_t* out_bf16) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.f;
@@ -66,6 +66,7 @@ __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cp
     float y = DevRoundAct(Load(x.data, x.dtype, base + i) * inv, rt);
     if (w.data != nullptr) y = DevRoundAct(y * Load(w.data, w.dtype, i), rt);
     Store(out.data, out.dtype, base + i, y);
+    if (out_bf16 != nullptr) out_bf16[base + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
   }
 }
 
@@ -112,13 +113,15 @@ __global__ void RopeKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t
 }
 
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
-                             DevMutArray out) {
+                             DevMutArray out, uint16_t* out_bf16) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = Load(gate.data, gate.dtype, i);
     const float sig = DevRoundAct(1.f / (1.f + DevRoundAct(expf(-g), rt)), rt);
     const float silu = DevRoundAct(g * sig, rt);
-    Store(out.data, out.dtype, i, DevRoundAct(silu * Load(up.data, up.dtype, i), rt));
+    const float y = DevRoundAct(silu * Load(up.data, up.dtype, i), rt);
+    Store(out.data, out.dtype, i, y);
+    if (out_bf16 != nullptr) out_bf16[i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
   }
 }
 
@@ -195,14 +198,15 @@ unsigned FlatBlocks(int64_t n, int threads) {
 }  // namespace
 
 absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, float eps,
-                     cpu::ActDType round, DevMutArray out, cudaStream_t stream) {
+                     cpu::ActDType round, DevMutArray out, cudaStream_t stream,
+                     uint16_t* out_bf16) {
   RING_EW_CHECK(CheckAct(x, "x"));
   RING_EW_CHECK(CheckAct(weight, "weight", /*optional=*/true));
   RING_EW_CHECK(CheckOut(out));
   if (rows <= 0 || dim <= 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
   RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(x, dim, weight, eps,
-                                                                             round, out);
+                                                                             round, out, out_bf16);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -243,12 +247,12 @@ absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim
 }
 
 absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,
-                    DevMutArray out, cudaStream_t stream) {
+                    DevMutArray out, cudaStream_t stream, uint16_t* out_bf16) {
   RING_EW_CHECK(CheckAct(gate, "gate"));
   RING_EW_CHECK(CheckAct(up, "up"));
   RING_EW_CHECK(CheckOut(out));
   if (n <= 0) return absl::OkStatus();
-  SwiGluKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(gate, up, n, round, out);
+  SwiGluKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(gate, up, n, round, out, out_bf16);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

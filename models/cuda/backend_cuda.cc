@@ -24,8 +24,10 @@
 //     MLP and norms, ending with the next layer's q projection) and a few position-dependent
 //     launches. RING_CUDA_GRAPHS=0 in the environment launches every op directly.
 //   * bf16 activations. A Linear converts its fp32 input to bf16 for the tensor-core
-//     kernels into one backend buffer; a Linear reading the same input right after another
-//     (q/k/v, gate/up) reuses the conversion.
+//     kernels into one backend buffer, unless the buffer already holds it: a Linear reading
+//     the same input right after another (q/k/v, gate/up), or the output of the op just
+//     before, since RmsNorm, SwiGlu and Attention write their output's bf16 bits there too.
+//   * Decode GEMVs of small matrices use programmatic dependent launch (QMatmulArgs::overlap).
 //   * Downloads go through a pinned staging buffer.
 // Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
 #include <cuda_runtime.h>
@@ -76,6 +78,8 @@ constexpr size_t kArenaMaxBlock = size_t{256} << 20;
 constexpr size_t kArenaMaxIdle = size_t{2} << 30;
 // Downloads up to this size go through the pinned staging buffer.
 constexpr size_t kMaxStaging = size_t{64} << 20;
+// Decode GEMVs of weights up to this size start under the previous kernel (PDL).
+constexpr int64_t kOverlapMaxBytes = int64_t{32} << 20;
 // Executable graphs kept; past this the cache is emptied at the next EndStep.
 constexpr size_t kMaxGraphs = 4096;
 
@@ -355,7 +359,12 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     // y over x's floats makes the conversion stale for the next Linear.
     const auto addr = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
     if (addr(y) < addr(x + span) && addr(x) < addr(y + m * d->rows)) conv_src_ = nullptr;
-    return Submit(OpRecord('B').Add(d, x, m, y, xb, reuse).Take(), [=, this]() -> absl::Status {
+    // Decode GEMVs of small matrices overlap their start with the previous kernel's tail
+    // (programmatic dependent launch; weights are never written while a step runs).
+    const int64_t packed = d->batch * d->rows * d->cols * std::max(d->spec.bits, 4) / 8;
+    const int overlap = m <= 8 && packed <= kOverlapMaxBytes ? 2 : 0;
+    return Submit(OpRecord('B').Add(d, x, m, y, xb, reuse, overlap).Take(),
+                  [=, this]() -> absl::Status {
       if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
       cuda::QMatmulArgs a;
       a.x = xb;
@@ -363,6 +372,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       a.m = m;
       a.y = y;
       a.round_bf16 = true;
+      a.overlap = overlap;
       return cuda::QMatmulT(*d, a, stream_);
     });
   }
@@ -385,9 +395,10 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   absl::Status RmsNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w, float eps,
                        ActDType t, float* out) override {
     RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(w));
-    conv_src_ = nullptr;
-    return Submit(OpRecord('N').Add(x, rows, dim, dw.data, eps, t, out).Take(),
-                  [=, this] { return cuda::RmsNorm(In(x), rows, dim, dw, eps, t, Out(out), stream_); });
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, rows * dim, t));
+    return Submit(OpRecord('N').Add(x, rows, dim, dw.data, eps, t, out, xb).Take(), [=, this] {
+      return cuda::RmsNorm(In(x), rows, dim, dw, eps, t, Out(out), stream_, xb);
+    });
   }
   absl::Status LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                          const TensorView& b, float eps, ActDType t, float* out) override {
@@ -413,9 +424,10 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
-    conv_src_ = nullptr;
-    return Submit(OpRecord('S').Add(gate, up, n, t, out).Take(),
-                  [=, this] { return cuda::SwiGlu(In(gate), In(up), n, t, Out(out), stream_); });
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, n, t));
+    return Submit(OpRecord('S').Add(gate, up, n, t, out, xb).Take(), [=, this] {
+      return cuda::SwiGlu(In(gate), In(up), n, t, Out(out), stream_, xb);
+    });
   }
   absl::Status Add(const float* a, const float* b, int64_t n, ActDType t, float* out) override {
     conv_src_ = nullptr;
@@ -430,7 +442,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   // Attention, MLA attention and the indexer read this step's cache length: not recorded.
   absl::Status Attention(const cpu::AttentionArgs& a, ActDType t, float* out) override {
     RING_RETURN_IF_ERROR(Unrecorded());
-    return cuda::Attention(a, t, out, stream_);
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.L * a.hq * a.dv, t));
+    return cuda::Attention(a, t, out, stream_, xb);
   }
   absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
                             const QuantWeight& unembed_out, ActDType t, float* out) override {
@@ -582,6 +595,18 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return absl::InternalError(absl::StrCat("cudaGraphInstantiate: ", cudaGetErrorString(inst)));
     }
     return GraphExec(exec);
+  }
+
+  // For an op writing `n` fp32 values at `out` (already rounded to t): where the next Linear
+  // could read them as bf16, the conversion buffer to write their bf16 bits to as well (the
+  // op then stands for the conversion), else null.
+  absl::StatusOr<uint16_t*> ConvertedOutput(const float* out, int64_t n, ActDType t) {
+    conv_src_ = nullptr;
+    if (t != ActDType::kBF16 || n <= 0) return nullptr;
+    RING_RETURN_IF_ERROR(ReserveConversion(n));
+    conv_src_ = out;
+    conv_elems_ = n;
+    return static_cast<uint16_t*>(conv_bufs_.back());
   }
 
   // The bf16 conversion buffer holds at least `elems` values. Earlier buffers stay alive
