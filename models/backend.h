@@ -87,6 +87,15 @@ class Backend {
   // Bytes the backend could still allocate (-1: unknown), for error messages.
   virtual int64_t FreeBytes() const { return -1; }
 
+  // ---- where the layer program is (for observing backends: models/verify.cc) ----
+  // Ops after BeginLayer(l) belong to layer l; -1 is the embedding before the first layer,
+  // num_layers the final norm and LM head. EndLayer hands over the layer's output (h, n
+  // floats in backend memory). Other backends ignore both.
+  virtual void BeginLayer(int64_t /*layer*/) {}
+  virtual absl::Status EndLayer(int64_t /*layer*/, const float* /*h*/, int64_t /*n*/) {
+    return absl::OkStatus();
+  }
+
   // ---- weights (once per tensor, at load) ----
   virtual absl::Status AddWeight(const QuantWeight& w) = 0;
   virtual absl::Status AddTensor(const TensorView& t) = 0;
@@ -140,6 +149,16 @@ std::shared_ptr<Backend> NewCpuBackend(double jitter = 0);
 // "cuda:N". Unimplemented when this build has no CUDA backend; FailedPrecondition when no
 // such device is visible.
 absl::StatusOr<std::shared_ptr<Backend>> NewCudaBackend(int ordinal);
+
+// Test-only fault injection (LoadOptions::TEST_fault): `inner` with one kernel made wrong
+// the way real kernel bugs are. Specs (InvalidArgument on anything else):
+//   "scale:NAME[:G]"    every matmul with a weight whose name contains NAME reads scale
+//                       group G (default 0) of every row at twice its value (mxfp/nvfp:
+//                       exponent + 1; affine and float weights: x2) — a wrong scale on one
+//                       quantization group;
+//   "bf16-accum:rms_norm"  RMSNorm sums its squares in bf16 instead of fp32.
+absl::StatusOr<std::shared_ptr<Backend>> NewFaultBackend(std::shared_ptr<Backend> inner,
+                                                         const std::string& spec);
 
 }  // namespace ring::internal
 

@@ -92,6 +92,13 @@ absl::StatusOr<std::unique_ptr<Stage>> NewMlaStage(StageContext ctx);
 // qwen3, qwen3_moe: GQA attention with q/k norms, Qwen MoE.
 absl::StatusOr<std::unique_ptr<Stage>> NewQwen3Stage(StageContext ctx);
 
+// The backend LoadStage would use for `options` (device, jitter, test fault), and
+// LoadStage on a given backend (models/verify.cc runs a stage on an observing backend).
+absl::StatusOr<std::shared_ptr<Backend>> NewBackendFor(const LoadOptions& options);
+absl::StatusOr<std::unique_ptr<Stage>> LoadStageOn(const std::string& dir,
+                                                   const LoadOptions& options,
+                                                   std::shared_ptr<Backend> backend);
+
 }  // namespace ring::internal
 
 #endif  // RINGSERVE_MODELS_FAMILIES_H_

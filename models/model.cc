@@ -102,6 +102,7 @@ absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
   RING_RETURN_IF_ERROR(ReserveCaches(seq, seq.position_ + rows));
 
   RING_ASSIGN_OR_RETURN(Buffer h, b.AllocF(rows * hidden));
+  b.BeginLayer(-1);
   if (is_first()) {
     RING_RETURN_IF_ERROR(b.Embed(embed_, in.tokens.data(), rows, ctx_.act, h.f()));
   } else {
@@ -118,10 +119,19 @@ absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
           b.Upload(topk_in.indices.data(), topk_in.indices.size() * 4, carry.indices.data()));
     }
   }
+  std::vector<std::vector<float>> layer_hidden;
   for (int64_t l = range().begin; l < range().end; ++l) {
+    b.BeginLayer(l);
     RING_RETURN_IF_ERROR(RunLayer(l, seq, h.f(), rows, carry));
+    RING_RETURN_IF_ERROR(b.EndLayer(l, h.f(), rows * hidden));
+    if (in.capture_layers) {
+      layer_hidden.emplace_back(rows * hidden);
+      RING_RETURN_IF_ERROR(b.Download(h.data(), rows * hidden * 4, layer_hidden.back().data()));
+    }
   }
+  b.BeginLayer(c.num_hidden_layers);
   StageOutput out;
+  out.layer_hidden = std::move(layer_hidden);
   out.rows = rows;
   out.topk.source_layer = carry.source_layer;
   out.topk.dense = carry.dense;
@@ -187,17 +197,27 @@ absl::Status CheckDevice(const DeviceSpec& d) {
   return internal::NewCudaBackend(d.ordinal).status();
 }
 
-absl::StatusOr<std::unique_ptr<Stage>> LoadStage(const std::string& dir,
-                                                 const LoadOptions& options) {
-  internal::StageContext ctx;
-  if (options.device.kind == DeviceSpec::Kind::kCuda) {
-    RING_ASSIGN_OR_RETURN(ctx.backend, internal::NewCudaBackend(options.device.ordinal));
-  } else {
-    ctx.backend = internal::NewCpuBackend(options.TEST_jitter);
-  }
+namespace internal {
+
+absl::StatusOr<std::shared_ptr<Backend>> NewBackendFor(const LoadOptions& options) {
   if (options.TEST_jitter != 0 && options.device.kind != DeviceSpec::Kind::kCpu) {
     return absl::InvalidArgumentError("TEST_jitter is a CPU-backend diagnostic");
   }
+  std::shared_ptr<Backend> b;
+  if (options.device.kind == DeviceSpec::Kind::kCuda) {
+    RING_ASSIGN_OR_RETURN(b, NewCudaBackend(options.device.ordinal));
+  } else {
+    b = NewCpuBackend(options.TEST_jitter);
+  }
+  if (!options.TEST_fault.empty()) return NewFaultBackend(std::move(b), options.TEST_fault);
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<Stage>> LoadStageOn(const std::string& dir,
+                                                   const LoadOptions& options,
+                                                   std::shared_ptr<Backend> backend) {
+  StageContext ctx;
+  ctx.backend = std::move(backend);
   if (options.max_context < 0) return absl::InvalidArgumentError("max_context must be >= 0");
   RING_ASSIGN_OR_RETURN(ctx.cfg, LoadModelConfig(dir));
   RING_ASSIGN_OR_RETURN(ctx.ckpt, Checkpoint::Open(dir));
@@ -229,12 +249,20 @@ absl::StatusOr<std::unique_ptr<Stage>> LoadStage(const std::string& dir,
     case ModelFamily::kGlmMoeDsa:
     case ModelFamily::kDeepseekV32:
     case ModelFamily::kDeepseekV3:
-      return internal::NewMlaStage(std::move(ctx));
+      return NewMlaStage(std::move(ctx));
     case ModelFamily::kQwen3:
     case ModelFamily::kQwen3Moe:
-      return internal::NewQwen3Stage(std::move(ctx));
+      return NewQwen3Stage(std::move(ctx));
   }
   return absl::UnimplementedError("unknown model family");
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<Stage>> LoadStage(const std::string& dir,
+                                                 const LoadOptions& options) {
+  RING_ASSIGN_OR_RETURN(std::shared_ptr<internal::Backend> b, internal::NewBackendFor(options));
+  return internal::LoadStageOn(dir, options, std::move(b));
 }
 
 }  // namespace ring

@@ -50,6 +50,8 @@ struct StageInput {
   std::vector<int32_t> tokens;   // first stage: token ids of this step
   std::vector<float> hidden;     // later stages: [rows, hidden_size]
   TopkCarry topk;                // later stages: from the previous stage
+  // Also return every layer's output (StageOutput::layer_hidden), for shadow checks.
+  bool capture_layers = false;
 };
 
 struct StageOutput {
@@ -59,6 +61,9 @@ struct StageOutput {
   std::vector<int32_t> argmax;  // last stage: greedy token of each logits row, computed
                                 // where the logits are (on the GPU for a CUDA stage)
   TopkCarry topk;
+  // With StageInput::capture_layers: the hidden state after each layer of the stage,
+  // [layers][rows * hidden_size].
+  std::vector<std::vector<float>> layer_hidden;
 };
 
 // Where a stage runs: "cpu" or "cuda:N" ("cuda" = "cuda:0").
@@ -87,6 +92,9 @@ struct LoadOptions {
   // fp32 summation-order difference travels, which is what a correct but not bit-identical
   // engine (the GPU) is compared against. 0: off.
   double TEST_jitter = 0;
+  // Test-only: make one kernel of this stage's backend wrong (spec in models/backend.h,
+  // NewFaultBackend), so that the precision guard can be shown to catch it. "": off.
+  std::string TEST_fault;
   // Round activations to the checkpoint dtype where MLX does (default: from config).
   std::optional<cpu::ActDType> act_dtype;
   // Last stage: logits for every row (true) or only the last row of each step.

@@ -319,7 +319,9 @@ std::vector<std::string> ReachableWorkers(const RingOptions& o, absl::Duration t
   worker::StageClientOptions co = ClientOptions(o, timeout);
   for (size_t i = 0; i < o.workers.size(); ++i) {
     worker::StageClient c(o.workers[i], static_cast<int>(i), co);
-    if (c.Describe().ok()) alive.push_back(o.workers[i]);
+    // A degraded worker (its shadow checks diverged) answers but must not be planned in.
+    absl::StatusOr<pb::DescribeResponse> d = c.Describe();
+    if (d.ok() && d->degraded_reason().empty()) alive.push_back(o.workers[i]);
   }
   return alive;
 }

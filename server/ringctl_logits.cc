@@ -25,22 +25,10 @@
 #include "server/ring.h"
 #include "worker/stage_client.h"
 #include "server/ringctl_command.h"
+#include "server/ringctl_flags.h"
 
 namespace ring::ctl {
 namespace {
-
-absl::StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& s, const char* flag) {
-  std::vector<int32_t> out;
-  if (s.empty()) return out;
-  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
-    int32_t v;
-    if (!absl::SimpleAtoi(part, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", part, "' is not a token id"));
-    }
-    out.push_back(v);
-  }
-  return out;
-}
 
 absl::Status WriteNpy(const std::string& path, const std::vector<float>& data, int64_t rows,
                       int64_t cols) {
@@ -108,9 +96,7 @@ absl::Status Run(const Options& o) {
   ro.device = *device;
   ro.max_context = o.max_context;
   ro.TEST_jitter = o.jitter;
-  if (o.act == "f32") ro.act_dtype = cpu::ActDType::kF32;
-  else if (o.act == "bf16") ro.act_dtype = cpu::ActDType::kBF16;
-  else if (o.act != "auto") return absl::InvalidArgumentError("--act must be auto, bf16 or f32");
+  RING_ASSIGN_OR_RETURN(ro.act_dtype, ParseActFlag(o.act));
   RING_ASSIGN_OR_RETURN(ro.split, ParseSplit(o.split));
   if (!o.auth_token_file.empty()) {
     RING_ASSIGN_OR_RETURN(ro.auth_token, worker::ReadSecretFile(o.auth_token_file, "--auth-token-file"));

@@ -34,3 +34,12 @@ if(RING_PROMTOOL AND RING_PATCHELF AND TARGET ring-server AND TARGET ring-worker
                    ${CMAKE_CURRENT_BINARY_DIR}/deploy_check)
   set_tests_properties(deploy_check PROPERTIES TIMEOUT 300 LABELS "deploy")
 endif()
+
+# `ringctl verify` (precision guard): exit codes, report, --json, and the test-only fault
+# switch named by the bisection. CPU device here; tests/gpu/gpu.cmake runs it on cuda:0.
+if(TARGET ringctl)
+  add_test(NAME verify_cli
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/verify_cli_test.sh $<TARGET_FILE:ringctl>
+                   ${CMAKE_CURRENT_BINARY_DIR}/verify_cli cpu)
+  set_tests_properties(verify_cli PROPERTIES TIMEOUT 300 LABELS "precision")
+endif()

@@ -14,6 +14,7 @@ paths: a corrupted frame, a SIGKILLed worker, a stalled worker, paths escaping t
 Never hangs: every subprocess has a timeout and every worker is killed at exit.
 """
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -136,6 +137,48 @@ def main():
     check("NaN at a stage fails the step naming the stage and its layers",
           r.returncode != 0 and "NaN" in r.stderr and nan_addr in r.stderr and "layers 2..4" in r.stderr,
           r.stderr.strip(), show=True)
+
+    # --- shadow verification: sampled steps recomputed on the CPU reference per layer ------
+    # A clean worker stays quiet; a worker whose q_b_proj kernel of layer 3 is wrong (test
+    # fault switch) reports the divergence at layer 3, and with --shadow-degrade stops taking
+    # new sequences, so a coordinator leaves it out.
+    _, clean_sh = start_worker(args, root, extra=("--shadow-rate", "1"))
+    _, bad_sh = start_worker(args, root, {"RING_TEST_FAULT": "scale:layers.3.self_attn.q_b_proj"},
+                             extra=("--shadow-rate", "1", "--shadow-degrade"))
+    r = ringctl(args, ["logits", "--workers", f"{clean_sh},{bad_sh}", "--model", "glm", *COMMON,
+                       "--act", "f32"], timeout=60)
+    check("shadow: the ring serves while shadow checks run", r.returncode == 0, r.stderr.strip())
+
+    def describe(addr):
+        d = ringctl(args, ["describe", "--worker", addr, "--json"], timeout=30)
+        return json.loads(d.stdout) if d.returncode == 0 else {}
+
+    want_steps = 7  # 24 prompt tokens in chunks of 10, then 4 decode steps
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        dc, db = describe(clean_sh), describe(bad_sh)
+        if (int(dc.get("shadow", {}).get("steps_checked", 0)) >= want_steps and
+                int(db.get("shadow", {}).get("steps_checked", 0)) >= want_steps):
+            break
+        time.sleep(0.2)
+    sc, sb = dc.get("shadow", {}), db.get("shadow", {})
+    check("shadow: clean worker checked every step, no divergence, exact (CPU vs CPU)",
+          int(sc.get("steps_checked", 0)) >= want_steps and int(sc.get("divergences", 0)) == 0
+          and sc.get("max_relative_difference", 0) == 0 and not dc.get("degraded_reason"), str(sc))
+    layers = {int(l["layer"]): l for l in sb.get("layers", [])}
+    check("shadow: faulty kernel diverges at layer 3 only, worker degraded",
+          int(sb.get("divergences", 0)) > 0 and 2 in layers
+          and layers[2].get("max_relative_difference", 0) == 0  # proto JSON omits zeros
+          and layers.get(3, {}).get("max_relative_difference", 0) > 0.01
+          and "layer 3" in sb.get("last_divergence", "") and "layer 3" in db.get("degraded_reason", ""),
+          f"{sb} degraded: {db.get('degraded_reason')!r}")
+    r = ringctl(args, ["logits", "--workers", f"{clean_sh},{bad_sh}", "--model", "glm", *COMMON,
+                       "--act", "f32"], timeout=60)
+    check("shadow: a degraded worker refuses new sequences, naming why",
+          r.returncode != 0 and "degraded" in r.stderr and "layer 3" in r.stderr, r.stderr.strip(), show=True)
+    d = ringctl(args, ["describe", "--worker", bad_sh], timeout=30)
+    check("ringctl describe shows the shadow table and DEGRADED", d.returncode == 0 and
+          "DEGRADED" in d.stdout and "layer    3" in d.stdout, d.stdout + d.stderr)
 
     # --- SIGKILL mid-run: must fail fast, naming the dead worker ----------------------------
     victim, vaddr = start_worker(args, root)

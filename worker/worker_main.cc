@@ -53,6 +53,20 @@ int main(int argc, char** argv) {
                  "Require client certificates signed by this CA (mutual TLS)");
   app.add_flag("--allow-insecure", allow_insecure,
                "Listen beyond loopback without a token or TLS (trusted networks only)");
+  bool allow_ptx_jit = false;
+  ring::worker::ShadowOptions shadow;
+  app.add_option("--shadow-rate", shadow.rate,
+                 "Fraction of sequences recomputed on the CPU reference off the hot path and "
+                 "compared layer by layer (0 = off, 0.01 = 1%)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--shadow-threshold", shadow.threshold,
+                 "Relative difference of a layer output that counts as a divergence");
+  app.add_flag("--shadow-degrade", shadow.degrade,
+               "After a divergence, take no new sequences: the coordinator leaves this worker "
+               "out of the ring");
+  app.add_flag("--allow-ptx-jit", allow_ptx_jit,
+               "Run on a GPU this binary has no machine code (SASS) for, JIT-compiling PTX "
+               "(refused by default; verify such a worker with `ringctl verify`)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<ring::DeviceSpec> spec = ring::ParseDevice(device);
   if (!spec.ok()) {
@@ -65,6 +79,18 @@ int main(int argc, char** argv) {
     if (!usable.ok()) {
       std::cerr << "ring-worker: --device " << device << ": " << usable.message() << "\n";
       return 2;
+    }
+    // Capability attestation: refuse a device that would run JIT-compiled PTX.
+    absl::StatusOr<ringserve::v1::DeviceAttestation> att =
+        ring::worker::AttestDevice(device, allow_ptx_jit);
+    if (!att.ok()) {
+      std::cerr << "ring-worker: --device " << device << ": " << att.status().message() << "\n";
+      return 2;
+    }
+    std::cerr << "ring-worker: " << device << ": " << att->summary() << "\n";
+    if (!att->sass_match()) {
+      std::cerr << "ring-worker: WARNING: running PTX JIT-compiled by the driver for this "
+                   "device (--allow-ptx-jit); check it with `ringctl verify`\n";
     }
   }
   device = spec->ToString();
@@ -79,6 +105,12 @@ int main(int argc, char** argv) {
   ring::worker::WorkerOptions options;
   options.model_root = model_root;
   options.device = device;
+  options.allow_ptx_jit = allow_ptx_jit;
+  options.shadow = shadow;
+  if (const char* f = std::getenv("RING_TEST_FAULT")) {
+    options.TEST_fault = f;
+    std::cerr << "ring-worker: TEST fault injection: kernel fault '" << f << "'\n";
+  }
   if (const char* n = std::getenv("RING_TEST_CORRUPT_FRAME")) {
     if (!absl::SimpleAtoi(n, &options.TEST_corrupt_frame)) {
       std::cerr << "ring-worker: RING_TEST_CORRUPT_FRAME must be an integer\n";

@@ -19,6 +19,10 @@
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
 
+#ifdef RING_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
 namespace ring::worker {
 namespace {
 
@@ -140,8 +144,53 @@ absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::
   return c;
 }
 
+absl::StatusOr<pb::DeviceAttestation> AttestDevice(const std::string& device,
+                                                   bool allow_ptx_jit) {
+  RING_ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(device));
+  if (spec.kind != DeviceSpec::Kind::kCuda) {
+    return absl::UnimplementedError("attestation is for CUDA devices");
+  }
+#ifdef RING_HAVE_CUDA
+  RING_ASSIGN_OR_RETURN(cuda::CodeAttestation a, cuda::Attest(spec.ordinal));
+  RING_RETURN_IF_ERROR(cuda::CheckAttestation(a, allow_ptx_jit));
+  pb::DeviceAttestation p;
+  p.set_device_name(a.device.name);
+  p.set_compute_capability(a.device.cc);
+  p.set_driver_version(a.device.driver_version);
+  p.set_runtime_version(a.device.runtime_version);
+  for (const cuda::BuildArch& b : a.sass) {
+    p.add_sass_archs(absl::StrCat("sm_", b.cc, b.arch_specific ? "a" : ""));
+  }
+  for (int cc : a.ptx) p.add_ptx_archs(absl::StrCat("compute_", cc));
+  p.set_running_code_arch(a.device.binary_cc);
+  p.set_running_ptx_arch(a.device.code_cc);
+  p.set_sass_match(a.sass_match);
+  p.set_ptx_jit_allowed(allow_ptx_jit);
+  for (const std::string& v : a.kernel_variants) p.add_kernel_variants(v);
+  p.set_summary(a.ToString());
+  return p;
+#else
+  return absl::UnimplementedError("this build has no CUDA backend");
+#endif
+}
+
 WorkerService::WorkerService(WorkerOptions options)
-    : options_(std::move(options)), listen_address_(options_.listen_address) {}
+    : options_(std::move(options)), listen_address_(options_.listen_address) {
+  if (absl::StatusOr<pb::DeviceAttestation> a = AttestDevice(options_.device, options_.allow_ptx_jit);
+      a.ok()) {
+    attestation_ = *std::move(a);
+  }
+}
+
+std::string WorkerService::DegradedReason() const {
+  std::shared_ptr<const Loaded> loaded;
+  {
+    absl::MutexLock l(&mu_);
+    if (!degraded_.empty()) return degraded_;
+    loaded = loaded_;
+  }
+  return loaded && loaded->shadow ? loaded->shadow->degraded_reason() : std::string();
+}
 
 double WorkerService::MeasuredBandwidth() {
   // Measured once, on first use: 64 MiB is well above any last-level cache yet quick.
@@ -207,6 +256,16 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   resp->set_memory_free_bytes(MemAvailableBytes());
   resp->set_memory_bandwidth_bytes_per_s(MeasuredBandwidth());
   resp->set_build_version(RING_BUILD_VERSION);
+  if (attestation_) *resp->mutable_attestation() = *attestation_;
+  {
+    std::shared_ptr<const Loaded> loaded;
+    {
+      absl::MutexLock l(&mu_);
+      loaded = loaded_;
+    }
+    if (loaded && loaded->shadow) *resp->mutable_shadow() = loaded->shadow->Stats();
+    resp->set_degraded_reason(DegradedReason());
+  }
 #if defined(__x86_64__)
   resp->add_compiled_archs("x86_64");
 #elif defined(__aarch64__)
@@ -262,6 +321,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
     lo.device = *device;
   }
   lo.all_logits = req->all_logits();
+  lo.TEST_fault = options_.TEST_fault;
   switch (req->act_dtype()) {
     case pb::DTYPE_UNSPECIFIED: break;
     case pb::DTYPE_F32: lo.act_dtype = cpu::ActDType::kF32; break;
@@ -279,10 +339,33 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "LoadStage cancelled or past its deadline");
   }
   auto loaded = std::make_shared<Loaded>();
+  if (options_.shadow.rate > 0) {
+    // The reference: the same layers on the CPU engine, which reads the memory-mapped
+    // checkpoint in place, so it costs KV caches of mirrored sequences, not weights.
+    LoadOptions ro = lo;
+    ro.device = DeviceSpec{};
+    ro.TEST_fault.clear();
+    auto reference = ring::LoadStage(*dir, ro);
+    if (!reference.ok()) {
+      SetWaitingOn("idle: last LoadStage failed");
+      return ToGrpcStatus(absl::Status(reference.status().code(),
+                                       absl::StrCat("shadow reference on the CPU: ",
+                                                    reference.status().message())));
+    }
+    std::string name;
+    {
+      absl::MutexLock l(&mu_);
+      name = absl::StrCat("stage ", req->stage_index(), " (", listen_address_, ")");
+    }
+    loaded->shadow = std::make_shared<ShadowChecker>(*std::move(reference), options_.shadow,
+                                                     std::move(name));
+  }
   loaded->stage = std::shared_ptr<const Stage>(std::move(*stage));
   loaded->request = *req;
   loaded->info = *info;
   absl::MutexLock l(&mu_);
+  // Degraded is sticky: a new stage on the same device does not make it trustworthy.
+  if (loaded_ && loaded_->shadow && degraded_.empty()) degraded_ = loaded_->shadow->degraded_reason();
   loaded->epoch = next_epoch_++;
   loaded_ = loaded;
   sequences_.clear();  // caches of the old stage are meaningless for the new one
@@ -317,6 +400,12 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     return absl::Status(input.status().code(), absl::StrCat(hop, ": ", input.status().message()));
   }
   absl::MutexLock seq_lock(&state->mu);
+  if (!state->seq) {
+    if (std::string why = DegradedReason(); !why.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(hop, ": worker is degraded and takes no new sequences: ", why));
+    }
+  }
   if (!state->seq) state->seq = loaded->stage->NewSequence();
   if (static_cast<int64_t>(in.step()) != state->next_step ||
       in.first_position() != state->seq->position()) {
@@ -325,9 +414,13 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
         state->seq->position(), ", got step ", in.step(), " at position ", in.first_position()));
   }
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
+  input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
   auto out = loaded->stage->Forward(*state->seq, *input);
   SetWaitingOn("idle: waiting for Forward frames");
   if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop, ": ", out.status().message()));
+  if (input->capture_layers) {
+    loaded->shadow->Observe(in.sequence_id(), *input, std::move(out->layer_hidden));
+  }
   ++state->next_step;
   {
     absl::MutexLock l(&mu_);
@@ -390,6 +483,7 @@ grpc::Status WorkerService::Release(grpc::ServerContext* ctx, const pb::ReleaseR
   std::shared_ptr<SequenceState> state;
   {
     absl::MutexLock l(&mu_);
+    if (loaded_ && loaded_->shadow) loaded_->shadow->Release(req->sequence_id());
     auto it = sequences_.find(req->sequence_id());
     if (it == sequences_.end()) return grpc::Status::OK;
     state = std::move(it->second);

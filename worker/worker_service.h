@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "models/model.h"
+#include "worker/shadow_checker.h"
 #include "ringserve/v1/worker.grpc.pb.h"
 
 namespace ring::worker {
@@ -40,7 +42,21 @@ struct WorkerOptions {
   int64_t TEST_corrupt_frame = 0;
   // Test-only: write a NaN into this worker's output at the N-th step it computes (from 1).
   int64_t TEST_nan_at_step = 0;
+  // Run on a CUDA device even when this binary has no SASS for it (PTX JIT); see
+  // AttestDevice.
+  bool allow_ptx_jit = false;
+  // Shadow verification of the loaded stage (worker/shadow_checker.h); rate 0: off.
+  ShadowOptions shadow;
+  // Test-only: a wrong kernel on this worker's device (LoadOptions::TEST_fault).
+  std::string TEST_fault;
 };
+
+// Capability attestation of `device` ("cuda:N") for this binary: compute capability,
+// driver/runtime, SASS/PTX archs, whether the code runs natively, kernel variants.
+// FailedPrecondition when the device would run JIT-compiled PTX and !allow_ptx_jit;
+// Unimplemented for "cpu" and in builds without CUDA.
+absl::StatusOr<ringserve::v1::DeviceAttestation> AttestDevice(const std::string& device,
+                                                             bool allow_ptx_jit);
 
 // Resolves `model` (relative) inside `root`; refuses absolute paths, ".." components and
 // symlinks that lead outside the root (PermissionDenied / InvalidArgument).
@@ -78,8 +94,11 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     ringserve::v1::LoadStageRequest request;  // what produced it (for idempotency)
     ringserve::v1::ModelInfo info;
     uint64_t epoch = 0;
+    std::shared_ptr<ShadowChecker> shadow;  // when options_.shadow.rate > 0
   };
 
+  // Why this worker takes no new sequences (a shadow check diverged); empty: healthy.
+  std::string DegradedReason() const;
   // Memory read bandwidth of this machine (bytes/s), measured on first use.
   double MeasuredBandwidth();
   // UNAUTHENTICATED unless the call carries the configured token.
@@ -92,8 +111,10 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::string HopName() const;
 
   const WorkerOptions options_;
+  std::optional<ringserve::v1::DeviceAttestation> attestation_;  // CUDA devices
   mutable absl::Mutex mu_;
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
+  std::string degraded_ ABSL_GUARDED_BY(mu_);  // from a replaced stage's shadow checker
   std::map<std::string, std::shared_ptr<SequenceState>> sequences_ ABSL_GUARDED_BY(mu_);
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t frames_sent_ ABSL_GUARDED_BY(mu_) = 0;

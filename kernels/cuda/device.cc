@@ -5,10 +5,15 @@
 #include <map>
 #include <memory>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/status.h"
 
 namespace ring::cuda {
 namespace internal {
@@ -105,6 +110,77 @@ absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
 std::vector<int> CompiledArchs() { return internal::CompiledArchList(); }
 
 std::string CompiledArchsString() { return absl::StrJoin(CompiledArchs(), ","); }
+
+bool UseTensorCoreMatmul(const DeviceInfo& dev) {
+  return SelectArchVariant<bool>(dev, {{80, kAnyCc, true}}, false);
+}
+
+void ParseArchSpec(const std::string& spec, std::vector<BuildArch>* sass, std::vector<int>* ptx) {
+  for (absl::string_view e : absl::StrSplit(spec, absl::ByAnyChar(";,"), absl::SkipWhitespace())) {
+    bool real = true, virt = true;
+    if (absl::ConsumeSuffix(&e, "-real")) virt = false;
+    else if (absl::ConsumeSuffix(&e, "-virtual")) real = false;
+    BuildArch a;
+    a.arch_specific = absl::ConsumeSuffix(&e, "a");
+    if (!absl::SimpleAtoi(e, &a.cc)) continue;
+    if (real) sass->push_back(a);
+    if (virt) ptx->push_back(a.cc);
+  }
+}
+
+bool SassRunsOn(const BuildArch& a, int cc) {
+  if (a.arch_specific) return a.cc == cc;
+  return a.cc / 10 == cc / 10 && a.cc <= cc;
+}
+
+std::string CodeAttestation::SassString() const {
+  return absl::StrJoin(sass, ",", [](std::string* out, const BuildArch& a) {
+    absl::StrAppend(out, "sm_", a.cc, a.arch_specific ? "a" : "");
+  });
+}
+
+std::string CodeAttestation::PtxString() const {
+  return absl::StrJoin(ptx, ",", [](std::string* out, int cc) { absl::StrAppend(out, "compute_", cc); });
+}
+
+std::string CodeAttestation::ToString() const {
+  return absl::StrFormat(
+      "%s (sm_%d), driver %s, runtime %s; binary SASS [%s], PTX [%s]; running sm_%d code "
+      "compiled from compute_%d%s; kernels: %s",
+      device.name, device.cc, VersionString(device.driver_version),
+      VersionString(device.runtime_version), SassString(), PtxString(), device.binary_cc,
+      device.code_cc, sass_match ? "" : " (JIT from PTX: no SASS for this device)",
+      absl::StrJoin(kernel_variants, "; "));
+}
+
+absl::StatusOr<CodeAttestation> Attest(int ordinal) {
+  CodeAttestation a;
+  RING_ASSIGN_OR_RETURN(a.device, QueryDevice(ordinal));
+#ifdef RING_CUDA_ARCH_SPEC
+  ParseArchSpec(RING_CUDA_ARCH_SPEC, &a.sass, &a.ptx);
+#else
+  for (int cc : CompiledArchs()) {
+    a.sass.push_back({cc, false});
+    a.ptx.push_back(cc);
+  }
+#endif
+  for (const BuildArch& b : a.sass) a.sass_match = a.sass_match || SassRunsOn(b, a.device.cc);
+  a.kernel_variants.push_back(UseTensorCoreMatmul(a.device)
+                                  ? "matmul: tensor-core mma.sync GEMV/GEMM (sm_80+)"
+                                  : "matmul: portable SIMT");
+  a.kernel_variants.push_back("attention, indexer, MoE, norms: portable SIMT");
+  return a;
+}
+
+absl::Status CheckAttestation(const CodeAttestation& a, bool allow_ptx_jit) {
+  if (a.sass_match || allow_ptx_jit) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s is sm_%d, but this binary carries SASS only for [%s]; the driver would JIT-compile "
+      "it from PTX [%s], code whose numerics were never checked on this device. Rebuild with "
+      "RING_CUDA_ARCHS including %d (or pass --allow-ptx-jit to run anyway and verify with "
+      "`ringctl verify`)",
+      a.device.name, a.device.cc, a.SassString(), a.PtxString(), a.device.cc));
+}
 
 absl::StatusOr<const DeviceInfo*> CurrentDevice() {
   static absl::Mutex mu(absl::kConstInit);

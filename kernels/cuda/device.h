@@ -84,6 +84,40 @@ T SelectArchVariant(const DeviceInfo& dev, std::initializer_list<ArchVariant<T>>
   return portable;
 }
 
+// The matmul kernel family for `dev`: tensor-core mma.sync kernels (sm_80+ code loaded) or
+// the portable SIMT kernels. The one rule qgemv.cu dispatches on and Attest reports.
+bool UseTensorCoreMatmul(const DeviceInfo& dev);
+
+// ---- capability attestation: what code a device runs, for the worker to prove ----
+struct BuildArch {
+  int cc = 0;
+  bool arch_specific = false;  // "a" variant (sm_120a): runs on exactly that cc
+};
+// The CUDA architectures of a CMake spec such as "90;120a" ("NN": SASS + PTX, "NN-real":
+// SASS only, "NN-virtual": PTX only).
+void ParseArchSpec(const std::string& spec, std::vector<BuildArch>* sass, std::vector<int>* ptx);
+// SASS for `a` runs natively on compute capability `cc`: same major and a.cc <= cc, or
+// exactly cc for arch-specific code.
+bool SassRunsOn(const BuildArch& a, int cc);
+
+struct CodeAttestation {
+  DeviceInfo device;
+  std::vector<BuildArch> sass;  // machine code this binary carries (from the build)
+  std::vector<int> ptx;         // PTX it carries (JIT-compiled for devices without SASS)
+  bool sass_match = false;      // some SASS of this binary runs natively on the device
+  std::vector<std::string> kernel_variants;  // "matmul: tensor-core mma.sync (sm_80+)", ...
+  std::string SassString() const;  // "sm_90,sm_120a"
+  std::string PtxString() const;   // "compute_90,compute_120a"
+  std::string ToString() const;    // one paragraph for logs and reports
+};
+// Attestation of device `ordinal` for this binary (QueryDevice + the build's arch list).
+absl::StatusOr<CodeAttestation> Attest(int ordinal);
+// OK when the device runs SASS from this binary. Otherwise its code would be JIT-compiled
+// from PTX by the driver — numerics no test of ours has seen on that arch — so this is
+// FailedPrecondition naming the device, its compute capability and the binary's archs,
+// unless allow_ptx_jit (then OK; the caller logs a warning).
+absl::Status CheckAttestation(const CodeAttestation& a, bool allow_ptx_jit);
+
 // Cached QueryDevice of the current device (cudaGetDevice), refreshed when the current
 // device changes. Cheap enough to call on every op launch.
 absl::StatusOr<const DeviceInfo*> CurrentDevice();

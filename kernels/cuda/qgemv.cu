@@ -618,7 +618,7 @@ absl::StatusOr<Family> PickFamily(bool bf16_exact, const DeviceQuantWeight& w, c
   if (a.path == QmmPath::kSimt) return Family::kSimt;
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
-  const bool hw = SelectArchVariant<bool>(**dev, {{80, kAnyCc, true}}, false);
+  const bool hw = UseTensorCoreMatmul(**dev);
   const bool bf16_x = a.x_dtype == DType::kBF16;
   const bool gemv = hw && bf16_x && a.m <= 8 && GemvSupports(w);
   const bool gemm = hw && bf16_x && bf16_exact;

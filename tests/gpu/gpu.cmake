@@ -11,3 +11,11 @@ if(TARGET ringctl AND EXISTS ${RING_VENV_PYTHON})
   set_tests_properties(gpu_model_parity PROPERTIES
     FIXTURES_REQUIRED oracle_models SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "gpu")
 endif()
+
+# `ringctl verify --device cuda:0`: a correct GPU passes, the fault switch is named.
+if(TARGET ringctl)
+  add_test(NAME gpu_verify
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/verify_cli_test.sh $<TARGET_FILE:ringctl>
+                   ${CMAKE_BINARY_DIR}/gpu_verify cuda:0)
+  set_tests_properties(gpu_verify PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS "gpu")
+endif()

@@ -1,0 +1,92 @@
+// File: worker/shadow_checker.h
+//
+// Shadow verification: while a worker serves, a sampled fraction of its sequences is
+// recomputed step by step on the CPU reference engine, off the hot path, and every layer's
+// output is compared with what the serving device computed for the same step. A device
+// that drifts (a kernel that is wrong only on this arch, only for these shapes, only after
+// the context grows) shows up as a relative difference per layer, counted and reported in
+// Describe, and optionally takes the worker out of the ring ("degraded").
+//
+//   ShadowChecker shadow(std::move(cpu_stage), {.rate = 0.01}, "stage 1 (10.0.0.2:7001)");
+//   in.capture_layers = shadow.Sampled(seq_id);
+//   out = stage.Forward(seq, in);
+//   if (in.capture_layers) shadow.Observe(seq_id, in, std::move(out.layer_hidden));
+//
+// Sampling is per sequence (a hash of its id), so a sampled sequence is mirrored from its
+// first step and the reference's KV cache follows the device's. The queue is bounded: when
+// the CPU falls behind, a sequence stops being mirrored (counted as dropped) rather than
+// slowing the device. Thread-safe.
+#ifndef RINGSERVE_WORKER_SHADOW_CHECKER_H_
+#define RINGSERVE_WORKER_SHADOW_CHECKER_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "models/model.h"
+#include "ringserve/v1/worker.pb.h"
+
+namespace ring::worker {
+
+struct ShadowOptions {
+  double rate = 0;          // fraction of sequences mirrored (0: off, 1: every sequence)
+  double threshold = 0.01;  // relative difference ||dev - cpu|| / ||cpu|| of a layer output
+  bool degrade = false;     // after a divergence, refuse new sequences (out of the ring)
+  size_t max_queue = 64;    // pending steps before sequences stop being mirrored
+};
+
+class ShadowChecker {
+ public:
+  // `reference`: the same layers loaded on the CPU engine. `stage_name` names the stage in
+  // logs.
+  ShadowChecker(std::unique_ptr<Stage> reference, ShadowOptions options, std::string stage_name);
+  ~ShadowChecker();  // waits for the step being recomputed, drops the rest
+  ShadowChecker(const ShadowChecker&) = delete;
+  ShadowChecker& operator=(const ShadowChecker&) = delete;
+
+  // Whether `sequence_id`'s steps are mirrored (deterministic in the id and the rate).
+  bool Sampled(const std::string& sequence_id) const;
+  // Queues one computed step of a sampled sequence: its input and the device's output of
+  // every layer (StageInput::capture_layers).
+  void Observe(const std::string& sequence_id, const StageInput& in,
+               std::vector<std::vector<float>> device_layers);
+  void Release(const std::string& sequence_id);
+  // Non-empty once a divergence was seen with `degrade` set: why the worker is degraded.
+  std::string degraded_reason() const;
+  ringserve::v1::ShadowStats Stats() const;
+  // Blocks until the queue is empty (tests).
+  void Drain();
+
+ private:
+  struct Item {
+    std::string sequence_id;
+    bool release = false;
+    StageInput in;
+    std::vector<std::vector<float>> device_layers;
+  };
+  void Run();
+  void Check(Item& item);
+
+  const std::unique_ptr<Stage> reference_;
+  const ShadowOptions options_;
+  const std::string stage_name_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, bool> dropped_ ABSL_GUARDED_BY(mu_);  // sequences no longer mirrored
+  ringserve::v1::ShadowStats stats_ ABSL_GUARDED_BY(mu_);
+  std::string degraded_ ABSL_GUARDED_BY(mu_);
+  // Reference state per mirrored sequence; only the checker thread touches it.
+  std::map<std::string, std::unique_ptr<Sequence>> sequences_;
+  std::thread thread_;
+};
+
+}  // namespace ring::worker
+
+#endif  // RINGSERVE_WORKER_SHADOW_CHECKER_H_
