@@ -13,6 +13,7 @@
 # Output under $OUT: perf.txt.
 #
 #   bench/gpu/decode_perf_h200.sh AFTER_BUNDLE [BEFORE_BUNDLE]
+# REPS (default 2) runs of each; MODELS="q g" (default both: q = Qwen3-0.6B, g = GLM-5.2).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 AFTER_BUNDLE [BEFORE_BUNDLE]" >&2; exit 2; }
 after=$(cd "$1" && pwd)
@@ -22,6 +23,7 @@ out=${OUT:-$PWD/gpu_out}
 mkdir -p "$out"
 log=$out/perf.txt
 reps=${REPS:-2}
+models=${MODELS:-q g}
 q=/tmp/ring_qwen06
 g=/tmp/ring_glm52x4
 status=0
@@ -30,9 +32,9 @@ status=0
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 } > "$log" 2>&1
 synth() { LD_LIBRARY_PATH="$after/lib" "$after/bin/ringctl" synth "$@"; }
-[ -d "$q" ] || synth --preset qwen3-0.6b --quant affine --bits 4 --out "$q" > /tmp/synth_q.txt 2>&1 &
-[ -d "$g" ] || synth --arch glm_moe_dsa --preset glm-5.2 --layers 4 --quant mxfp4 --out "$g" \
-  > /tmp/synth_g.txt 2>&1 &
+[[ " $models " == *" q "* ]] && { [ -d "$q" ] || synth --preset qwen3-0.6b --quant affine --bits 4 --out "$q" > /tmp/synth_q.txt 2>&1 & }
+[[ " $models " == *" g "* ]] && { [ -d "$g" ] || synth --arch glm_moe_dsa --preset glm-5.2 --layers 4 --quant mxfp4 --out "$g" \
+  > /tmp/synth_g.txt 2>&1 & }
 wait
 qt=$(python3 -c "print(','.join(str((i * 7919) % 150000 + 10) for i in range(128)))")
 gt=$(python3 -c "print(','.join(str((i * 7919 + 5) % 154000 + 10) for i in range(16)))")
@@ -46,22 +48,28 @@ for v in $variants; do
     direct) envs="RING_CUDA_STEP_STATS=1 RING_CUDA_GRAPHS=0" ;;
   esac
   for rep in $(seq 1 "$reps"); do
-    echo "== $v qwen3-0.6b run $rep" >> "$log"
-    env $envs LD_LIBRARY_PATH="$bundle/lib" timeout 120 "$bundle/bin/ringctl" logits --model "$q" \
-      --tokens "$qt" --decode 32 --backend cuda --timing --out "/tmp/q_$v.npy" >> "$log" 2>&1 || status=1
-    echo "== $v glm-5.2x4 run $rep" >> "$log"
-    env $envs LD_LIBRARY_PATH="$bundle/lib" timeout 120 "$bundle/bin/ringctl" logits --model "$g" \
-      --tokens "$gt" --decode 64 --backend cuda --timing --out "/tmp/g_$v.npy" >> "$log" 2>&1 || status=1
+    if [[ " $models " == *" q "* ]]; then
+      echo "== $v qwen3-0.6b run $rep" >> "$log"
+      env $envs LD_LIBRARY_PATH="$bundle/lib" timeout 120 "$bundle/bin/ringctl" logits --model "$q" \
+        --tokens "$qt" --decode 32 --backend cuda --timing --out "/tmp/q_$v.npy" >> "$log" 2>&1 || status=1
+    fi
+    if [[ " $models " == *" g "* ]]; then
+      echo "== $v glm-5.2x4 run $rep" >> "$log"
+      env $envs LD_LIBRARY_PATH="$bundle/lib" timeout 120 "$bundle/bin/ringctl" logits --model "$g" \
+        --tokens "$gt" --decode 64 --backend cuda --timing --out "/tmp/g_$v.npy" >> "$log" 2>&1 || status=1
+    fi
   done
 done
-python3 - $variants >> "$log" 2>&1 <<'PY' || status=1
+MODELS="$models" python3 - $variants >> "$log" 2>&1 <<'PY' || status=1
 # graphs and direct launch the same kernels: bitwise identical. Against before (other
 # kernels, e.g. attention's summation order): per-row NMSE of the prompt rows, and the
 # greedy steps up to the first different token (later rows see different inputs).
-import sys, numpy as np
+import os, sys, numpy as np
 vs = sys.argv[1:]
 bad = 0
 for m, T in (("q", 128), ("g", 16)):
+    if m not in os.environ["MODELS"].split():
+        continue
     runs = {v: np.load(f"/tmp/{m}_{v}.npy") for v in vs}
     if "graphs" in runs and "direct" in runs:
         a, b = runs["graphs"], runs["direct"]

@@ -51,6 +51,16 @@ absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim
                   int64_t stride, int64_t dims, bool traditional, const float* inv_freq,
                   int64_t offset, cpu::ActDType round, cudaStream_t stream);
 
+// Qwen3's q/k head norms and RoPE in one launch, exactly (bitwise) as RmsNorm(q),
+// RmsNorm(k), [ScaleRound(pre_scale)], Rope(q), Rope(k) above with fp32 storage: q
+// [tokens, q_heads, head_dim] and k [tokens, k_heads, head_dim] dense, in place; the RoPE is
+// half-split over the whole head (dims == head_dim); norm weights fp32 (null: none).
+inline bool HeadNormRopeSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float* k,
+                          int64_t k_heads, const float* k_norm, int64_t tokens, int64_t head_dim,
+                          float eps, float pre_scale, const float* inv_freq, int64_t offset,
+                          cpu::ActDType round, cudaStream_t stream);
+
 // cpu::SwiGlu: out = round(round(silu(gate)) * up), sigmoid rounding as the reference.
 // out_bf16 (optional) as RmsNorm's.
 absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,

@@ -28,6 +28,7 @@
 //     the same input right after another (q/k/v, gate/up), or the output of the op just
 //     before, since RmsNorm, SwiGlu and Attention write their output's bf16 bits there too.
 //   * Decode GEMVs of small matrices use programmatic dependent launch (QMatmulArgs::overlap).
+//   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128.
 //   * Downloads go through a pinned staging buffer.
 // Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
 #include <cuda_runtime.h>
@@ -421,6 +422,23 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     }
     return cuda::Rope(Out(x), tokens, heads, head_dim, stride, r.dims, r.traditional,
                       it->second.as<float>(), offset, t, stream_);
+  }
+  absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
+                            const TensorView& q_norm, float* k, int64_t k_heads,
+                            const TensorView& k_norm, int64_t tokens, int64_t head_dim, float eps,
+                            int64_t offset, ActDType t) override {
+    auto it = ropes_.find(&r);
+    if (r.traditional || r.dims != head_dim || !cuda::HeadNormRopeSupports(head_dim) ||
+        it == ropes_.end()) {
+      return Backend::HeadNormRope(r, q, q_heads, q_norm, k, k_heads, k_norm, tokens, head_dim,
+                                   eps, offset, t);
+    }
+    RING_ASSIGN_OR_RETURN(const DevArray qw, Tensor(q_norm));
+    RING_ASSIGN_OR_RETURN(const DevArray kw, Tensor(k_norm));
+    RING_RETURN_IF_ERROR(Unrecorded());  // the position changes every step
+    return cuda::HeadNormRope(q, q_heads, static_cast<const float*>(qw.data), k, k_heads,
+                              static_cast<const float*>(kw.data), tokens, head_dim, eps,
+                              r.pre_scale, it->second.as<float>(), offset, t, stream_);
   }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
