@@ -550,12 +550,15 @@ absl::StatusOr<VerifyReport> Verify(const VerifyOptions& o) {
   if (o.decode_steps < 0) return absl::InvalidArgumentError("decode_steps must be >= 0");
   if (o.tolerance <= 0) return absl::InvalidArgumentError("tolerance must be > 0");
 
+  const bool explicit_inputs = !o.inputs.empty();
   std::vector<int32_t> prompt = o.tokens;
   std::mt19937_64 rng(o.seed);
   auto random_token = [&] {
     return static_cast<int32_t>(rng() % static_cast<uint64_t>(cfg.vocab_size));
   };
-  if (prompt.empty()) {
+  if (explicit_inputs) {
+    prompt.clear();
+  } else if (prompt.empty()) {
     if (o.prompt_len < 1) return absl::InvalidArgumentError("prompt_len must be >= 1");
     for (int64_t i = 0; i < o.prompt_len; ++i) prompt.push_back(random_token());
   }
@@ -565,18 +568,34 @@ absl::StatusOr<VerifyReport> Verify(const VerifyOptions& o) {
           absl::StrCat("token ", t, " is outside the vocabulary [0, ", cfg.vocab_size, ")"));
     }
   }
-  std::vector<std::vector<int32_t>> steps = {prompt};
-  for (int i = 0; i < o.decode_steps; ++i) steps.push_back({random_token()});
+  std::vector<std::vector<int32_t>> steps;
+  std::vector<int64_t> step_rows;
+  if (explicit_inputs) {
+    for (const StageInput& in : o.inputs) {
+      const int64_t rows = range.begin == 0 ? static_cast<int64_t>(in.tokens.size())
+                                            : static_cast<int64_t>(in.hidden.size()) /
+                                                  std::max<int64_t>(cfg.hidden_size, 1);
+      if (rows < 1) return absl::InvalidArgumentError("verify: an explicit input step is empty");
+      steps.push_back(in.tokens);
+      step_rows.push_back(rows);
+    }
+  } else {
+    steps.push_back(prompt);
+    for (int i = 0; i < o.decode_steps; ++i) steps.push_back({random_token()});
+    for (const auto& s : steps) step_rows.push_back(static_cast<int64_t>(s.size()));
+  }
+  int64_t total_rows = 0;
+  for (int64_t r : step_rows) total_rows += r;
 
   LoadOptions lo;
   lo.act_dtype = o.act_dtype;
   lo.all_logits = false;  // the head on the last row of each step: a long prompt's
                           // logits would dominate the CPU reference's time
-  lo.max_context = static_cast<int64_t>(prompt.size()) + o.decode_steps;
+  lo.max_context = total_rows;
   // The stage's input for each step: the CPU reference's layers [0, begin).
   std::unique_ptr<Stage> prefix;
   std::unique_ptr<Sequence> prefix_seq;
-  if (range.begin > 0) {
+  if (range.begin > 0 && !explicit_inputs) {
     LoadOptions po = lo;
     po.layers = {0, range.begin};
     RING_ASSIGN_OR_RETURN(prefix, LoadStage(o.model_dir, po));
@@ -606,7 +625,9 @@ absl::StatusOr<VerifyReport> Verify(const VerifyOptions& o) {
   int64_t position = 0;
   for (size_t s = 0; s < steps.size(); ++s) {
     StageInput in;
-    if (prefix) {
+    if (explicit_inputs) {
+      in = o.inputs[s];
+    } else if (prefix) {
       StageInput pin;
       pin.tokens = steps[s];
       RING_ASSIGN_OR_RETURN(StageOutput pout, prefix->Forward(*prefix_seq, pin));
@@ -616,7 +637,7 @@ absl::StatusOr<VerifyReport> Verify(const VerifyOptions& o) {
       in.tokens = steps[s];
     }
     rec.step = static_cast<int>(s);
-    const int64_t rows = static_cast<int64_t>(steps[s].size());
+    const int64_t rows = step_rows[s];
     VerifyStep vs;
     vs.step = static_cast<int>(s);
     vs.kind = s == 0 ? "prefill" : "decode";
@@ -631,6 +652,7 @@ absl::StatusOr<VerifyReport> Verify(const VerifyOptions& o) {
                                                             out.status().message()));
     }
     position += rows;
+    rep.outputs.push_back(*std::move(out));
   }
   seq.reset();
   rep.layers = std::move(rec.layers);

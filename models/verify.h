@@ -53,6 +53,10 @@ struct VerifyOptions {
   double op_tolerance_scale = 1.0;
   std::optional<cpu::ActDType> act_dtype;  // default: the checkpoint's
   std::string TEST_fault;           // applied to the device under test only (model.h)
+  // Explicit inputs, one per step (tokens for a first stage, else hidden + top-k carry),
+  // e.g. what the previous stage of a ring produced (admission gate). When set, tokens,
+  // prompt_len, decode_steps and the CPU prefix are not used.
+  std::vector<StageInput> inputs;
 };
 
 // Difference of a device tensor d from the reference c (both the same length).
@@ -104,6 +108,7 @@ struct VerifyReport {
   int first_bad_layer = -1;    // index into `layers`
   int culprit_op = -1;         // index into `ops`: the op the bisection names
   std::string diagnosis;       // one paragraph for humans
+  std::vector<StageOutput> outputs;  // the device's output of every step
 };
 
 // The written tolerance of one op's isolated error: NMSE for float outputs, the fraction of

@@ -1,11 +1,14 @@
 #include "server/ring.h"
 
+#include <functional>
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/status.h"
 #include "models/stage_runner.h"
+#include "worker/frame.h"
 #include "worker/stage_client.h"
 
 namespace ring {
@@ -143,13 +146,22 @@ class RemoteRing final : public Ring {
     ring->wire_ = act != pb::DTYPE_UNSPECIFIED ? act
                   : info.dtype() == "bf16"     ? pb::DTYPE_BF16
                                                : pb::DTYPE_F32;
-    for (size_t i = 0; i < ring->clients_.size(); ++i) {
+    auto stage_request = [&](size_t i) {
       pb::LoadStageRequest req;
       req.set_model(o.model);
       req.set_layer_begin(ranges[i].begin);
       req.set_layer_end(ranges[i].end);
       req.set_act_dtype(act);
       req.set_all_logits(o.all_logits);
+      return req;
+    };
+    ring->info_ = {info.model_type(), info.num_layers(), info.hidden_size(), info.vocab_size(),
+                   info.max_position_embeddings()};
+    if (!o.admission_tokens.empty()) {
+      RING_RETURN_IF_ERROR(ring->Admit(o, stage_request));
+    }
+    for (size_t i = 0; i < ring->clients_.size(); ++i) {
+      const pb::LoadStageRequest req = stage_request(i);
       RING_ASSIGN_OR_RETURN(pb::LoadStageResponse loaded, ring->clients_[i]->LoadStage(req));
       if (loaded.model().model_hash() != info.model_hash()) {
         return absl::FailedPreconditionError(
@@ -162,6 +174,46 @@ class RemoteRing final : public Ring {
     ring->info_ = {info.model_type(), info.num_layers(), info.hidden_size(), info.vocab_size(),
                    info.max_position_embeddings()};
     return ring;
+  }
+
+  // The admission gate (RingOptions::admission_tokens): golden inputs through every stage in
+  // ring order, each verified on its worker's device against the CPU reference.
+  absl::Status Admit(const RingOptions& o,
+                     const std::function<pb::LoadStageRequest(size_t)>& stage_request) {
+    std::vector<StageInput> steps(2);
+    steps[0].tokens.assign(o.admission_tokens.begin(), o.admission_tokens.end() - 1);
+    steps[1].tokens = {o.admission_tokens.back()};
+    if (steps[0].tokens.empty()) steps.erase(steps.begin());
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      pb::VerifyStageRequest req;
+      *req.mutable_stage() = stage_request(i);
+      req.set_tolerance(o.admission_tolerance);
+      for (const StageInput& in : steps) {
+        const int64_t rows = in.tokens.empty()
+                                 ? static_cast<int64_t>(in.hidden.size()) / std::max<int64_t>(1, info_.hidden_size)
+                                 : static_cast<int64_t>(in.tokens.size());
+        RING_RETURN_IF_ERROR(worker::EncodeStageInput(in, rows, pb::DTYPE_F32, req.add_inputs()));
+      }
+      RING_ASSIGN_OR_RETURN(pb::VerifyStageResponse v, clients_[i]->VerifyStage(req));
+      if (!v.ok()) {
+        std::cerr << "ring: " << clients_[i]->name() << " failed the admission verify:\n"
+                  << v.report();
+        return absl::FailedPreconditionError(
+            absl::StrCat(clients_[i]->name(), " failed the admission verify of layers [",
+                         req.stage().layer_begin(), ", ", req.stage().layer_end(),
+                         ") and is refused: ", v.diagnosis()));
+      }
+      std::vector<StageInput> next;
+      for (const pb::ActivationFrame& f : v.outputs()) {
+        RING_ASSIGN_OR_RETURN(StageOutput out, worker::DecodeStageOutput(f));
+        StageInput in;
+        in.hidden = std::move(out.hidden);
+        in.topk = std::move(out.topk);
+        next.push_back(std::move(in));
+      }
+      steps = std::move(next);
+    }
+    return absl::OkStatus();
   }
 
   const RingModelInfo& model() const override { return info_; }
@@ -220,7 +272,10 @@ class RemoteRing final : public Ring {
   std::vector<ActivationStats> stats_;
 };
 
-RemoteSequence::~RemoteSequence() { ring_->Release(id_); }
+RemoteSequence::~RemoteSequence() {
+  runners_.clear();  // closes the Forward streams before their sequence's caches go
+  ring_->Release(id_);
+}
 
 absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_t>& tokens) {
   StageInput in;
@@ -312,6 +367,12 @@ absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& o) {
   po.sequences = o.plan_sequences;
   po.split = o.split;
   return PlanRing(workers, model, po);
+}
+
+std::vector<int32_t> AdmissionTokens(int64_t n) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 7919 + 13) % 997 + 1));
+  return t;
 }
 
 std::vector<std::string> ReachableWorkers(const RingOptions& o, absl::Duration timeout) {

@@ -58,7 +58,17 @@ struct RingOptions {
   bool auto_plan = false;
   int64_t plan_context_tokens = 4096;  // KV budget per sequence
   int64_t plan_sequences = 1;
+  // Admission gate (remote ring): before loading, each worker verifies its layer range on
+  // its device against the CPU reference (Worker.VerifyStage) with these golden tokens, fed
+  // stage to stage; a worker over tolerance is refused and marks itself degraded, so the
+  // next formation leaves it out. Empty: off.
+  std::vector<int32_t> admission_tokens;
+  double admission_tolerance = 0.01;
 };
+
+// The admission gate's golden prompt of `n` tokens: fixed ids below 1000 (every vocabulary
+// has them); the last one is sent as a separate decode step so both attention paths run.
+std::vector<int32_t> AdmissionTokens(int64_t n);
 
 struct RingModelInfo {
   std::string model_type;

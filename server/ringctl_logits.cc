@@ -54,6 +54,7 @@ struct Options {
   std::string workers, split, auth_token_file, tls_ca, tls_cert, tls_key;
   int decode = 0, stages = 1, prefill_chunk = 0;
   int64_t max_context = 0;
+  int64_t admission_prompt_len = 0;
   bool timing = false;
   double jitter = 0;
   double step_timeout_s = 30;
@@ -95,6 +96,7 @@ absl::Status Run(const Options& o) {
   ro.step_timeout = absl::Seconds(o.step_timeout_s);
   ro.device = *device;
   ro.max_context = o.max_context;
+  ro.admission_tokens = AdmissionTokens(o.admission_prompt_len);
   ro.TEST_jitter = o.jitter;
   RING_ASSIGN_OR_RETURN(ro.act_dtype, ParseActFlag(o.act));
   RING_ASSIGN_OR_RETURN(ro.split, ParseSplit(o.split));
@@ -201,6 +203,9 @@ Registration reg("logits", "Run the model (CPU reference engine or CUDA) and wri
                    cmd->add_option("--tls-ca", o->tls_ca, "CA of the workers' TLS certificates (PEM)");
                    cmd->add_option("--tls-cert", o->tls_cert, "Client certificate for mutual TLS (PEM)");
                    cmd->add_option("--tls-key", o->tls_key, "Key of --tls-cert (PEM)");
+                   cmd->add_option("--admission-prompt-len", o->admission_prompt_len,
+                                   "With --workers: each worker first verifies its layers on "
+                                   "its device against the CPU reference (admission gate)");
                    cmd->add_option("--step-timeout", o->step_timeout_s,
                                    "Deadline in seconds of each remote call (default 30)");
                    cmd->add_option("--backend", o->backend,

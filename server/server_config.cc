@@ -135,6 +135,8 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const st
   RING_CFG(ring, "load_timeout_s", load_timeout_s);
   RING_CFG(ring, "failover_timeout_s", failover_timeout_s);
   RING_CFG(ring, "plan", plan);
+  RING_CFG(ring, "admission_prompt_len", admission_prompt_len);
+  RING_CFG(ring, "admission_tolerance", admission_tolerance);
   RING_CFG(ring, "auth_token_file", auth_token_file);
   RING_CFG(ring, "tls_ca_file", tls_ca_file);
   RING_CFG(ring, "tls_cert_file", tls_cert_file);
@@ -195,6 +197,10 @@ absl::Status ServerConfig::Finalize() {
   if (default_max_tokens < 1) return absl::InvalidArgumentError("model.default_max_tokens must be >= 1");
   if (plan != "auto" && plan != "even") return absl::InvalidArgumentError("ring.plan must be \"auto\" or \"even\"");
   if (failover_timeout_s < 0) return absl::InvalidArgumentError("ring.failover_timeout_s must be >= 0");
+  if (admission_prompt_len < 0 || admission_prompt_len > 4096) {
+    return absl::InvalidArgumentError("ring.admission_prompt_len must be in [0, 4096]");
+  }
+  if (admission_tolerance <= 0) return absl::InvalidArgumentError("ring.admission_tolerance must be > 0");
   if (step_timeout_s <= 0 || load_timeout_s <= 0 || read_timeout_s <= 0 || idle_timeout_s <= 0 ||
       write_timeout_s <= 0) {
     return absl::InvalidArgumentError("timeouts must be > 0");
@@ -239,6 +245,8 @@ RingOptions ServerConfig::ToRingOptions() const {
   o.auto_plan = plan == "auto";
   o.plan_context_tokens = max_context > 0 ? max_context : 4096;
   o.plan_sequences = max_concurrent_requests;
+  o.admission_tokens = AdmissionTokens(admission_prompt_len);
+  o.admission_tolerance = admission_tolerance;
   o.auth_token = auth_token;
   o.tls_ca = tls_ca;
   o.tls_cert = tls_cert;

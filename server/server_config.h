@@ -38,6 +38,8 @@
 //   load_timeout_s = 600
 //   failover_timeout_s = 60             # replay on a re-formed ring within this, else fail
 //   plan = "auto"                       # no split: by free memory + measured bandwidth; "even"
+//   admission_prompt_len = 8            # > 0: every worker verifies its layers on its device
+//   admission_tolerance = 0.01          #   against the CPU reference before it may serve
 //   auth_token_file = "/etc/ringserve/ring.token"   # workers run with the same file
 //   tls_ca_file = "ca.pem"                           # TLS to the workers (+ mTLS with:)
 //   tls_cert_file = "coordinator.pem"
@@ -84,6 +86,8 @@ struct ServerConfig {
   double step_timeout_s = 30, load_timeout_s = 600;
   double failover_timeout_s = 60;  // wait this long for a re-formed ring, then fail
   std::string plan = "auto";       // "auto": split by memory and bandwidth; "even"
+  int64_t admission_prompt_len = 0;  // admission gate: golden prompt length; 0: off
+  double admission_tolerance = 0.01;
   std::string auth_token_file, tls_ca_file, tls_cert_file, tls_key_file;
   // Filled by Finalize from the files above.
   std::string auth_token, tls_ca, tls_cert, tls_key;

@@ -180,6 +180,20 @@ def main():
     check("ringctl describe shows the shadow table and DEGRADED", d.returncode == 0 and
           "DEGRADED" in d.stdout and "layer    3" in d.stdout, d.stdout + d.stderr)
 
+    # --- admission gate: each worker verifies its layers before it may serve ---------------
+    r = ringctl(args, ["logits", "--workers", f"{addrs[0]},{addrs[1]}", "--model", "glm", *COMMON,
+                       "--act", "f32", "--admission-prompt-len", "6"], timeout=120)
+    check("admission: clean workers pass and serve", r.returncode == 0, r.stderr.strip())
+    _, bad_adm = start_worker(args, root, {"RING_TEST_FAULT": "scale:layers.2.mlp.shared_experts.down_proj"})
+    r = ringctl(args, ["logits", "--workers", f"{addrs[0]},{bad_adm}", "--model", "glm", *COMMON,
+                       "--act", "f32", "--admission-prompt-len", "6"], timeout=120)
+    check("admission: a wrong kernel is refused, naming the worker and the op",
+          r.returncode != 0 and bad_adm in r.stderr and "admission verify" in r.stderr
+          and "shared_experts.down_proj" in r.stderr, r.stderr.strip(), show=True)
+    d = describe(bad_adm)
+    check("admission: the refused worker reports itself degraded",
+          "admission verify failed" in d.get("degraded_reason", ""), str(d.get("degraded_reason")))
+
     # --- SIGKILL mid-run: must fail fast, naming the dead worker ----------------------------
     victim, vaddr = start_worker(args, root)
     t0 = time.monotonic()
@@ -216,6 +230,28 @@ def main():
     except subprocess.TimeoutExpired:
         check("stalled worker: deadline", False, "ringctl hung")
     sleeper.send_signal(signal.SIGCONT)
+
+    # --- stalled mid-decode: the sequence's open Forward stream has no call deadline; the
+    # per-step watchdog must cancel it and name the worker -----------------------------
+    mid, maddr_stall = start_worker(args, root)
+    p = subprocess.Popen([args.ringctl, "logits", "--workers", f"{addrs[0]},{maddr_stall}", "--model", "glm",
+                          "--tokens", PROMPT, "--decode", "3000", "--act", "f32", "--step-timeout", "2"],
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    running = p.poll() is None
+    mid.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        _, err = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+        check("worker stalled mid-decode: the step deadline fires on the open stream, naming the worker",
+              running and p.returncode != 0 and maddr_stall in err and "deadline" in err.lower() and took < 10,
+              f"running at stop: {running}, rc {p.returncode}, took {took:.1f}s: {err.strip()}", show=True)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        check("worker stalled mid-decode: step deadline", False, "ringctl hung")
+    mid.send_signal(signal.SIGCONT)
 
     # --- LoadStage paths escaping --model-root are refused --------------------------------
     for bad_model, word in [("../models/glm", "escape"), ("/etc", "absolute"), (root + "/glm", "absolute")]:

@@ -126,5 +126,57 @@ TEST(FingerprintTest, EncodeFloatsAttachesIt) {
   EXPECT_EQ(frame.fingerprint().nan_count(), 0);
 }
 
+// The vectorized codec paths must agree bit for bit with the scalar definition, across
+// lane boundaries and the scalar tail (37 values: two 16-lane blocks + 5).
+TEST(Frame, Bf16WireBitsMatchTheScalarDefinitionOnEveryLane) {
+  auto reference = [](float v) -> uint16_t {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+  };
+  std::vector<float> v;
+  for (int i = 0; i < 37; ++i) v.push_back(std::ldexp(1.0f + static_cast<float>(i) / 128.0f, i % 40 - 20) * (i % 3 ? 1 : -1));
+  v[3] = 1.0f + 1.0f / 256;   // tie -> even
+  v[4] = 1.0f + 3.0f / 256;   // tie -> odd rounds up
+  v[9] = std::numeric_limits<float>::infinity();
+  v[17] = -std::numeric_limits<float>::infinity();
+  v[20] = std::numeric_limits<float>::max();  // rounds to inf
+  float snan;
+  const uint32_t snan_bits = 0xff800001u;
+  std::memcpy(&snan, &snan_bits, 4);
+  v[30] = snan;
+  v[35] = 1e-45f;
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeFloats(v, 1, ringserve::v1::DTYPE_BF16, &f).ok());
+  ASSERT_EQ(f.payload().size(), 2 * v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint16_t got;
+    std::memcpy(&got, f.payload().data() + 2 * i, 2);
+    EXPECT_EQ(got, reference(v[i])) << "element " << i;
+  }
+  auto back = DecodeFloats(f);
+  ASSERT_TRUE(back.ok());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &(*back)[i], 4);
+    EXPECT_EQ(bits, static_cast<uint32_t>(reference(v[i])) << 16) << "element " << i;
+  }
+}
+
+TEST(FingerprintTest, CountsNonFiniteValuesInsideVectorBlocks) {
+  std::vector<float> v(29, 1.0f);  // 3 blocks of 8 + a tail of 5
+  v[2] = std::numeric_limits<float>::quiet_NaN();
+  v[11] = -std::numeric_limits<float>::infinity();
+  v[27] = std::numeric_limits<float>::quiet_NaN();
+  v[13] = -7.0f;
+  const auto f = ComputeFingerprint(v);
+  EXPECT_EQ(f.nan_count(), 2);
+  EXPECT_EQ(f.inf_count(), 1);
+  EXPECT_FLOAT_EQ(f.absmax(), 7.0f);
+  EXPECT_DOUBLE_EQ(f.l2(), std::sqrt(25.0 + 49.0));  // 25 ones + 49
+}
+
 }  // namespace
 }  // namespace ring::worker

@@ -2,9 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/status.h"
@@ -17,7 +19,120 @@ namespace {
 
 namespace pb = ringserve::v1;
 
+// How long closing a stream may take (half-close, then the worker's status).
+constexpr absl::Duration kCloseTimeout = absl::Seconds(1);
+
 }  // namespace
+
+CallWatchdog& CallWatchdog::Get() {
+  // Leaked on purpose: streams may still be closed from other static destructors.
+  static CallWatchdog* const watchdog = new CallWatchdog();
+  return *watchdog;
+}
+
+CallWatchdog::CallWatchdog() {
+  std::thread([this] { Loop(); }).detach();
+}
+
+uint64_t CallWatchdog::Arm(grpc::ClientContext* ctx, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  const uint64_t id = next_id_++;
+  armed_[id] = {ctx, deadline};
+  if (deadline < sleeping_until_) cv_.Signal();
+  return id;
+}
+
+bool CallWatchdog::Disarm(uint64_t id) {
+  absl::MutexLock l(&mu_);
+  auto it = armed_.find(id);
+  if (it == armed_.end()) return true;  // the loop fired it and removed it
+  armed_.erase(it);
+  return false;
+}
+
+void CallWatchdog::Loop() {
+  absl::MutexLock l(&mu_);
+  while (true) {
+    const absl::Time now = absl::Now();
+    absl::Time earliest = absl::InfiniteFuture();
+    for (auto it = armed_.begin(); it != armed_.end();) {
+      if (it->second.deadline <= now) {
+        // Under mu_, so Disarm cannot return (and the context cannot be freed) meanwhile.
+        it->second.ctx->TryCancel();
+        it = armed_.erase(it);
+      } else {
+        earliest = std::min(earliest, it->second.deadline);
+        ++it;
+      }
+    }
+    sleeping_until_ = earliest;
+    cv_.WaitWithDeadline(&mu_, earliest);
+  }
+}
+
+ForwardStream::ForwardStream(
+    std::string what, std::unique_ptr<grpc::ClientContext> ctx,
+    std::unique_ptr<grpc::ClientReaderWriter<pb::ActivationFrame, pb::ActivationFrame>> stream)
+    : what_(std::move(what)), ctx_(std::move(ctx)), stream_(std::move(stream)) {}
+
+ForwardStream::~ForwardStream() { (void)Close(kCloseTimeout); }
+
+absl::Status ForwardStream::Fail(bool deadline_fired, absl::Duration timeout,
+                                 absl::string_view during) {
+  if (!finished_) {
+    // After a failed read or write the call is over and Finish returns its status at
+    // once; the alarm is for a transport that never tells us.
+    CallWatchdog& watchdog = CallWatchdog::Get();
+    const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + kCloseTimeout);
+    grpc::Status s = stream_->Finish();
+    watchdog.Disarm(alarm);
+    finished_ = true;
+    if (deadline_fired) {
+      status_ = absl::DeadlineExceededError(absl::StrCat(
+          what_, ": no reply within the step deadline of ", absl::FormatDuration(timeout),
+          " (", during, ")"));
+    } else if (!s.ok()) {
+      status_ = FromGrpcStatus(s, what_);
+    } else {
+      status_ = absl::UnavailableError(absl::StrCat(what_, ": stream ended without a reply (", during, ")"));
+    }
+  }
+  return status_;
+}
+
+absl::StatusOr<pb::ActivationFrame> ForwardStream::Step(const pb::ActivationFrame& f,
+                                                        absl::Duration timeout) {
+  if (!status_.ok()) return status_;
+  CallWatchdog& watchdog = CallWatchdog::Get();
+  const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + timeout);
+  pb::ActivationFrame reply;
+  const bool wrote = stream_->Write(f);
+  const bool got = wrote && stream_->Read(&reply);
+  if (!got) {
+    // The worker's error status (a refused frame) arrives as the stream's end.
+    const bool fired = watchdog.Disarm(alarm);
+    return Fail(fired, timeout, wrote ? "waiting for the reply" : "sending the frame");
+  }
+  if (watchdog.Disarm(alarm)) {
+    // The reply arrived just as the deadline fired: the call is cancelled, so the next
+    // step could not use it anyway.
+    return Fail(true, timeout, "the reply came as the deadline fired");
+  }
+  return reply;
+}
+
+absl::Status ForwardStream::Close(absl::Duration timeout) {
+  if (finished_) return status_.ok() ? absl::OkStatus() : status_;
+  CallWatchdog& watchdog = CallWatchdog::Get();
+  const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + timeout);
+  stream_->WritesDone();
+  grpc::Status s = stream_->Finish();
+  finished_ = true;
+  const bool fired = watchdog.Disarm(alarm);
+  status_ = absl::FailedPreconditionError(absl::StrCat(what_, ": stream closed"));
+  if (fired) return absl::DeadlineExceededError(absl::StrCat(what_, ": close timed out"));
+  return FromGrpcStatus(s, what_);
+}
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
@@ -76,9 +191,29 @@ absl::StatusOr<pb::LoadStageResponse> StageClient::LoadStage(pb::LoadStageReques
   return resp;
 }
 
+absl::StatusOr<pb::VerifyStageResponse> StageClient::VerifyStage(pb::VerifyStageRequest req) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.load_timeout);  // loads the layers on the device and on the CPU
+  req.mutable_stage()->set_stage_index(stage_index_);
+  pb::VerifyStageResponse resp;
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->VerifyStage(&ctx, req, &resp), "VerifyStage " + name()));
+  return resp;
+}
+
+std::unique_ptr<ForwardStream> StageClient::OpenForward() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  // No call deadline: the stream lives as long as its sequence; each step is bounded by
+  // ForwardStream::Step's watchdog instead.
+  if (!options_.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  // Corked: the headers go out with the first frame, so opening never blocks on a worker
+  // that does not answer.
+  ctx->set_initial_metadata_corked(true);
+  auto stream = stub_->Forward(ctx.get());
+  return std::unique_ptr<ForwardStream>(
+      new ForwardStream("Forward " + name(), std::move(ctx), std::move(stream)));
+}
+
 absl::StatusOr<pb::ActivationFrame> StageClient::Forward(const pb::ActivationFrame& f) {
-  // One stream per step keeps a deadline on every step; a pipelined coordinator will keep
-  // the stream open and cancel it from a watchdog instead.
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.call_timeout);
   auto stream = stub_->Forward(&ctx);
@@ -113,6 +248,7 @@ absl::StatusOr<pb::FlightRecorderResponse> StageClient::FlightRecorder() {
 }
 
 absl::StatusOr<StageOutput> RemoteStageRunner::Forward(const StageInput& in) {
+  if (!failed_.ok()) return failed_;
   const int64_t rows = in.hidden.empty() ? static_cast<int64_t>(in.tokens.size())
                                          : static_cast<int64_t>(in.hidden.size()) / hidden_size_;
   pb::ActivationFrame f;
@@ -123,12 +259,21 @@ absl::StatusOr<StageOutput> RemoteStageRunner::Forward(const StageInput& in) {
   f.set_sender("coordinator");
   f.set_reply_dtype(wire_dtype_);
   RING_RETURN_IF_ERROR(EncodeStageInput(in, rows, wire_dtype_, &f));
-  RING_ASSIGN_OR_RETURN(pb::ActivationFrame reply, client_->Forward(f));
+  if (stream_ == nullptr) stream_ = client_->OpenForward();
+  auto sent = stream_->Step(f, client_->options().call_timeout);
+  if (!sent.ok()) {
+    failed_ = sent.status();
+    stream_.reset();  // torn down: finished already, nothing to wait for
+    return failed_;
+  }
+  pb::ActivationFrame& reply = *sent;
   auto out = DecodeStageOutput(reply);
   if (!out.ok()) {
     if (absl::IsDataLoss(out.status())) ++checksum_failures_;
-    return absl::Status(out.status().code(), absl::StrCat("coordinator <- ", client_->name(),
-                                                          ": ", out.status().message()));
+    failed_ = absl::Status(out.status().code(), absl::StrCat("coordinator <- ", client_->name(),
+                                                             ": ", out.status().message()));
+    stream_.reset();
+    return failed_;
   }
   ++step_;
   position_ += rows;

@@ -7,14 +7,26 @@
 //   StageClient c("127.0.0.1:7001", /*stage_index=*/0, {});
 //   RING_ASSIGN_OR_RETURN(auto loaded, c.LoadStage(req));
 //   RemoteStageRunner r(&c, "seq-1", loaded.epoch(), loaded.model().hidden_size(), DTYPE_F32);
-//   RING_ASSIGN_OR_RETURN(StageOutput out, r.Forward(in));
+//   RING_ASSIGN_OR_RETURN(StageOutput out, r.Forward(in));   // opens the Forward stream
+//   RING_ASSIGN_OR_RETURN(out, r.Forward(next));               // same stream, next step
+//
+// A sequence keeps one Forward stream per stage open for its lifetime: opening a stream
+// costs an HTTP/2 stream set-up and a round trip of headers and trailers per step, several
+// times the cost of the frame itself. A gRPC deadline covers a whole call, which for a
+// long-lived stream would be the whole sequence, so each step gets its own deadline from
+// a watchdog that cancels the stream when a step overruns (ForwardStream::Step).
 #ifndef RINGSERVE_WORKER_STAGE_CLIENT_H_
 #define RINGSERVE_WORKER_STAGE_CLIENT_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "models/stage_runner.h"
 #include "ringserve/v1/worker.grpc.pb.h"
@@ -33,14 +45,84 @@ struct StageClientOptions {
 // Reads a secret or PEM file for the options above; errors name the file.
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what);
 
-// Thread-compatible; one client per worker.
+// Cancels client calls whose deadline passed, for calls that outlive any single gRPC
+// deadline (persistent streams). One thread for the process, sleeping until the earliest
+// armed deadline; arming a later deadline than the one it sleeps on does not wake it, so
+// the per-step cost is one uncontended mutex.
+class CallWatchdog {
+ public:
+  static CallWatchdog& Get();
+  // After `deadline`, calls ctx->TryCancel() unless Disarm(id) came first. `ctx` must
+  // outlive the alarm (until Disarm returns).
+  uint64_t Arm(grpc::ClientContext* ctx, absl::Time deadline);
+  // Removes the alarm; true when it had already fired (the call was cancelled).
+  bool Disarm(uint64_t id);
+
+ private:
+  CallWatchdog();
+  void Loop();
+
+  struct Alarm {
+    grpc::ClientContext* ctx;
+    absl::Time deadline;
+  };
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Alarm> armed_ ABSL_GUARDED_BY(mu_);
+  // The deadline the loop sleeps until; Arm wakes it only for an earlier one.
+  absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// One open Worker.Forward stream: frames of one sequence to one stage, one reply per
+// frame. Every step has a deadline (enforced by CallWatchdog, so a stalled worker cannot
+// hang the caller); the first failure cancels and finishes the stream, and every later
+// call returns that same error. Thread-compatible: one step at a time.
+class ForwardStream {
+ public:
+  ~ForwardStream();  // Close() with a short deadline
+  ForwardStream(const ForwardStream&) = delete;
+  ForwardStream& operator=(const ForwardStream&) = delete;
+
+  // Sends `f` and returns the worker's reply (checksum not yet checked), both within
+  // `timeout`. Errors keep the gRPC code and name the stage ("Forward stage 1 (addr): ...");
+  // a step that overran is DeadlineExceeded.
+  absl::StatusOr<ringserve::v1::ActivationFrame> Step(const ringserve::v1::ActivationFrame& f,
+                                                      absl::Duration timeout);
+  // Half-closes and waits (up to `timeout`) for the worker's status. Idempotent.
+  absl::Status Close(absl::Duration timeout);
+  bool broken() const { return !status_.ok(); }
+
+ private:
+  friend class StageClient;
+  ForwardStream(std::string what, std::unique_ptr<grpc::ClientContext> ctx,
+                std::unique_ptr<grpc::ClientReaderWriter<ringserve::v1::ActivationFrame,
+                                                         ringserve::v1::ActivationFrame>> stream);
+  // Finishes the stream after a failed read/write and records why in status_.
+  absl::Status Fail(bool deadline_fired, absl::Duration timeout, absl::string_view during);
+
+  const std::string what_;  // "Forward stage i (addr)"
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<ringserve::v1::ActivationFrame,
+                                           ringserve::v1::ActivationFrame>> stream_;
+  absl::Status status_;  // not OK once the stream failed or was closed
+  bool finished_ = false;
+};
+
+// Thread-safe (gRPC stubs are); one client per worker, shared by all sequences.
 class StageClient {
  public:
   StageClient(std::string address, int stage_index, StageClientOptions options);
 
   absl::StatusOr<ringserve::v1::DescribeResponse> Describe(const std::string& probe_model = "");
   absl::StatusOr<ringserve::v1::LoadStageResponse> LoadStage(ringserve::v1::LoadStageRequest req);
-  // Sends one frame and returns the worker's reply as received (checksum not yet checked).
+  // Admission verify of a layer range (Worker.VerifyStage); load_timeout applies.
+  absl::StatusOr<ringserve::v1::VerifyStageResponse> VerifyStage(ringserve::v1::VerifyStageRequest req);
+  // Opens a Forward stream for many steps (see ForwardStream). Does not block: headers go
+  // out with the first frame.
+  std::unique_ptr<ForwardStream> OpenForward();
+  // One frame on a stream of its own, under call_timeout: for one-off probes and for
+  // bench/hop_bench's comparison; sequences use OpenForward.
   absl::StatusOr<ringserve::v1::ActivationFrame> Forward(const ringserve::v1::ActivationFrame& f);
   // `timeout` overrides call_timeout (releases are best effort and must not hold a
   // failover up for a whole step deadline).
@@ -70,6 +152,9 @@ class RemoteStageRunner final : public StageRunner {
                     int64_t hidden_size, ringserve::v1::DType wire_dtype)
       : client_(client), sequence_id_(std::move(sequence_id)), epoch_(epoch),
         hidden_size_(hidden_size), wire_dtype_(wire_dtype) {}
+  // Opens this sequence's stream to the stage on the first call and reuses it; after a
+  // failure the stream is gone and so is the sequence (its step count on the worker is
+  // unknown), so every later call fails too.
   absl::StatusOr<StageOutput> Forward(const StageInput& in) override;
   uint64_t checksum_failures() const { return checksum_failures_; }
   // Of the last reply's values: root mean square and max |x| (from its fingerprint).
@@ -78,6 +163,8 @@ class RemoteStageRunner final : public StageRunner {
 
  private:
   StageClient* client_;
+  std::unique_ptr<ForwardStream> stream_;
+  absl::Status failed_;  // the first error; later steps return it
   const std::string sequence_id_;
   const uint64_t epoch_;
   const int64_t hidden_size_;

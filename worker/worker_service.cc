@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <xxhash.h>
@@ -16,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "kernels/status.h"
 #include "models/config.h"
+#include "models/verify.h"
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
 
@@ -371,6 +373,71 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   sequences_.clear();  // caches of the old stage are meaningless for the new one
   waiting_on_ = "idle: waiting for Forward frames";
   fill(*loaded_, /*reused=*/false);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::VerifyStageRequest* req,
+                                        pb::VerifyStageResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  // One verify or load at a time: both hold a copy of layers on the device.
+  absl::MutexLock load_lock(&load_mu_);
+  const pb::LoadStageRequest& st = req->stage();
+  auto dir = ResolveModelDir(options_.model_root, st.model());
+  if (!dir.ok()) return ToGrpcStatus(dir.status());
+  VerifyOptions vo;
+  vo.model_dir = *dir;
+  vo.layers = {st.layer_begin(), st.layer_end()};
+  {
+    absl::StatusOr<DeviceSpec> device = ParseDevice(options_.device);
+    if (!device.ok()) return ToGrpcStatus(device.status());
+    vo.device = *device;
+  }
+  switch (st.act_dtype()) {
+    case pb::DTYPE_UNSPECIFIED: break;
+    case pb::DTYPE_F32: vo.act_dtype = cpu::ActDType::kF32; break;
+    case pb::DTYPE_BF16: vo.act_dtype = cpu::ActDType::kBF16; break;
+    default: return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "act_dtype: unknown value");
+  }
+  vo.tolerance = req->tolerance() > 0 ? req->tolerance() : 0.01;
+  vo.TEST_fault = options_.TEST_fault;
+  for (const pb::ActivationFrame& f : req->inputs()) {
+    absl::StatusOr<StageInput> in = DecodeStageInput(f);
+    if (!in.ok()) return ToGrpcStatus(in.status());
+    vo.inputs.push_back(*std::move(in));
+  }
+  if (vo.inputs.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "VerifyStage: no input steps");
+  }
+  std::string name;
+  {
+    absl::MutexLock l(&mu_);
+    name = absl::StrCat("stage ", st.stage_index(), " (", listen_address_, ")");
+  }
+  SetWaitingOn(absl::StrCat("admission verify of layers [", st.layer_begin(), ", ", st.layer_end(), ")"));
+  absl::StatusOr<VerifyReport> r = Verify(vo);
+  SetWaitingOn("idle: waiting for Forward frames");
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  resp->set_ok(r->ok);
+  resp->set_diagnosis(r->diagnosis);
+  resp->set_output_relative_difference(r->output.rel);
+  double worst = 0;
+  for (const LayerCheck& l : r->layers) worst = std::max(worst, l.diff.rel);
+  resp->set_worst_layer_relative_difference(worst);
+  resp->set_report(FormatVerifyReport(*r, /*all_ops=*/false));
+  const pb::DType wire = st.act_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : st.act_dtype();
+  for (size_t i = 0; i < r->outputs.size(); ++i) {
+    pb::ActivationFrame* f = resp->add_outputs();
+    f->set_step(i);
+    f->set_sender(name);
+    if (absl::Status e = EncodeStageOutput(r->outputs[i], wire, false, f); !e.ok()) {
+      return ToGrpcStatus(e);
+    }
+  }
+  if (!r->ok) {
+    absl::MutexLock l(&mu_);
+    if (degraded_.empty()) degraded_ = absl::StrCat(name, ": admission verify failed: ", r->diagnosis);
+    std::cerr << "ring-worker: " << degraded_ << "\n";
+  }
   return grpc::Status::OK;
 }
 

@@ -74,6 +74,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
                         ringserve::v1::DescribeResponse* resp) override;
   grpc::Status LoadStage(grpc::ServerContext* ctx, const ringserve::v1::LoadStageRequest* req,
                          ringserve::v1::LoadStageResponse* resp) override;
+  grpc::Status VerifyStage(grpc::ServerContext* ctx, const ringserve::v1::VerifyStageRequest* req,
+                           ringserve::v1::VerifyStageResponse* resp) override;
   grpc::Status Forward(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<ringserve::v1::ActivationFrame,
                                                 ringserve::v1::ActivationFrame>* stream) override;

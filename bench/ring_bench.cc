@@ -1,0 +1,89 @@
+// File: bench/ring_bench.cc
+//
+// Decode throughput of a ring (server/ring.h), the same step loop ring-server runs: k
+// sequences, each on its own thread as ring-server's generation pool runs them, prefill
+// a short prompt, wait for each other, then decode `--decode` single-token steps. Prints
+// one JSON line: tokens/s = k * decode / wall time of the decode phase (all threads).
+// With --workers the stages are ring-worker processes (gRPC, persistent Forward streams);
+// without, the model runs in this process as one stage (the baseline).
+//
+// bench/ring_bench.py starts the workers and computes the ratios (pipeline efficiency,
+// aggregate speed-up with k sequences) from runs of this binary in one session.
+//
+//   ring_bench --model DIR [--sequences 1] [--decode 32] [--prompt 16]
+//   ring_bench --workers 127.0.0.1:7001,127.0.0.1:7002 --model NAME_UNDER_ROOT ...
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/ring.h"
+
+int main(int argc, char** argv) {
+  ring::RingOptions o;
+  int sequences = 1, decode = 32, prompt = 16;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--workers") {
+      o.workers = absl::StrSplit(v, ',', absl::SkipEmpty());
+    } else if (k == "--model") {
+      o.model = v;
+    } else if (k == "--sequences") {
+      sequences = std::atoi(v.c_str());
+    } else if (k == "--decode") {
+      decode = std::atoi(v.c_str());
+    } else if (k == "--prompt") {
+      prompt = std::atoi(v.c_str());
+    } else {
+      std::fprintf(stderr, "ring_bench: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  o.step_timeout = absl::Seconds(60);
+  auto ring = ring::Ring::Connect(o);
+  if (!ring.ok()) {
+    std::fprintf(stderr, "ring_bench: %s\n", std::string(ring.status().message()).c_str());
+    return 1;
+  }
+  const int64_t vocab = (*ring)->model().vocab_size;
+  std::latch prefilled(sequences + 1);
+  std::latch go(1);
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (int s = 0; s < sequences; ++s) {
+    threads.emplace_back([&, s] {
+      auto seq = (*ring)->NewSequence(absl::StrCat("bench-", getpid(), "-", s));
+      std::vector<int32_t> tokens;
+      for (int i = 0; i < prompt; ++i) tokens.push_back(static_cast<int32_t>((7 * i + 13 * s + 1) % vocab));
+      bool ok = seq.ok() && (*seq)->Step(tokens).ok();
+      prefilled.count_down();
+      go.wait();
+      for (int i = 0; ok && i < decode; ++i) {
+        // The token fed back does not change the cost of a step; greedy would also do.
+        auto logits = (*seq)->Step({static_cast<int32_t>((101 * i + s) % vocab)});
+        if (!logits.ok()) {
+          std::fprintf(stderr, "ring_bench: %s\n", std::string(logits.status().message()).c_str());
+          ok = false;
+        }
+      }
+      if (!ok) failed = true;
+    });
+  }
+  prefilled.arrive_and_wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  go.count_down();
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (failed) return 1;
+  std::printf("{\"stages\": %zu, \"sequences\": %d, \"decode\": %d, \"seconds\": %.4f, \"tokens_per_s\": %.3f}\n",
+              std::max<size_t>(1, o.workers.size()), sequences, decode, secs, sequences * decode / secs);
+  return 0;
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Pipeline efficiency and aggregate decode throughput of a ring on loopback (CPU backend).
+
+Synthesizes a model with `ringctl synth` (default: qwen3-0.6b dimensions -- hidden 1024,
+vocab 151936, tied LM head -- cut to 8 layers, affine 4-bit), starts N ring-worker
+processes on loopback, and times decode with build/bench/ring_bench (the step loop
+ring-server runs, k sequences on k threads). Every figure is a ratio of runs made in this
+one session. Each round runs the one-process baseline, then every ring configuration, then
+the baseline again; a ring's ratio is taken against the mean of its round's two baseline
+runs (and a k-sequence run against the same round's 1-sequence run), and the table gives
+the median over rounds of those per-round ratios, so that load from other processes that
+drifts over minutes cancels rather than landing on one side:
+
+  pipeline efficiency(N) = tokens/s of an N-stage ring, 1 sequence
+                           / tokens/s of one process running all layers, 1 sequence
+  aggregate speed-up(N, k) = tokens/s of N stages with k concurrent sequences
+                             / tokens/s of the same N stages with 1 sequence
+
+Tokens/s cells are medians over rounds too. RING_CPU_THREADS (--threads, default 1) is
+set for every process, the baseline included: on a machine with fewer cores than stages
+the pool threads of idle stages would otherwise compete with the busy one.
+
+  .venv/bin/python bench/ring_bench.py --build build --work /tmp/ring_bench
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+WORKERS = []
+
+
+def start_worker(args, root, env):
+    p = subprocess.Popen([os.path.join(args.build, "worker/ring-worker"), "--listen", "127.0.0.1:0",
+                          "--model-root", root], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         text=True, env=env)
+    WORKERS.append(p)
+    line = p.stdout.readline()
+    if "listening on" not in line:
+        raise RuntimeError(f"ring-worker did not start: {line!r}")
+    return line.split()[-1]
+
+
+def bench(args, env, model, workers=(), sequences=1):
+    cmd = [os.path.join(args.build, "bench/ring_bench"), "--model", model, "--sequences", str(sequences),
+           "--decode", str(args.decode), "--prompt", str(args.prompt)]
+    if workers:
+        cmd += ["--workers", ",".join(workers)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--work", default="/tmp/ring_bench")
+    ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--quant", default="affine")
+    ap.add_argument("--stages", default="2,3,4")
+    ap.add_argument("--sequences", default="2,4")
+    ap.add_argument("--decode", type=int, default=24)
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--timeout", type=int, default=300)
+    args = ap.parse_args()
+    env = dict(os.environ, RING_CPU_THREADS=args.threads)
+    root = os.path.join(args.work, "models")
+    name = f"{args.preset}-{args.layers}l-{args.quant}"
+    model_dir = os.path.join(root, name)
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        os.makedirs(root, exist_ok=True)
+        subprocess.run([os.path.join(args.build, "server/ringctl"), "synth", "--preset", args.preset,
+                        "--layers", str(args.layers), "--quant", args.quant, "--out", model_dir, "--quiet",
+                        "--force"], check=True, timeout=1800)
+    stages = [int(s) for s in args.stages.split(",")]
+    seqs = [int(k) for k in args.sequences.split(",")]
+    addrs = [start_worker(args, root, env) for _ in range(max(stages))]
+    print(f"model {name}, decode {args.decode} steps after a {args.prompt}-token prompt, "
+          f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds; load average at start {loadavg()}",
+          flush=True)
+
+    base, ring1, ringk = [], {n: [] for n in stages}, {(n, k): [] for n in stages for k in seqs}
+    eff, speedup = {n: [] for n in stages}, {(n, k): [] for n in stages for k in seqs}
+    for rnd in range(args.rounds):
+        before = bench(args, env, model_dir)
+        for n in stages:
+            ring1[n].append(bench(args, env, name, addrs[:n]))
+            for k in seqs:
+                ringk[(n, k)].append(bench(args, env, name, addrs[:n], k))
+                speedup[(n, k)].append(ringk[(n, k)][-1] / ring1[n][-1])
+        after = bench(args, env, model_dir)
+        base += [before, after]
+        for n in stages:
+            eff[n].append(ring1[n][-1] / ((before + after) / 2))
+        print(f"  round {rnd + 1}: one process {before:.2f} / {after:.2f} tok/s; "
+              + "; ".join(f"N={n} {ring1[n][-1]:.2f} (" + ", ".join(f"k={k} {ringk[(n, k)][-1]:.2f}" for k in seqs) + ")"
+                          for n in stages), flush=True)
+    med = statistics.median
+    print(f"\none process, all {args.layers} layers, 1 sequence: {med(base):.2f} tokens/s "
+          f"(median of {len(base)} runs, min {min(base):.2f}, max {max(base):.2f})")
+    print("\n| stages N | ring tokens/s (1 seq) | pipeline efficiency (min..max over rounds) | "
+          + " | ".join(f"k={k}: tokens/s | speed-up vs 1 seq (min..max) | target 0.8*min(k,N)" for k in seqs) + " |")
+    print("|---:|---:|---:|" + "---:|---:|---:|" * len(seqs))
+    for n in stages:
+        cells = []
+        for k in seqs:
+            sp = speedup[(n, k)]
+            cells.append(f"{med(ringk[(n, k)]):.2f} | {med(sp):.2f} ({min(sp):.2f}..{max(sp):.2f}) | {0.8 * min(k, n):.1f}")
+        print(f"| {n} | {med(ring1[n]):.2f} | {med(eff[n]):.3f} ({min(eff[n]):.2f}..{max(eff[n]):.2f}) | "
+              + " | ".join(cells) + " |")
+    print(f"\nload average at end {loadavg()}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for p in WORKERS:
+            p.kill()
+            p.wait(timeout=10)
+    sys.exit(0)

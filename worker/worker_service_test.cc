@@ -1,0 +1,211 @@
+// Fault tests of the data path against a real WorkerService over loopback gRPC, holding a
+// stage of a tiny synthesized Qwen3: a frame corrupted in flight fails with a checksum
+// error naming the hop (both directions), a repeated or skipped step and a token outside
+// the vocabulary are refused, a frame of an old epoch is refused after a reload, and a
+// sequence's persistent stream gives the same outputs as the stage in process. No test
+// can hang: every step has a deadline (and ctest a timeout per test).
+#include "worker/worker_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "models/synth.h"
+#include "models/temp_dir_for_test.h"
+#include "worker/frame.h"
+#include "worker/stage_client.h"
+
+namespace ring::worker {
+namespace {
+
+namespace pb = ringserve::v1;
+
+constexpr absl::Duration kStep = absl::Seconds(30);
+
+class WorkerServiceTest : public TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    SynthOptions o;
+    o.arch = "qwen3";
+    o.preset = "tiny";
+    o.quant = {QuantMode::kNone, 0, 0};
+    o.out_dir = (dir_ / "m").string();
+    ASSERT_TRUE(SynthesizeCheckpoint(o).ok());
+  }
+  void Start(WorkerOptions options = {}) {
+    options.model_root = dir_.string();
+    service_ = std::make_unique<WorkerService>(options);
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = absl::StrCat("127.0.0.1:", port);
+    service_->SetListenAddress(address_);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    TempDirTest::TearDown();
+  }
+  // Loads layers [begin, end) as stage `index`; returns the epoch.
+  uint64_t Load(StageClient& c, int64_t begin, int64_t end) {
+    pb::LoadStageRequest req;
+    req.set_model("m");
+    req.set_layer_begin(begin);
+    req.set_layer_end(end);
+    req.set_act_dtype(pb::DTYPE_F32);
+    auto r = c.LoadStage(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->epoch() : 0;
+  }
+  static pb::ActivationFrame TokenFrame(uint64_t epoch, uint64_t step, int64_t position,
+                                        std::vector<int32_t> tokens) {
+    pb::ActivationFrame f;
+    f.set_sequence_id("seq");
+    f.set_epoch(epoch);
+    f.set_step(step);
+    f.set_first_position(position);
+    f.set_sender("coordinator");
+    StageInput in;
+    in.tokens = std::move(tokens);
+    EXPECT_TRUE(EncodeStageInput(in, static_cast<int64_t>(in.tokens.size()), pb::DTYPE_F32, &f).ok());
+    return f;
+  }
+
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+TEST_F(WorkerServiceTest, RepeatedOrSkippedStepIsRefused) {
+  Start();
+  StageClient c(address_, 0, {});
+  const uint64_t epoch = Load(c, 0, 2);
+  auto s = c.OpenForward();
+  ASSERT_TRUE(s->Step(TokenFrame(epoch, 0, 0, {1, 2, 3}), kStep).ok());
+  auto again = s->Step(TokenFrame(epoch, 0, 3, {4}), kStep);  // step 0 replayed
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_NE(again.status().message().find("expected step 1"), std::string::npos) << again.status();
+  EXPECT_NE(again.status().message().find(absl::StrCat("stage 0 (", address_, ") <- coordinator")),
+            std::string::npos)
+      << again.status();
+
+  auto s2 = c.OpenForward();  // same sequence, a step from the future
+  auto skipped = s2->Step(TokenFrame(epoch, 5, 3, {4}), kStep);
+  ASSERT_FALSE(skipped.ok());
+  EXPECT_NE(skipped.status().message().find("expected step 1 at position 3, got step 5"),
+            std::string::npos)
+      << skipped.status();
+}
+
+TEST_F(WorkerServiceTest, WrongTokenIsRefused) {
+  Start();
+  StageClient c(address_, 0, {});
+  const uint64_t epoch = Load(c, 0, 2);
+  auto s = c.OpenForward();
+  auto r = s->Step(TokenFrame(epoch, 0, 0, {1, 99999}), kStep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("outside the vocabulary"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find(address_), std::string::npos) << r.status();
+}
+
+TEST_F(WorkerServiceTest, OldEpochFrameIsRefused) {
+  Start();
+  StageClient c(address_, 0, {});
+  const uint64_t old_epoch = Load(c, 0, 2);
+  const uint64_t new_epoch = Load(c, 0, 3);  // a different stage: the epoch moves on
+  ASSERT_GT(new_epoch, old_epoch);
+  auto s = c.OpenForward();
+  auto r = s->Step(TokenFrame(old_epoch, 0, 0, {1, 2}), kStep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find(absl::StrCat("frame is for epoch ", old_epoch,
+                                                   " but the loaded stage is epoch ", new_epoch)),
+            std::string::npos)
+      << r.status();
+  // The current epoch is served.
+  auto s2 = c.OpenForward();
+  EXPECT_TRUE(s2->Step(TokenFrame(new_epoch, 0, 0, {1, 2}), kStep).ok());
+}
+
+TEST_F(WorkerServiceTest, FrameCorruptedOnTheWayInFailsWithChecksumNamingTheHop) {
+  Start();
+  StageClient c(address_, 1, {});
+  const uint64_t epoch = Load(c, 2, 4);  // a later stage: takes a hidden state
+  pb::ActivationFrame f;
+  f.set_sequence_id("seq");
+  f.set_epoch(epoch);
+  f.set_sender("stage 0 (10.0.0.1:7000)");
+  StageInput in;
+  in.hidden.assign(2 * 128, 0.25f);
+  ASSERT_TRUE(EncodeStageInput(in, 2, pb::DTYPE_F32, &f).ok());
+  (*f.mutable_payload())[5] ^= 0x10;  // after the checksum, as a bad link would
+  auto s = c.OpenForward();
+  auto r = s->Step(f, kStep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("checksum"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find(absl::StrCat("stage 1 (", address_, ") <- stage 0 (10.0.0.1:7000)")),
+            std::string::npos)
+      << r.status();
+  auto d = c.Describe();
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->checksum_failures(), 1u);
+}
+
+TEST_F(WorkerServiceTest, ReplyCorruptedInFlightIsCaughtByTheCoordinator) {
+  WorkerOptions o;
+  o.TEST_corrupt_frame = 2;  // the worker's test-only hook: flip a bit of its 2nd reply
+  Start(o);
+  StageClient c(address_, 0, {});
+  const uint64_t epoch = Load(c, 0, 2);
+  RemoteStageRunner r(&c, "seq", epoch, 128, pb::DTYPE_F32);
+  StageInput in;
+  in.tokens = {1, 2, 3};
+  ASSERT_TRUE(r.Forward(in).ok());
+  in.tokens = {4};
+  auto out = r.Forward(in);
+  ASSERT_FALSE(out.ok());
+  EXPECT_TRUE(absl::IsDataLoss(out.status())) << out.status();
+  EXPECT_NE(out.status().message().find(absl::StrCat("coordinator <- stage 0 (", address_, ")")),
+            std::string::npos)
+      << out.status();
+  EXPECT_NE(out.status().message().find("checksum"), std::string::npos);
+  EXPECT_EQ(r.checksum_failures(), 1u);
+  // The sequence is gone with its stream; later steps keep failing rather than resending.
+  EXPECT_FALSE(r.Forward(in).ok());
+}
+
+TEST_F(WorkerServiceTest, PersistentStreamMatchesTheStageInProcess) {
+  Start();
+  StageClient c0(address_, 0, {});
+  const uint64_t epoch = Load(c0, 0, 4);
+  LoadOptions lo;
+  lo.layers = {0, 4};
+  lo.act_dtype = cpu::ActDType::kF32;
+  lo.all_logits = false;  // what the worker was asked for (LoadStageRequest default)
+  auto local = LoadStage((dir_ / "m").string(), lo);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto seq = (*local)->NewSequence();
+  RemoteStageRunner remote(&c0, "seq", epoch, 128, pb::DTYPE_F32);
+  for (std::vector<int32_t> tokens : {std::vector<int32_t>{5, 6, 7, 8}, {9}, {10}, {11}}) {
+    StageInput in;
+    in.tokens = tokens;
+    auto want = (*local)->Forward(*seq, in);
+    auto got = remote.Forward(in);
+    ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+    ASSERT_EQ(want->logits.size(), got->logits.size());
+    EXPECT_EQ(0, std::memcmp(want->logits.data(), got->logits.data(), want->logits.size() * 4));
+  }
+}
+
+}  // namespace
+}  // namespace ring::worker
