@@ -31,6 +31,9 @@
 //   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128.
 //   * Downloads go through a pinned staging buffer.
 // Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
+// RING_CUDA_STEP_STATS=1: when the backend goes, it prints per step the wall time, the time
+// spent waiting for the GPU, and how many ops ran directly or in graphs (bench/gpu/
+// decode_perf_h200.sh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
