@@ -118,6 +118,19 @@ class Backend {
   // floats between tokens, positions offset.. (cpu::Rope).
   virtual absl::Status Rope(const RopeTable& r, float* x, int64_t tokens, int64_t heads,
                             int64_t head_dim, int64_t stride, int64_t offset, ActDType t) = 0;
+  // Per-head RmsNorm of q [tokens, q_heads, head_dim] and k [tokens, k_heads, head_dim]
+  // (dense rows), then the RoPE of the table on both at positions offset.., in place: exactly
+  // the four calls below (a backend may run them as one kernel).
+  virtual absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
+                                    const TensorView& q_norm, float* k, int64_t k_heads,
+                                    const TensorView& k_norm, int64_t tokens, int64_t head_dim,
+                                    float eps, int64_t offset, ActDType t) {
+    absl::Status s = RmsNorm(q, tokens * q_heads, head_dim, q_norm, eps, t, q);
+    if (s.ok()) s = RmsNorm(k, tokens * k_heads, head_dim, k_norm, eps, t, k);
+    if (s.ok()) s = Rope(r, q, tokens, q_heads, head_dim, q_heads * head_dim, offset, t);
+    if (s.ok()) s = Rope(r, k, tokens, k_heads, head_dim, k_heads * head_dim, offset, t);
+    return s;
+  }
   virtual absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                               float* out) = 0;
   virtual absl::Status Add(const float* a, const float* b, int64_t n, ActDType t,

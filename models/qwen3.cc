@@ -155,10 +155,8 @@ absl::Status QwenStage::Attention(int64_t layer, SequenceState& seq_base, const 
   RING_RETURN_IF_ERROR(b.Linear(L.q_proj, xn, T, t, q.f()));
   RING_RETURN_IF_ERROR(b.Linear(L.k_proj, xn, T, t, k));
   RING_RETURN_IF_ERROR(b.Linear(L.v_proj, xn, T, t, v));
-  RING_RETURN_IF_ERROR(b.RmsNorm(q.f(), T * H, d, L.q_norm, eps, t, q.f()));
-  RING_RETURN_IF_ERROR(b.RmsNorm(k, T * KV, d, L.k_norm, eps, t, k));
-  RING_RETURN_IF_ERROR(b.Rope(rope_, q.f(), T, H, d, H * d, offset, t));
-  RING_RETURN_IF_ERROR(b.Rope(rope_, k, T, KV, d, KV * d, offset, t));
+  RING_RETURN_IF_ERROR(b.HeadNormRope(rope_, q.f(), H, L.q_norm, k, KV, L.k_norm, T, d, eps,
+                                      offset, t));
   const int64_t S = offset + T;
   RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * d));
   cpu::AttentionArgs args{q.f(), H * d, cache.k.row(0), KV * d, cache.v.row(0), KV * d,

@@ -1,6 +1,7 @@
 // Kernels behind attention.cuh.
 //
-// AttentionKernel: one block per (query, head), kWarps warps. The scaled query sits in
+// AttentionKernel: one block per (query, head), kWarps warps (4; 16 when the grid is too
+// small to fill the GPU, as in decode). The scaled query sits in
 // shared memory; warp w takes keys w, w + kWarps, ...; a key's score is a lane-split dot
 // product and a butterfly sum, then the warp updates its online softmax state (running max,
 // running sum, and a dv-wide accumulator spread over the lanes, kMaxChunks values each).
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/linear.cuh"
@@ -25,7 +27,10 @@
 namespace ring::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+// Warps per (query, head) block: 4, or 16 when there are too few blocks to fill the GPU
+// (decode: one query row), so each warp walks a quarter as many keys.
+constexpr int kNarrowWarps = 4;
+constexpr int kWideWarps = 16;
 constexpr int kMaxChunks = kMaxAttentionDv / 32;
 constexpr float kBf16Lowest = -3.3895313892515355e38f;  // finfo(bfloat16).min
 
@@ -43,6 +48,7 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+template <int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     AttentionKernel(AttentionParams p, cpu::ActDType rt) {
   extern __shared__ float smem[];
@@ -118,7 +124,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int w = 0; w < kWarps; ++w) {
       if (f[w] != 0.f) s += part[w * (p.dv + 2) + 2 + d] * f[w];
     }
-    o[d] = RoundActDev(s * inv, rt);
+    const float r = RoundActDev(s * inv, rt);
+    o[d] = r;
+    if (p.out_bf16 != nullptr) {
+      p.out_bf16[(i * p.hq + h) * p.dv + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(r));
+    }
   }
 }
 
@@ -176,18 +186,28 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
   }
   const int64_t blocks = p.L * p.hq;
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("attention: too many rows");
-  const size_t smem = (p.dk + kWarps * (p.dv + 2)) * sizeof(float);
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  if (!dev.ok()) return dev.status();
+  const bool wide = blocks < 2 * static_cast<int64_t>((*dev)->sm_count);
+  const int warps = wide ? kWideWarps : kNarrowWarps;
+  const size_t smem = (p.dk + warps * (p.dv + 2)) * sizeof(float);
+  const void* fn = wide ? reinterpret_cast<const void*>(AttentionKernel<kWideWarps>)
+                        : reinterpret_cast<const void*>(AttentionKernel<kNarrowWarps>);
   if (smem > 48 * 1024) {
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  AttentionKernel<<<static_cast<unsigned>(blocks), kWarps * 32, smem, stream>>>(p, round);
+  if (wide) {
+    AttentionKernel<kWideWarps><<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p, round);
+  } else {
+    AttentionKernel<kNarrowWarps><<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p, round);
+  }
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
 absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* out,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, uint16_t* out_bf16) {
   AttentionParams p;
   p.q = a.q;
   p.q_tok = a.q_stride;
@@ -208,6 +228,7 @@ absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* 
   p.add_mask = a.add_mask;
   p.causal_offset = a.causal_offset;
   p.out = out;
+  p.out_bf16 = out_bf16;
   return Attention(p, round, stream);
 }
 

@@ -43,13 +43,16 @@ struct AttentionParams {
   const float* add_mask = nullptr;  // [hq, L, S]
   int64_t causal_offset = -1;       // >= 0: key j visible to query i iff j <= offset + i
   float* out = nullptr;             // [L, hq, dv]
+  uint16_t* out_bf16 = nullptr;     // optional: also the output's bf16 bits, [L, hq, dv]
 };
 inline constexpr int64_t kMaxAttentionDv = 1024;
 absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream_t stream);
 
 // cpu::Attention's argument layout (heads contiguous inside a token row).
+// out_bf16 (optional): also the bf16 bits of out (exact when round is bf16), for a matmul
+// that reads out next.
 absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* out,
-                       cudaStream_t stream);
+                       cudaStream_t stream, uint16_t* out_bf16 = nullptr);
 
 // cpu::MlaAttention: a's pointers (q, latent, k_pe, topk) are device memory.
 absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,

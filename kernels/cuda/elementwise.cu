@@ -52,7 +52,7 @@ __device__ float BlockSum(float v, float* scratch) {
 }
 
 __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
-                              DevMutArray out) {
+                              DevMutArray out, uint16_t* out_bf16) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.f;
@@ -66,6 +66,7 @@ __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cp
     float y = DevRoundAct(Load(x.data, x.dtype, base + i) * inv, rt);
     if (w.data != nullptr) y = DevRoundAct(y * Load(w.data, w.dtype, i), rt);
     Store(out.data, out.dtype, base + i, y);
+    if (out_bf16 != nullptr) out_bf16[base + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
   }
 }
 
@@ -91,6 +92,17 @@ __global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b,
   }
 }
 
+// RoPE of one pair at position `pos` (RopeKernel and HeadNormRopeKernel share it, so the two
+// round identically).
+__device__ __forceinline__ void RotatePair(float x1, float x2, int64_t pos, float inv_freq,
+                                           cpu::ActDType rt, float* a, float* b) {
+  const float theta = static_cast<float>(pos) * inv_freq;
+  float sn, cs;
+  sincosf(theta, &sn, &cs);
+  *a = DevRoundAct(x1 * cs - x2 * sn, rt);
+  *b = DevRoundAct(x1 * sn + x2 * cs, rt);
+}
+
 // One thread per (token, head, pair).
 __global__ void RopeKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
                            int64_t stride, int64_t half, int traditional, const float* inv_freq,
@@ -100,25 +112,77 @@ __global__ void RopeKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t
   const int64_t i = idx % half;
   const int64_t h = (idx / half) % heads;
   const int64_t tok = idx / (half * heads);
-  const float theta = static_cast<float>(offset + tok) * inv_freq[i];
-  float sn, cs;
-  sincosf(theta, &sn, &cs);
   const int64_t base = tok * stride + h * head_dim;
   const int64_t a = base + (traditional ? 2 * i : i);
   const int64_t b = base + (traditional ? 2 * i + 1 : i + half);
-  const float x1 = Load(x.data, x.dtype, a), x2 = Load(x.data, x.dtype, b);
-  Store(x.data, x.dtype, a, DevRoundAct(x1 * cs - x2 * sn, rt));
-  Store(x.data, x.dtype, b, DevRoundAct(x1 * sn + x2 * cs, rt));
+  float ya, yb;
+  RotatePair(Load(x.data, x.dtype, a), Load(x.data, x.dtype, b), offset + tok, inv_freq[i], rt,
+             &ya, &yb);
+  Store(x.data, x.dtype, a, ya);
+  Store(x.data, x.dtype, b, yb);
+}
+
+// HeadNormRope: one warp per head row of q then k ([rows, d] fp32, d = 32 * nj, nj 2 or 4).
+// Lane l holds elements l, l + 32, ...: the RMS sum runs as RmsNormKernel's with 32 threads
+// (RowThreads(d) for d <= 128), and the half-split pair (i, i + d/2) sits in one lane.
+constexpr int kHeadNormRopeWarps = 4;
+__global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
+    HeadNormRopeKernel(float* q, int64_t q_rows, int64_t q_heads, const float* qw, float* k,
+                       int64_t k_rows, int64_t k_heads, const float* kw, int d, float eps,
+                       float pre_scale, const float* inv_freq, int64_t offset, cpu::ActDType rt) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kHeadNormRopeWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= q_rows + k_rows) return;
+  const bool is_q = row < q_rows;
+  const int64_t r = is_q ? row : row - q_rows;
+  float* x = (is_q ? q : k) + r * d;
+  const float* w = is_q ? qw : kw;
+  const int64_t tok = r / (is_q ? q_heads : k_heads);
+  const int nj = d / 32;
+  float v[4];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j < nj) {
+      v[j] = x[lane + 32 * j];
+      ss = fmaf(v[j], v[j], ss);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j < nj) {
+      float y = DevRoundAct(v[j] * inv, rt);
+      if (w != nullptr) y = DevRoundAct(y * w[lane + 32 * j], rt);
+      if (pre_scale != 1.f) y = DevRoundAct(y * pre_scale, rt);
+      v[j] = y;
+    }
+  }
+  const int hj = nj / 2;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (j < hj) {
+      const int i = lane + 32 * j;
+      float ya, yb;
+      RotatePair(v[j], v[j + hj], offset + tok, inv_freq[i], rt, &ya, &yb);
+      x[i] = ya;
+      x[i + d / 2] = yb;
+    }
+  }
 }
 
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
-                             DevMutArray out) {
+                             DevMutArray out, uint16_t* out_bf16) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = Load(gate.data, gate.dtype, i);
     const float sig = DevRoundAct(1.f / (1.f + DevRoundAct(expf(-g), rt)), rt);
     const float silu = DevRoundAct(g * sig, rt);
-    Store(out.data, out.dtype, i, DevRoundAct(silu * Load(up.data, up.dtype, i), rt));
+    const float y = DevRoundAct(silu * Load(up.data, up.dtype, i), rt);
+    Store(out.data, out.dtype, i, y);
+    if (out_bf16 != nullptr) out_bf16[i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
   }
 }
 
@@ -195,14 +259,15 @@ unsigned FlatBlocks(int64_t n, int threads) {
 }  // namespace
 
 absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, float eps,
-                     cpu::ActDType round, DevMutArray out, cudaStream_t stream) {
+                     cpu::ActDType round, DevMutArray out, cudaStream_t stream,
+                     uint16_t* out_bf16) {
   RING_EW_CHECK(CheckAct(x, "x"));
   RING_EW_CHECK(CheckAct(weight, "weight", /*optional=*/true));
   RING_EW_CHECK(CheckOut(out));
   if (rows <= 0 || dim <= 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
   RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(x, dim, weight, eps,
-                                                                             round, out);
+                                                                             round, out, out_bf16);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -242,13 +307,35 @@ absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim
   return absl::OkStatus();
 }
 
+absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float* k,
+                          int64_t k_heads, const float* k_norm, int64_t tokens, int64_t head_dim,
+                          float eps, float pre_scale, const float* inv_freq, int64_t offset,
+                          cpu::ActDType round, cudaStream_t stream) {
+  if (!HeadNormRopeSupports(head_dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("head norm + rope: head_dim %d is not 64 or 128", head_dim));
+  }
+  if (q == nullptr || k == nullptr || inv_freq == nullptr) {
+    return absl::InvalidArgumentError("head norm + rope: null operand");
+  }
+  const int64_t rows = tokens * (q_heads + k_heads);
+  if (rows <= 0) return absl::OkStatus();
+  const int64_t blocks = (rows + kHeadNormRopeWarps - 1) / kHeadNormRopeWarps;
+  if (blocks > 0x7fffffff) return absl::InvalidArgumentError("head norm + rope: too many rows");
+  HeadNormRopeKernel<<<static_cast<unsigned>(blocks), kHeadNormRopeWarps * 32, 0, stream>>>(
+      q, tokens * q_heads, q_heads, q_norm, k, tokens * k_heads, k_heads, k_norm,
+      static_cast<int>(head_dim), eps, pre_scale, inv_freq, offset, round);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,
-                    DevMutArray out, cudaStream_t stream) {
+                    DevMutArray out, cudaStream_t stream, uint16_t* out_bf16) {
   RING_EW_CHECK(CheckAct(gate, "gate"));
   RING_EW_CHECK(CheckAct(up, "up"));
   RING_EW_CHECK(CheckOut(out));
   if (n <= 0) return absl::OkStatus();
-  SwiGluKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(gate, up, n, round, out);
+  SwiGluKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(gate, up, n, round, out, out_bf16);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -34,9 +34,11 @@ struct DevMutArray {
 };
 
 // cpu::RmsNorm: per row y = round(x * rsqrt(mean(x^2) + eps)), then round(y * w) when a
-// weight is given (weight.data == nullptr: plain normalisation).
+// weight is given (weight.data == nullptr: plain normalisation). out_bf16 (optional): also
+// y's bf16 bits, [rows, dim] (exact when round is bf16), for a matmul that reads y next.
 absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, float eps,
-                     cpu::ActDType round, DevMutArray out, cudaStream_t stream);
+                     cpu::ActDType round, DevMutArray out, cudaStream_t stream,
+                     uint16_t* out_bf16 = nullptr);
 
 // cpu::LayerNorm: two-pass mean/variance in fp32, round, * w (round), + b (round).
 absl::Status LayerNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, DevArray bias,
@@ -49,9 +51,20 @@ absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim
                   int64_t stride, int64_t dims, bool traditional, const float* inv_freq,
                   int64_t offset, cpu::ActDType round, cudaStream_t stream);
 
+// Qwen3's q/k head norms and RoPE in one launch, exactly (bitwise) as RmsNorm(q),
+// RmsNorm(k), [ScaleRound(pre_scale)], Rope(q), Rope(k) above with fp32 storage: q
+// [tokens, q_heads, head_dim] and k [tokens, k_heads, head_dim] dense, in place; the RoPE is
+// half-split over the whole head (dims == head_dim); norm weights fp32 (null: none).
+inline bool HeadNormRopeSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float* k,
+                          int64_t k_heads, const float* k_norm, int64_t tokens, int64_t head_dim,
+                          float eps, float pre_scale, const float* inv_freq, int64_t offset,
+                          cpu::ActDType round, cudaStream_t stream);
+
 // cpu::SwiGlu: out = round(round(silu(gate)) * up), sigmoid rounding as the reference.
+// out_bf16 (optional) as RmsNorm's.
 absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,
-                    DevMutArray out, cudaStream_t stream);
+                    DevMutArray out, cudaStream_t stream, uint16_t* out_bf16 = nullptr);
 
 // cpu::Add: out = round(a + b).
 absl::Status Add(DevArray a, DevArray b, int64_t n, cpu::ActDType round, DevMutArray out,

@@ -824,6 +824,68 @@ TEST_F(GpuTest, Rope) {
   }
 }
 
+// Qwen3's fused q/k head norms + RoPE: bit for bit the RmsNorm, (ScaleRound,) Rope kernels it
+// replaces, and within the elementwise tolerance of the CPU reference.
+TEST_F(GpuTest, HeadNormRope) {
+  struct S {
+    int64_t T, H, KV, d, offset;
+    float pre;
+  };
+  for (S s : {S{1, 16, 8, 128, 150, 1.f}, S{7, 4, 2, 128, 3, 1.f}, S{3, 8, 2, 64, 40, 1.25f}}) {
+    std::vector<float> inv(s.d / 2);
+    for (int64_t i = 0; i < s.d / 2; ++i) {
+      inv[i] = static_cast<float>(std::pow(1e6, -2.0 * i / s.d));
+    }
+    absl::StatusOr<DeviceBuffer> dinv = DeviceBuffer::FromVector(inv);
+    ASSERT_TRUE(dinv.ok());
+    for (cpu::ActDType t : {cpu::ActDType::kF32, cpu::ActDType::kBF16}) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const float eps = 1e-6f;
+      const std::vector<float> q = RandomFloats(s.T * s.H * s.d, 301, 3.f, bf);
+      const std::vector<float> k = RandomFloats(s.T * s.KV * s.d, 302, 3.f, bf);
+      const std::vector<float> qw = RandomFloats(s.d, 303, 1.f, true);
+      const std::vector<float> kw = RandomFloats(s.d, 304, 1.f, true);
+      DevVec dqw = Upload(qw, DType::kF32), dkw = Upload(kw, DType::kF32);
+      // CPU reference.
+      auto reference = [&](std::vector<float> x, int64_t heads, const std::vector<float>& w) {
+        const TensorView wv{DType::kF32, {s.d}, w.data()};
+        cpu::RmsNorm(x.data(), s.T * heads, s.d, wv, eps, t, x.data());
+        if (s.pre != 1.f) {
+          for (float& v : x) v = cpu::RoundAct(v * s.pre, t);
+        }
+        cpu::Rope(x.data(), s.T, heads, s.d, heads * s.d, s.d, false, inv, s.offset, t);
+        return x;
+      };
+      // The unfused kernels.
+      auto unfused = [&](const std::vector<float>& x, int64_t heads, const DevVec& w) {
+        DevVec dx = Upload(x, DType::kF32);
+        EXPECT_TRUE(RmsNorm(dx.in(), s.T * heads, s.d, w.in(), eps, t, dx.out(), nullptr).ok());
+        if (s.pre != 1.f) {
+          EXPECT_TRUE(
+              ScaleRound(dx.out(), s.T, heads, s.d, heads * s.d, s.d, s.pre, t, nullptr).ok());
+        }
+        EXPECT_TRUE(Rope(dx.out(), s.T, heads, s.d, heads * s.d, s.d, false, dinv->as<float>(),
+                         s.offset, t, nullptr)
+                        .ok());
+        return Download(dx, x.size());
+      };
+      DevVec fq = Upload(q, DType::kF32), fk = Upload(k, DType::kF32);
+      ASSERT_TRUE(HeadNormRope(fq.buf.as<float>(), s.H, dqw.buf.as<float>(), fk.buf.as<float>(),
+                               s.KV, dkw.buf.as<float>(), s.T, s.d, eps, s.pre,
+                               dinv->as<float>(), s.offset, t, nullptr)
+                      .ok());
+      const std::vector<float> gq = Download(fq, q.size()), gk = Download(fk, k.size());
+      const std::vector<float> uq = unfused(q, s.H, dqw), uk = unfused(k, s.KV, dkw);
+      EXPECT_EQ(0, std::memcmp(gq.data(), uq.data(), gq.size() * 4)) << "q differs from unfused";
+      EXPECT_EQ(0, std::memcmp(gk.data(), uk.data(), gk.size() * 4)) << "k differs from unfused";
+      const std::string shape = absl::StrFormat("T%d h%d/%d d%d @%d pre %g", s.T, s.H, s.KV,
+                                                s.d, s.offset, s.pre);
+      Report("head_norm_rope q", shape, ActName(t), gq, reference(q, s.H, qw), EwTol(t));
+      Report("head_norm_rope k", shape, ActName(t), gk, reference(k, s.KV, kw), EwTol(t));
+    }
+  }
+}
+
 TEST_F(GpuTest, SwiGluAndAdd) {
   for (int64_t n : {int64_t{12288}, int64_t{2048 * 8}, int64_t{777}}) {
     for (EwMode md : kEwModes) {

@@ -1,17 +1,55 @@
-// The CUDA backend (models/backend.h): activations, caches and scratch in stream-ordered
-// device memory (cudaMallocAsync from the device's pool, kept cached between steps), all
+// The CUDA backend (models/backend.h): activations, caches and scratch in device memory, all
 // work on one stream per stage, weights uploaded once at load and looked up by the host
 // tensor's address, every op a kernel of kernels/cuda whose CPU reference is the
 // corresponding CPU backend op (checked by kernels/cuda/ops_harness_test.cc).
 //
 // Steps of different sequences are serialised (concurrent() == false): the stage holds one
-// stream and the ops' scratch is stream-ordered.
+// stream, so everything on it runs in call order.
+//
+// Decode is launch-bound (a Qwen3-0.6B layer is ~25 small kernels), so a step is not simply
+// launched op by op:
+//   * Memory. Alloc hands out blocks of a host-side arena (free lists by size class, no CUDA
+//     call once warm); a block freed on the host may be reused at once, since every later
+//     use is queued behind every earlier one on the one stream. Blocks above kArenaMaxBlock
+//     come from the stream-ordered pool and are returned to it after the step's queued work.
+//   * Op graphs. Each op call of a step gets a record of its exact arguments (pointers,
+//     sizes, scalars, weights). An op whose record equals the record of the op at the same
+//     index of one of the last two steps is "stable" and is held back; the next op that is not
+//     stable (a KV-cache write, RoPE at this position, attention over this step's length,
+//     a host copy) first flushes the held-back run. A run of two or more ops is captured
+//     once into a CUDA graph keyed by the run's records and replayed whenever the same run
+//     comes again. Equal records mean the same kernels on the same buffers, so a replay does
+//     exactly what launching the ops would; scratch a kernel allocates internally while
+//     captured belongs to the graph. In decode this leaves per layer one graph (the o_proj,
+//     MLP and norms, ending with the next layer's q projection) and a few position-dependent
+//     launches. RING_CUDA_GRAPHS=0 in the environment launches every op directly.
+//   * bf16 activations. A Linear converts its fp32 input to bf16 for the tensor-core
+//     kernels into one backend buffer, unless the buffer already holds it: a Linear reading
+//     the same input right after another (q/k/v, gate/up), or the output of the op just
+//     before, since RmsNorm, SwiGlu and Attention write their output's bf16 bits there too.
+//   * Decode GEMVs of small matrices use programmatic dependent launch (QMatmulArgs::overlap).
+//   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128.
+//   * Downloads go through a pinned staging buffer.
+// Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
+// RING_CUDA_STEP_STATS=1: when the backend goes, it prints per step the wall time, the time
+// spent waiting for the GPU, and how many ops ran directly or in graphs (bench/gpu/
+// decode_perf_h200.sh).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <bit>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,15 +75,99 @@ using cuda::DevMutArray;
 DevArray In(const float* p) { return DevArray{p, DType::kF32}; }
 DevMutArray Out(float* p) { return DevMutArray{p, DType::kF32}; }
 
+// Blocks up to this size are kept in the arena; larger ones (prefill logits, long KV caches)
+// go back to the pool.
+constexpr size_t kArenaMaxBlock = size_t{256} << 20;
+// Idle arena blocks above this total are returned to the pool instead of kept.
+constexpr size_t kArenaMaxIdle = size_t{2} << 30;
+// Downloads up to this size go through the pinned staging buffer.
+constexpr size_t kMaxStaging = size_t{64} << 20;
+// Decode GEMVs of weights up to this size start under the previous kernel (PDL).
+constexpr int64_t kOverlapMaxBytes = int64_t{32} << 20;
+// Executable graphs kept; past this the cache is emptied at the next EndStep.
+constexpr size_t kMaxGraphs = 4096;
+
+// Size class of an arena request: 256-byte granules up to 4 KiB, then eight classes per
+// power of two (at most 1/8 wasted).
+size_t ArenaClass(size_t n) {
+  if (n <= 4096) return (n + 255) & ~size_t{255};
+  const size_t step = std::bit_floor(n) / 8;
+  return (n + step - 1) / step * step;
+}
+
+// The exact arguments of one op call, as bytes: two calls with equal records launch the same
+// kernels on the same memory.
+class OpRecord {
+ public:
+  explicit OpRecord(char op) { bytes_.push_back(op); }
+  template <typename... T>
+  OpRecord& Add(const T&... v) {
+    (Put(v), ...);
+    return *this;
+  }
+  std::string Take() { return std::move(bytes_); }
+
+ private:
+  template <typename T>
+  void Put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T> &&
+                  (std::has_unique_object_representations_v<T> || std::is_floating_point_v<T>));
+    bytes_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
+  std::string bytes_;
+};
+
+struct GraphExecDeleter {
+  void operator()(cudaGraphExec_t g) const { cudaGraphExecDestroy(g); }
+};
+using GraphExec = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, GraphExecDeleter>;
+
+// RING_CUDA_STEP_STATS=1: the backend prints what its steps did when it goes (diagnostic).
+bool StatsEnabledByEnv() {
+  const char* v = std::getenv("RING_CUDA_STEP_STATS");
+  return v != nullptr && std::strcmp(v, "0") != 0;
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool GraphsEnabledByEnv() {
+  const char* v = std::getenv("RING_CUDA_GRAPHS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 class CudaBackend final : public Backend, public std::enable_shared_from_this<CudaBackend> {
  public:
-  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {}
+  explicit CudaBackend(int ordinal)
+      : ordinal_(ordinal), graphs_enabled_(GraphsEnabledByEnv()), stats_on_(StatsEnabledByEnv()) {}
   ~CudaBackend() override {
-    if (stream_ != nullptr) {
-      cudaSetDevice(ordinal_);
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
+    if (stats_on_ && stats_.steps > 0) {
+      const double n = static_cast<double>(stats_.steps);
+      std::cerr << absl::StrFormat(
+          "ring: %s: %d steps; per step: %.3f ms wall, %.3f ms waiting for the GPU, %.1f ops "
+          "launched directly, %.1f ops in %.1f graph launches; %d graphs captured\n",
+          name(), stats_.steps, stats_.step_ns / n / 1e6, stats_.wait_ns / n / 1e6,
+          stats_.direct / n, stats_.graphed / n, stats_.launches / n, stats_.captures);
     }
+    if (stream_ == nullptr) return;
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);
+    graphs_.clear();
+    for (void* p : conv_bufs_) cudaFreeAsync(p, stream_);
+    DrainFrees();
+    {
+      std::lock_guard<std::mutex> l(arena_mu_);
+      for (auto& [cls, blocks] : idle_) {
+        for (void* p : blocks) cudaFreeAsync(p, stream_);
+      }
+      idle_.clear();
+    }
+    cudaStreamSynchronize(stream_);
+    if (staging_ != nullptr) cudaFreeHost(staging_);
+    cudaStreamDestroy(stream_);
   }
 
   absl::Status Init() {
@@ -64,7 +186,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     }
     RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     RING_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    // Keep freed activation memory in the pool between steps instead of returning it.
+    // Keep freed pool memory (large blocks, kernels' internal scratch) between steps.
     cudaMemPool_t pool;
     RING_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, ordinal_));
     uint64_t keep = UINT64_MAX;
@@ -77,49 +199,98 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   bool concurrent() const override { return false; }
   absl::Status BeginStep() override {
     RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    in_step_ = true;
+    step_t0_ = NowNs();
+    cur_.clear();
+    conv_src_ = nullptr;
     return absl::OkStatus();
   }
   absl::Status EndStep() override {
-    RING_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    absl::Status flushed = Flush();
+    in_step_ = false;
+    prev2_ = std::move(prev_);
+    prev_ = std::move(cur_);
+    cur_.clear();
+    if (!flushed.ok()) prev_.clear();
+    DrainFrees();
+    RING_RETURN_IF_ERROR(Sync());
     RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    if (graphs_.size() > kMaxGraphs) graphs_.clear();  // the stream is idle
+    ++stats_.steps;
+    stats_.step_ns += NowNs() - step_t0_;
+    return flushed;
   }
 
   // ---- memory ----
   absl::StatusOr<Buffer> Alloc(int64_t bytes) override {
     if (bytes < 0) return absl::InvalidArgumentError("negative allocation");
     if (bytes == 0) return Buffer();
-    void* p = nullptr;
-    const cudaError_t e = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return absl::Status(cuda::CudaCodeToStatusCode(e),
-                          absl::StrCat("cudaMallocAsync of ", bytes, " bytes on ", name(), ": ",
-                                       cudaGetErrorString(e)));
-    }
     std::shared_ptr<CudaBackend> self = shared_from_this();
-    return Buffer(p, bytes, std::shared_ptr<void>(p, [self](void* q) {
-                    cudaSetDevice(self->ordinal_);
-                    cudaFreeAsync(q, self->stream_);
-                  }));
+    const size_t cls = ArenaClass(static_cast<size_t>(bytes));
+    if (cls <= kArenaMaxBlock) {
+      void* p = nullptr;
+      {
+        std::lock_guard<std::mutex> l(arena_mu_);
+        auto it = idle_.find(cls);
+        if (it != idle_.end() && !it->second.empty()) {
+          p = it->second.back();
+          it->second.pop_back();
+          idle_bytes_ -= cls;
+        }
+      }
+      if (p == nullptr) {
+        RING_ASSIGN_OR_RETURN(p, PoolAlloc(cls));
+      }
+      return Buffer(p, bytes, std::shared_ptr<void>(p, [self, cls](void* q) { self->Recycle(q, cls); }));
+    }
+    // Queued work may still use memory freed since the last flush: queue it first.
+    RING_RETURN_IF_ERROR(Flush());
+    DrainFrees();
+    RING_ASSIGN_OR_RETURN(void* p, PoolAlloc(static_cast<size_t>(bytes)));
+    return Buffer(p, bytes, std::shared_ptr<void>(p, [self](void* q) { self->DeferFree(q); }));
   }
   absl::Status Upload(const void* host, int64_t bytes, void* dst) override {
     if (bytes <= 0) return absl::OkStatus();
+    RING_RETURN_IF_ERROR(Unrecorded());
     RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
     return absl::OkStatus();
   }
   absl::Status Download(const void* src, int64_t bytes, void* host) override {
     if (bytes <= 0) return absl::OkStatus();
-    RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
-    RING_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    RING_RETURN_IF_ERROR(Unrecorded());
+    const size_t n = static_cast<size_t>(bytes);
+    if (n <= kMaxStaging) {
+      if (staging_bytes_ < n) {
+        if (staging_ != nullptr) {
+          RING_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+          cudaFreeHost(staging_);
+          staging_ = nullptr;
+          staging_bytes_ = 0;
+        }
+        const size_t want = std::max<size_t>(n, size_t{1} << 20);
+        RING_CUDA_RETURN_IF_ERROR(cudaMallocHost(&staging_, want));
+        staging_bytes_ = want;
+      }
+      RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_, src, n, cudaMemcpyDeviceToHost, stream_));
+      RING_RETURN_IF_ERROR(Sync());
+      std::memcpy(host, staging_, n);
+      return absl::OkStatus();
+    }
+    RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, stream_));
+    RING_RETURN_IF_ERROR(Sync());
     return absl::OkStatus();
   }
   absl::Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
                       int64_t cols) override {
     if (rows <= 0 || cols <= 0) return absl::OkStatus();
-    RING_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_ld * 4, src, src_ld * 4, cols * 4, rows,
-                                                cudaMemcpyDeviceToDevice, stream_));
-    return absl::OkStatus();
+    conv_src_ = nullptr;
+    return Submit(OpRecord('c').Add(src, src_ld, dst, dst_ld, rows, cols).Take(),
+                  [=, this]() -> absl::Status {
+                    RING_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+                        dst, dst_ld * 4, src, src_ld * 4, cols * 4, rows,
+                        cudaMemcpyDeviceToDevice, stream_));
+                    return absl::OkStatus();
+                  });
   }
   int64_t FreeBytes() const override {
     size_t free_b = 0, total_b = 0;
@@ -168,11 +339,46 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   absl::Status Linear(const QuantWeight& w, const float* x, int64_t m, ActDType t,
                       float* y) override {
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(w));
-    cuda::QMatmulArgs a;
-    a.x = x;
-    a.m = m;
-    a.y = y;
-    return cuda::LinearT(*d, a, t, stream_);
+    // As cuda::LinearT: bf16 activations take the tensor-core kernels on a bf16 copy of x,
+    // except affine weights at M > 8 (the GEMM would round them to bf16).
+    const bool to_bf16 = t == ActDType::kBF16 && !(d->spec.mode == QuantMode::kAffine && m > 8);
+    if (!to_bf16) {
+      conv_src_ = nullptr;
+      return Submit(OpRecord('L').Add(d, x, m, t, y).Take(), [=, this]() -> absl::Status {
+        cuda::QMatmulArgs a;
+        a.x = x;
+        a.m = m;
+        a.y = y;
+        return cuda::LinearT(*d, a, t, stream_);
+      });
+    }
+    const int64_t span = m * d->cols;
+    const bool reuse = conv_src_ == x && conv_elems_ >= span;
+    if (!reuse) {
+      RING_RETURN_IF_ERROR(ReserveConversion(span));
+      conv_src_ = x;
+      conv_elems_ = span;
+    }
+    uint16_t* xb = static_cast<uint16_t*>(conv_bufs_.back());
+    // y over x's floats makes the conversion stale for the next Linear.
+    const auto addr = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+    if (addr(y) < addr(x + span) && addr(x) < addr(y + m * d->rows)) conv_src_ = nullptr;
+    // Decode GEMVs of small matrices overlap their start with the previous kernel's tail
+    // (programmatic dependent launch; weights are never written while a step runs).
+    const int64_t packed = d->batch * d->rows * d->cols * std::max(d->spec.bits, 4) / 8;
+    const int overlap = m <= 8 && packed <= kOverlapMaxBytes ? 2 : 0;
+    return Submit(OpRecord('B').Add(d, x, m, y, xb, reuse, overlap).Take(),
+                  [=, this]() -> absl::Status {
+      if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
+      cuda::QMatmulArgs a;
+      a.x = xb;
+      a.x_dtype = DType::kBF16;
+      a.m = m;
+      a.y = y;
+      a.round_bf16 = true;
+      a.overlap = overlap;
+      return cuda::QMatmulT(*d, a, stream_);
+    });
   }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
                      float* out) override {
@@ -193,18 +399,26 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   absl::Status RmsNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w, float eps,
                        ActDType t, float* out) override {
     RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(w));
-    return cuda::RmsNorm(In(x), rows, dim, dw, eps, t, Out(out), stream_);
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, rows * dim, t));
+    return Submit(OpRecord('N').Add(x, rows, dim, dw.data, eps, t, out, xb).Take(), [=, this] {
+      return cuda::RmsNorm(In(x), rows, dim, dw, eps, t, Out(out), stream_, xb);
+    });
   }
   absl::Status LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                          const TensorView& b, float eps, ActDType t, float* out) override {
     RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(w));
     RING_ASSIGN_OR_RETURN(const DevArray db, Tensor(b));
-    return cuda::LayerNorm(In(x), rows, dim, dw, db, eps, t, Out(out), stream_);
+    conv_src_ = nullptr;
+    return Submit(OpRecord('n').Add(x, rows, dim, dw.data, db.data, eps, t, out).Take(),
+                  [=, this] {
+                    return cuda::LayerNorm(In(x), rows, dim, dw, db, eps, t, Out(out), stream_);
+                  });
   }
   absl::Status Rope(const RopeTable& r, float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                     int64_t stride, int64_t offset, ActDType t) override {
     auto it = ropes_.find(&r);
     if (it == ropes_.end()) return absl::InternalError("RoPE table was not registered (AddRope)");
+    RING_RETURN_IF_ERROR(Unrecorded());  // the position changes every step
     if (r.pre_scale != 1.f) {
       RING_RETURN_IF_ERROR(cuda::ScaleRound(Out(x), tokens, heads, head_dim, stride, r.dims,
                                             r.pre_scale, t, stream_));
@@ -212,38 +426,76 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return cuda::Rope(Out(x), tokens, heads, head_dim, stride, r.dims, r.traditional,
                       it->second.as<float>(), offset, t, stream_);
   }
+  absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
+                            const TensorView& q_norm, float* k, int64_t k_heads,
+                            const TensorView& k_norm, int64_t tokens, int64_t head_dim, float eps,
+                            int64_t offset, ActDType t) override {
+    auto it = ropes_.find(&r);
+    if (r.traditional || r.dims != head_dim || !cuda::HeadNormRopeSupports(head_dim) ||
+        it == ropes_.end()) {
+      return Backend::HeadNormRope(r, q, q_heads, q_norm, k, k_heads, k_norm, tokens, head_dim,
+                                   eps, offset, t);
+    }
+    RING_ASSIGN_OR_RETURN(const DevArray qw, Tensor(q_norm));
+    RING_ASSIGN_OR_RETURN(const DevArray kw, Tensor(k_norm));
+    RING_RETURN_IF_ERROR(Unrecorded());  // the position changes every step
+    return cuda::HeadNormRope(q, q_heads, static_cast<const float*>(qw.data), k, k_heads,
+                              static_cast<const float*>(kw.data), tokens, head_dim, eps,
+                              r.pre_scale, it->second.as<float>(), offset, t, stream_);
+  }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
-    return cuda::SwiGlu(In(gate), In(up), n, t, Out(out), stream_);
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, n, t));
+    return Submit(OpRecord('S').Add(gate, up, n, t, out, xb).Take(), [=, this] {
+      return cuda::SwiGlu(In(gate), In(up), n, t, Out(out), stream_, xb);
+    });
   }
   absl::Status Add(const float* a, const float* b, int64_t n, ActDType t, float* out) override {
-    return cuda::Add(In(a), In(b), n, t, Out(out), stream_);
+    conv_src_ = nullptr;
+    return Submit(OpRecord('A').Add(a, b, n, t, out).Take(),
+                  [=, this] { return cuda::Add(In(a), In(b), n, t, Out(out), stream_); });
   }
   absl::Status ScaleRound(float* x, int64_t n, float s, ActDType t) override {
-    return cuda::ScaleRound(Out(x), n, s, t, stream_);
+    conv_src_ = nullptr;
+    return Submit(OpRecord('s').Add(x, n, s, t).Take(),
+                  [=, this] { return cuda::ScaleRound(Out(x), n, s, t, stream_); });
   }
+  // Attention, MLA attention and the indexer read this step's cache length: not recorded.
   absl::Status Attention(const cpu::AttentionArgs& a, ActDType t, float* out) override {
-    return cuda::Attention(a, t, out, stream_);
+    RING_RETURN_IF_ERROR(Unrecorded());
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.L * a.hq * a.dv, t));
+    return cuda::Attention(a, t, out, stream_, xb);
   }
   absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
                             const QuantWeight& unembed_out, ActDType t, float* out) override {
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* eq, Weight(embed_q));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* uo, Weight(unembed_out));
+    RING_RETURN_IF_ERROR(Unrecorded());
     return cuda::MlaAttention(a, *eq, *uo, t, out, stream_);
   }
   absl::Status IndexerTopK(const cpu::IndexerArgs& a, ActDType t, int32_t* topk) override {
+    RING_RETURN_IF_ERROR(Unrecorded());
     return cuda::IndexerTopK(a, t, topk, stream_);
   }
   absl::Status RouteSigmoid(const float* logits, const TensorView& bias, int64_t T,
                             const cpu::SigmoidRouting& r, int32_t* ids, float* weights) override {
     RING_ASSIGN_OR_RETURN(const DevArray db, Tensor(bias));
-    return cuda::RouteSigmoid(logits, static_cast<const float*>(db.data), T, r, ids, weights,
-                              stream_);
+    conv_src_ = nullptr;
+    const float* dbias = static_cast<const float*>(db.data);
+    return Submit(OpRecord('R').Add(logits, dbias, T, r.E, r.k, r.n_group, r.topk_group,
+                                    r.norm_topk_prob, r.routed_scaling_factor, ids, weights)
+                      .Take(),
+                  [=, this] { return cuda::RouteSigmoid(logits, dbias, T, r, ids, weights, stream_); });
   }
   absl::Status RouteSoftmax(const float* gates, int64_t T, int64_t E, int64_t k,
                             bool norm_topk_prob, ActDType t, int32_t* ids,
                             float* scores) override {
-    return cuda::RouteSoftmax(gates, T, E, k, norm_topk_prob, t, ids, scores, stream_);
+    conv_src_ = nullptr;
+    return Submit(OpRecord('r').Add(gates, T, E, k, norm_topk_prob, t, ids, scores).Take(),
+                  [=, this] {
+                    return cuda::RouteSoftmax(gates, T, E, k, norm_topk_prob, t, ids, scores,
+                                              stream_);
+                  });
   }
   absl::Status ExpertsSwiGlu(const QuantWeight& gate, const QuantWeight& up,
                              const QuantWeight& down, const float* x, int64_t T,
@@ -251,20 +503,190 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(down));
-    return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_);
+    conv_src_ = nullptr;
+    return Submit(OpRecord('E').Add(g, u, d, x, T, ids, k, t, y).Take(), [=, this] {
+      return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_);
+    });
   }
   absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                           int64_t k, int64_t hidden, cpu::CombineMode mode, ActDType t,
                           float* out) override {
-    return cuda::MoeCombine(y, w, shared, T, k, hidden, mode, t, out, stream_);
+    conv_src_ = nullptr;
+    return Submit(OpRecord('C').Add(y, w, shared, T, k, hidden, mode, t, out).Take(), [=, this] {
+      return cuda::MoeCombine(y, w, shared, T, k, hidden, mode, t, out, stream_);
+    });
   }
   absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) override {
     RING_ASSIGN_OR_RETURN(Buffer ids, Alloc(rows * 4));
+    RING_RETURN_IF_ERROR(Unrecorded());
     RING_RETURN_IF_ERROR(cuda::ArgMaxRows(x, rows, n, ids.i(), stream_));
     return Download(ids.data(), rows * 4, host_out);
   }
 
  private:
+  using Work = std::function<absl::Status()>;
+  struct HeldOp {
+    size_t index;  // into cur_
+    Work work;
+  };
+
+  // An op that may be held back and replayed from a graph (file comment).
+  absl::Status Submit(std::string record, Work work) {
+    if (!in_step_ || !graphs_enabled_) {
+      RING_RETURN_IF_ERROR(Flush());
+      ++stats_.direct;
+      return work();
+    }
+    const size_t i = cur_.size();
+    // Against the last two steps: buffers handed out in alternating order still match.
+    const bool stable = (i < prev_.size() && prev_[i] == record) ||
+                        (i < prev2_.size() && prev2_[i] == record);
+    cur_.push_back(std::move(record));
+    if (!stable) {
+      RING_RETURN_IF_ERROR(Flush());
+      ++stats_.direct;
+      return work();
+    }
+    held_.push_back({i, std::move(work)});
+    return absl::OkStatus();
+  }
+  // Before an op that is launched directly (never part of a graph).
+  absl::Status Unrecorded() {
+    conv_src_ = nullptr;
+    if (in_step_) cur_.emplace_back();
+    ++stats_.direct;
+    return Flush();
+  }
+  // Queues the held-back ops: a replay of the graph of this run, else its capture.
+  absl::Status Flush() {
+    if (held_.empty()) return absl::OkStatus();
+    std::vector<HeldOp> ops = std::move(held_);
+    held_.clear();
+    if (ops.size() < 2) {
+      stats_.direct += static_cast<int64_t>(ops.size());
+      for (HeldOp& op : ops) RING_RETURN_IF_ERROR(op.work());
+      return absl::OkStatus();
+    }
+    std::string key;
+    for (const HeldOp& op : ops) {
+      const std::string& r = cur_[op.index];
+      const uint32_t len = static_cast<uint32_t>(r.size());
+      key.append(reinterpret_cast<const char*>(&len), sizeof(len));
+      key.append(r);
+    }
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      absl::StatusOr<GraphExec> exec = Capture(ops);
+      if (!exec.ok()) {
+        // Nothing captured has run: launch the ops directly from now on.
+        std::cerr << "ring: " << name() << ": CUDA graph capture failed, launching ops "
+                  << "directly: " << exec.status().message() << "\n";
+        graphs_enabled_ = false;
+        for (HeldOp& op : ops) RING_RETURN_IF_ERROR(op.work());
+        return absl::OkStatus();
+      }
+      it = graphs_.emplace(std::move(key), *std::move(exec)).first;
+      ++stats_.captures;
+    }
+    ++stats_.launches;
+    stats_.graphed += static_cast<int64_t>(ops.size());
+    RING_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream_));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<GraphExec> Capture(std::vector<HeldOp>& ops) {
+    RING_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status s;
+    for (HeldOp& op : ops) {
+      s = op.work();
+      if (!s.ok()) break;
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, cudaError_t (*)(cudaGraph_t)> owned(
+        graph, cudaGraphDestroy);
+    if (!s.ok() || end != cudaSuccess || graph == nullptr) {
+      cudaGetLastError();
+      if (!s.ok()) return s;
+      return absl::InternalError(absl::StrCat("cudaStreamEndCapture: ", cudaGetErrorString(end)));
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    if (inst != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(absl::StrCat("cudaGraphInstantiate: ", cudaGetErrorString(inst)));
+    }
+    return GraphExec(exec);
+  }
+
+  // For an op writing `n` fp32 values at `out` (already rounded to t): where the next Linear
+  // could read them as bf16, the conversion buffer to write their bf16 bits to as well (the
+  // op then stands for the conversion), else null.
+  absl::StatusOr<uint16_t*> ConvertedOutput(const float* out, int64_t n, ActDType t) {
+    conv_src_ = nullptr;
+    if (t != ActDType::kBF16 || n <= 0) return nullptr;
+    RING_RETURN_IF_ERROR(ReserveConversion(n));
+    conv_src_ = out;
+    conv_elems_ = n;
+    return static_cast<uint16_t*>(conv_bufs_.back());
+  }
+
+  // The bf16 conversion buffer holds at least `elems` values. Earlier buffers stay alive
+  // (graphs may name them) until the backend goes.
+  absl::Status ReserveConversion(int64_t elems) {
+    if (conv_elems_cap_ >= elems) return absl::OkStatus();
+    const int64_t want = std::max<int64_t>({elems, 2 * conv_elems_cap_, 1 << 16});
+    RING_ASSIGN_OR_RETURN(void* p, PoolAlloc(static_cast<size_t>(want) * 2));
+    conv_bufs_.push_back(p);
+    conv_elems_cap_ = want;
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() {
+    const int64_t t0 = NowNs();
+    RING_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    stats_.wait_ns += NowNs() - t0;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> PoolAlloc(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, bytes, stream_);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::Status(cuda::CudaCodeToStatusCode(e),
+                          absl::StrCat("cudaMallocAsync of ", bytes, " bytes on ", name(), ": ",
+                                       cudaGetErrorString(e)));
+    }
+    return p;
+  }
+  // Buffer deleters; may run on any thread.
+  void Recycle(void* p, size_t cls) {
+    {
+      std::lock_guard<std::mutex> l(arena_mu_);
+      if (idle_bytes_ + cls <= kArenaMaxIdle) {
+        idle_[cls].push_back(p);
+        idle_bytes_ += cls;
+        return;
+      }
+    }
+    DeferFree(p);
+  }
+  void DeferFree(void* p) {
+    std::lock_guard<std::mutex> l(arena_mu_);
+    to_free_.push_back(p);
+  }
+  // Returns deferred frees to the pool behind all queued work (never while capturing).
+  void DrainFrees() {
+    std::vector<void*> frees;
+    {
+      std::lock_guard<std::mutex> l(arena_mu_);
+      frees.swap(to_free_);
+    }
+    if (frees.empty()) return;
+    cudaSetDevice(ordinal_);
+    for (void* p : frees) cudaFreeAsync(p, stream_);
+  }
+
   absl::StatusOr<const cuda::DeviceQuantWeight*> Weight(const QuantWeight& w) const {
     auto it = weights_.find(w.weight.data);
     if (it == weights_.end()) {
@@ -290,6 +712,33 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   std::unordered_map<const void*, cuda::DeviceBuffer> tensors_;
   std::unordered_map<const RopeTable*, cuda::DeviceBuffer> ropes_;
   int64_t copied_ = 0;
+
+  // Arena (Buffer deleters run on any thread).
+  std::mutex arena_mu_;
+  std::unordered_map<size_t, std::vector<void*>> idle_;  // GUARDED_BY(arena_mu_)
+  size_t idle_bytes_ = 0;                                // GUARDED_BY(arena_mu_)
+  std::vector<void*> to_free_;                           // GUARDED_BY(arena_mu_)
+
+  // Step state, touched only by the thread running the step.
+  bool graphs_enabled_;
+  bool in_step_ = false;
+  std::vector<std::string> prev2_, prev_, cur_;  // op records of the last two steps and this one
+  std::vector<HeldOp> held_;
+  std::unordered_map<std::string, GraphExec> graphs_;
+  std::vector<void*> conv_bufs_;     // bf16 copies of Linear inputs; the last is current
+  int64_t conv_elems_cap_ = 0;       // values conv_bufs_.back() holds
+  const float* conv_src_ = nullptr;  // the fp32 input conv_bufs_.back() holds (null: none)
+  int64_t conv_elems_ = 0;
+  void* staging_ = nullptr;  // pinned, for Download
+  size_t staging_bytes_ = 0;
+
+  // RING_CUDA_STEP_STATS.
+  const bool stats_on_;
+  int64_t step_t0_ = 0;
+  struct {
+    int64_t steps = 0, direct = 0, graphed = 0, launches = 0, captures = 0;
+    double step_ns = 0, wait_ns = 0;
+  } stats_;
 };
 
 }  // namespace
