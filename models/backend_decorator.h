@@ -60,6 +60,13 @@ class ForwardingBackend : public Backend {
                     int64_t head_dim, int64_t stride, int64_t offset, ActDType t) override {
     return inner_->Rope(r, x, tokens, heads, head_dim, stride, offset, t);
   }
+  absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
+                            const TensorView& q_norm, float* k, int64_t k_heads,
+                            const TensorView& k_norm, int64_t tokens, int64_t head_dim, float eps,
+                            int64_t offset, ActDType t) override {
+    return inner_->HeadNormRope(r, q, q_heads, q_norm, k, k_heads, k_norm, tokens, head_dim, eps,
+                                offset, t);
+  }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
     return inner_->SwiGlu(gate, up, n, t, out);

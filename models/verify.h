@@ -52,6 +52,14 @@ struct VerifyOptions {
   // Multiplies every op's isolated tolerance (VerifyOpTolerance).
   double op_tolerance_scale = 1.0;
   std::optional<cpu::ActDType> act_dtype;  // default: the checkpoint's
+  // Also measure the checkpoint's noise floor: the CPU engine against itself with every
+  // matmul output perturbed by noise_jitter (relative). A layer over `tolerance` still
+  // passes when it is within floor_factor x the floor at that layer and step: random or
+  // badly conditioned weights (MoE routing near-ties) amplify any rounding difference, and
+  // a correct device cannot do better than the reference against itself.
+  bool noise_floor = false;
+  double noise_jitter = 1e-6;
+  double floor_factor = 2.0;
   std::string TEST_fault;           // applied to the device under test only (model.h)
   // Explicit inputs, one per step (tokens for a first stage, else hidden + top-k carry),
   // e.g. what the previous stage of a ring produced (admission gate). When set, tokens,
@@ -86,6 +94,7 @@ struct LayerCheck {
   int step = 0;
   int64_t layer = 0;
   TensorDiff diff;  // of the layer's output hidden state
+  double floor_rel = -1;  // VerifyOptions::noise_floor: the reference against itself; -1 off
   bool ok = true;
 };
 

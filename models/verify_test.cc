@@ -1,5 +1,6 @@
 #include "models/verify.h"
 
+#include <algorithm>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -127,6 +128,27 @@ TEST_F(VerifyTest, EveryFamilyAndF32Activations) {
     EXPECT_NE(r->ops[r->culprit_op].detail.find("layers.1.mlp"), std::string::npos)
         << arch << ": " << r->diagnosis;
   }
+}
+
+TEST_F(VerifyTest, NoiseFloorIsMeasuredAndDoesNotHideAFault) {
+  const std::string dir = Synth("glm_moe_dsa");
+  VerifyOptions o = Opts(dir, {0, 4});
+  o.noise_floor = true;
+  absl::StatusOr<VerifyReport> r = Verify(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok) << r->diagnosis;
+  double max_floor = 0;
+  for (const LayerCheck& l : r->layers) {
+    EXPECT_GE(l.floor_rel, 0);
+    max_floor = std::max(max_floor, l.floor_rel);
+  }
+  EXPECT_GT(max_floor, 0);  // the jitter does move the reference
+  o.TEST_fault = "scale:layers.1.self_attn.o_proj";
+  r = Verify(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok);
+  ASSERT_GE(r->culprit_op, 0);
+  EXPECT_EQ(r->ops[r->culprit_op].detail, "model.layers.1.self_attn.o_proj");
 }
 
 TEST_F(VerifyTest, BadInputsAreClearErrors) {

@@ -29,7 +29,8 @@ struct Flags {
   int decode_steps = 2;
   uint64_t seed = 1;
   double tolerance = 0.01, op_tolerance_scale = 1.0;
-  bool json = false, all_ops = false;
+  bool json = false, all_ops = false, noise_floor = false;
+  double floor_factor = 2.0;
 };
 
 // "A-B" (inclusive) or "A".
@@ -79,7 +80,8 @@ nlohmann::ordered_json ReportJson(const VerifyReport& r) {
   }
   for (const LayerCheck& l : r.layers) {
     j["layer_checks"].push_back(
-        {{"step", l.step}, {"layer", l.layer}, {"ok", l.ok}, {"diff", DiffJson(l.diff)}});
+        {{"step", l.step}, {"layer", l.layer}, {"ok", l.ok}, {"diff", DiffJson(l.diff)},
+         {"floor_rel", l.floor_rel >= 0 ? nlohmann::ordered_json(l.floor_rel) : nullptr}});
   }
   for (const OpCheck& o : r.ops) {
     j["ops"].push_back({{"step", o.step}, {"layer", o.layer}, {"index", o.index},
@@ -135,6 +137,8 @@ int Run(const Flags& f) {
   if (!act.ok()) return fail(act.status());
   o.act_dtype = *act;
   o.TEST_fault = f.test_fault;
+  o.noise_floor = f.noise_floor;
+  o.floor_factor = f.floor_factor;
   // What runs on the device: a report from new hardware is only useful with this.
   std::string attestation;
   if (o.device.kind == DeviceSpec::Kind::kCuda) {
@@ -181,6 +185,10 @@ Registration reg(
                       "Multiplies every op's isolated tolerance");
       cmd->add_option("--act", f->act, "Activation dtype: auto (the checkpoint's), bf16, f32");
       cmd->add_flag("--all-ops", f->all_ops, "Print every op of every layer, not only the bisection");
+      cmd->add_flag("--noise-floor", f->noise_floor,
+                    "Also run the CPU reference against itself with 1e-6 relative noise on every "
+                    "matmul; a layer over --tolerance passes when within --floor-factor x that");
+      cmd->add_option("--floor-factor", f->floor_factor, "See --noise-floor");
       cmd->add_flag("--json", f->json, "Print the report as JSON");
       cmd->add_option("--test-fault", f->test_fault,
                       "TEST ONLY: make one kernel of the device under test wrong "
