@@ -9,7 +9,6 @@ every error status (400, 401, 404, 413, 429, context length), cancellation by cl
 stream, a worker killed mid-stream (error event, then the ring re-forms once it is back),
 and graceful shutdown. Every wait has a deadline; the whole test is bounded by CTest.
 """
-import argparse
 import json
 import os
 import re
@@ -50,18 +49,7 @@ def metric(port, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ringctl", required=True)
-    ap.add_argument("--worker", required=True)
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    os.makedirs(a.work, exist_ok=True)
-    root = os.path.join(a.work, "models")
-    model_dir = os.path.join(root, "tiny-glm")
-    if not os.path.exists(os.path.join(model_dir, "config.json")):
-        subprocess.run([a.ringctl, "synth", "--arch", "glm_moe_dsa", "--preset", "tiny", "--quant", "mxfp4",
-                        "--seed", "1", "--out", model_dir], check=True, timeout=120)
+    a, root, model_dir = ringproc.setup_tiny_ring_test()
     procs = []
     try:
         workers = []

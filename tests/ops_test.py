@@ -11,7 +11,6 @@ rebalance` while a stream runs (the stream is identical to an undisturbed one), 
 bash/zsh completion scripts generated from the CLI. Every wait has a deadline; no check
 depends on how fast the machine is.
 """
-import argparse
 import json
 import os
 import re
@@ -70,18 +69,7 @@ def promtool_ok(text, what):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ringctl", required=True)
-    ap.add_argument("--worker", required=True)
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    os.makedirs(a.work, exist_ok=True)
-    root = os.path.join(a.work, "models")
-    model_dir = os.path.join(root, "tiny-glm")
-    if not os.path.exists(os.path.join(model_dir, "config.json")):
-        subprocess.run([a.ringctl, "synth", "--arch", "glm_moe_dsa", "--preset", "tiny", "--quant", "mxfp4",
-                        "--seed", "1", "--out", model_dir], check=True, timeout=120)
+    a, root, model_dir = ringproc.setup_tiny_ring_test()
     procs = []
     try:
         workers, metrics = [], []

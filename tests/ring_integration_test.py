@@ -15,6 +15,8 @@ Never hangs: every subprocess has a timeout and every worker is killed at exit.
 """
 import argparse
 import json
+import re
+import urllib.request
 import os
 import shutil
 import signal
@@ -32,6 +34,9 @@ PROMPT = ",".join(str(7 * i % 1000 + 1) for i in range(24))
 COMMON = ["--tokens", PROMPT, "--prefill-chunk", "10", "--decode", "4"]
 
 
+METRICS = {}  # worker address -> its /metrics URL (workers started with --metrics-listen)
+
+
 def check(name, ok, detail="", show=False):
     """Records one result; `show` prints `detail` on success too (the error text under test)."""
     RESULTS.append(ok)
@@ -46,7 +51,11 @@ def start_worker(ringctl_args, root, env_extra=None, extra=()):
     line = p.stdout.readline()  # "ring-worker listening on ADDR"; EOF if it died
     if "listening on" not in line:
         raise RuntimeError(f"ring-worker did not start: {line!r} {p.stderr.read()}")
-    return p, line.split()[-1]
+    addr = re.search(r"listening on (\S+)", line).group(1)
+    m = re.search(r"metrics (http://\S+)\)", line)
+    if m:
+        METRICS[addr] = m.group(1)
+    return p, addr
 
 
 def stop_all():
@@ -144,7 +153,7 @@ def main():
     # new sequences, so a coordinator leaves it out.
     _, clean_sh = start_worker(args, root, extra=("--shadow-rate", "1"))
     _, bad_sh = start_worker(args, root, {"RING_TEST_FAULT": "scale:layers.3.self_attn.q_b_proj"},
-                             extra=("--shadow-rate", "1", "--shadow-degrade"))
+                             extra=("--shadow-rate", "1", "--shadow-degrade", "--metrics-listen", "0"))
     r = ringctl(args, ["logits", "--workers", f"{clean_sh},{bad_sh}", "--model", "glm", *COMMON,
                        "--act", "f32"], timeout=60)
     check("shadow: the ring serves while shadow checks run", r.returncode == 0, r.stderr.strip())
@@ -176,6 +185,15 @@ def main():
                        "--act", "f32"], timeout=60)
     check("shadow: a degraded worker refuses new sequences, naming why",
           r.returncode != 0 and "degraded" in r.stderr and "layer 3" in r.stderr, r.stderr.strip(), show=True)
+    try:
+        text = urllib.request.urlopen(METRICS[bad_sh], timeout=10).read().decode()
+    except (OSError, KeyError) as e:
+        text = f"no metrics: {e}"
+    div = re.search(r'^ring_worker_shadow_divergences_total\{stage="1"\} (\S+)', text, re.M)
+    rel3 = re.search(r'^ring_worker_shadow_relative_difference\{layer="3",stage="1"\} (\S+)', text, re.M)
+    check("shadow: worker metrics export divergences, per-layer difference and degraded",
+          div is not None and float(div.group(1)) > 0 and rel3 is not None and float(rel3.group(1)) > 0.01
+          and re.search(r"^ring_worker_degraded 1", text, re.M) is not None, text[-1500:])
     d = ringctl(args, ["describe", "--worker", bad_sh], timeout=30)
     check("ringctl describe shows the shadow table and DEGRADED", d.returncode == 0 and
           "DEGRADED" in d.stdout and "layer    3" in d.stdout, d.stdout + d.stderr)

@@ -4,6 +4,7 @@ Every wait has a deadline: a process that does not print its "listening on" line
 is killed and the caller fails with the log path.
 """
 import http.client
+import os
 import re
 import subprocess
 import threading
@@ -69,3 +70,23 @@ def metric(port, name, key=None):
         if line.startswith(name + " ") or line.startswith(name + "{}"):
             return float(line.split()[-1])
     return None
+
+
+def setup_tiny_ring_test():
+    """Parses --ringctl/--worker/--server/--work and writes the tiny GLM test model once.
+
+    Returns (args, models_root, model_dir)."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ringctl", required=True)
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    root = os.path.join(a.work, "models")
+    model_dir = os.path.join(root, "tiny-glm")
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        subprocess.run([a.ringctl, "synth", "--arch", "glm_moe_dsa", "--preset", "tiny", "--quant", "mxfp4",
+                        "--seed", "1", "--out", model_dir], check=True, timeout=120)
+    return a, root, model_dir

@@ -28,8 +28,9 @@ double RelativeDifference(const std::vector<float>& d, const std::vector<float>&
 }  // namespace
 
 ShadowChecker::ShadowChecker(std::unique_ptr<Stage> reference, ShadowOptions options,
-                             std::string stage_name)
-    : reference_(std::move(reference)), options_(options), stage_name_(std::move(stage_name)) {
+                             std::string stage_name, LayerObserver on_layer)
+    : reference_(std::move(reference)), options_(options), stage_name_(std::move(stage_name)),
+      on_layer_(std::move(on_layer)) {
   stats_.set_rate(options_.rate);
   stats_.set_threshold(options_.threshold);
   for (int64_t l = reference_->range().begin; l < reference_->range().end; ++l) {
@@ -147,6 +148,7 @@ void ShadowChecker::Check(Item& item) {
     ls->set_checks(ls->checks() + 1);
     ls->set_last_relative_difference(rel);
     ls->set_max_relative_difference(std::max(ls->max_relative_difference(), rel));
+    if (on_layer_) on_layer_(ls->layer(), rel, rel > options_.threshold);
     if (rel > worst || worst_layer < 0) {
       worst = rel;
       worst_layer = ls->layer();

@@ -20,6 +20,7 @@
 #define RINGSERVE_WORKER_SHADOW_CHECKER_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,7 +44,11 @@ class ShadowChecker {
  public:
   // `reference`: the same layers loaded on the CPU engine. `stage_name` names the stage in
   // logs.
-  ShadowChecker(std::unique_ptr<Stage> reference, ShadowOptions options, std::string stage_name);
+  // `on_layer` (may be empty) is called from the checker's thread for every layer checked:
+  // (layer, relative difference, over the threshold).
+  using LayerObserver = std::function<void(int64_t, double, bool)>;
+  ShadowChecker(std::unique_ptr<Stage> reference, ShadowOptions options, std::string stage_name,
+                LayerObserver on_layer = {});
   ~ShadowChecker();  // waits for the step being recomputed, drops the rest
   ShadowChecker(const ShadowChecker&) = delete;
   ShadowChecker& operator=(const ShadowChecker&) = delete;
@@ -74,6 +79,7 @@ class ShadowChecker {
   const std::unique_ptr<Stage> reference_;
   const ShadowOptions options_;
   const std::string stage_name_;
+  const LayerObserver on_layer_;
 
   mutable absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);

@@ -49,6 +49,20 @@ WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& versi
       stage_layers_(BuildGauge().Name("ring_worker_stage_layers")
                         .Help("Layers of the loaded stage (one series: the current model and stage)")
                         .Register(*registry_)),
+      shadow_checks_(BuildCounter().Name("ring_worker_shadow_checks_total")
+                         .Help("Layer outputs recomputed on the CPU reference by shadow checks")
+                         .Register(*registry_)),
+      shadow_divergences_(BuildCounter().Name("ring_worker_shadow_divergences_total")
+                              .Help("Shadow-checked layer outputs over the divergence threshold")
+                              .Register(*registry_)),
+      shadow_relative_difference_(
+          BuildGauge().Name("ring_worker_shadow_relative_difference")
+              .Help("Latest shadow check of a layer: ||device - cpu|| / ||cpu|| of its output")
+              .Register(*registry_)),
+      degraded_(BuildGauge().Name("ring_worker_degraded")
+                    .Help("1: the worker refuses new sequences (shadow divergence or failed "
+                          "admission verify)")
+                    .Register(*registry_).Add({})),
       kv_cache_bytes_(BuildGauge().Name("ring_worker_kv_cache_bytes")
                           .Help("KV cache bytes held by live sequences").Register(*registry_).Add({})),
       sequences_live_(BuildGauge().Name("ring_worker_sequences_live")
@@ -67,6 +81,19 @@ WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& versi
   // checksum alert sees the first failure instead of a series appearing at 1.
   checksum_failures_.Add({{"peer", "coordinator"}});
 }
+
+void WorkerMetrics::ObserveShadow(int64_t layer, double relative_difference, bool diverged) {
+  absl::MutexLock l(&mu_);
+  const std::string stage = StageLabel();
+  shadow_checks_.Add({{"stage", stage}}).Increment();
+  // Created at the first check so a divergence shows as an increase from 0.
+  auto& div = shadow_divergences_.Add({{"stage", stage}});
+  if (diverged) div.Increment();
+  shadow_relative_difference_.Add({{"stage", stage}, {"layer", std::to_string(layer)}})
+      .Set(relative_difference);
+}
+
+void WorkerMetrics::SetDegraded(bool degraded) { degraded_.Set(degraded ? 1 : 0); }
 
 std::string WorkerMetrics::Render() const {
   return prometheus::TextSerializer().Serialize(registry_->Collect());

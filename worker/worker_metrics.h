@@ -56,6 +56,12 @@ class WorkerMetrics {
   void CountChecksumFailure(const std::string& peer);
   // KV cache bytes held by live sequences, and how many sequences hold them.
   void SetKvCache(int64_t used_bytes, int64_t live_sequences);
+  // Precision guard: one layer's output checked by a shadow recomputation on the CPU
+  // reference (worker/shadow_checker.h), and whether that counted as a divergence.
+  void ObserveShadow(int64_t layer, double relative_difference, bool diverged);
+  // 1 when the worker refuses new sequences (shadow divergence with --shadow-degrade, or a
+  // failed admission verify).
+  void SetDegraded(bool degraded);
   // Free memory on this machine (MemAvailable, or device memory for GPU workers).
   void SetMemoryFree(int64_t bytes);
 
@@ -78,6 +84,10 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& activation_absmax_;
   prometheus::Family<prometheus::Counter>& activation_nonfinite_;
   prometheus::Family<prometheus::Gauge>& stage_layers_;
+  prometheus::Family<prometheus::Counter>& shadow_checks_;
+  prometheus::Family<prometheus::Counter>& shadow_divergences_;
+  prometheus::Family<prometheus::Gauge>& shadow_relative_difference_;
+  prometheus::Gauge& degraded_;
   prometheus::Gauge& kv_cache_bytes_;
   prometheus::Gauge& sequences_live_;
   prometheus::Gauge& memory_free_bytes_;

@@ -226,6 +226,15 @@ std::string WorkerService::DegradedReason() const {
   return loaded && loaded->shadow ? loaded->shadow->degraded_reason() : std::string();
 }
 
+WorkerService::~WorkerService() {
+  std::shared_ptr<const Loaded> loaded;
+  {
+    absl::MutexLock l(&mu_);
+    loaded = std::move(loaded_);
+  }
+  loaded.reset();  // joins the shadow checker's thread while metrics_ is alive
+}
+
 double WorkerService::MeasuredBandwidth() {
   // Measured once, on first use: 64 MiB is well above any last-level cache yet quick.
   absl::MutexLock l(&bandwidth_mu_);
@@ -398,8 +407,14 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
       absl::MutexLock l(&mu_);
       name = absl::StrCat("stage ", req->stage_index(), " (", listen_address_, ")");
     }
-    loaded->shadow = std::make_shared<ShadowChecker>(*std::move(reference), options_.shadow,
-                                                     std::move(name));
+    WorkerMetrics* metrics = metrics_;
+    const bool degrade = options_.shadow.degrade;
+    loaded->shadow = std::make_shared<ShadowChecker>(
+        *std::move(reference), options_.shadow, std::move(name),
+        [metrics, degrade](int64_t layer, double rel, bool diverged) {
+          metrics->ObserveShadow(layer, rel, diverged);
+          if (diverged && degrade) metrics->SetDegraded(true);
+        });
   }
   loaded->stage = std::shared_ptr<const Stage>(std::move(*stage));
   loaded->request = *req;
@@ -480,6 +495,7 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
   if (!r->ok) {
     absl::MutexLock l(&mu_);
     if (degraded_.empty()) degraded_ = absl::StrCat(name, ": admission verify failed: ", r->diagnosis);
+    metrics_->SetDegraded(true);
     std::cerr << "ring-worker: " << degraded_ << "\n";
   }
   return grpc::Status::OK;

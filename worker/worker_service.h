@@ -70,6 +70,8 @@ absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::
 class WorkerService final : public ringserve::v1::Worker::Service {
  public:
   explicit WorkerService(WorkerOptions options);
+  // Stops the shadow checker (it reports to metrics_, which may be owned here) first.
+  ~WorkerService() override;
   // The address this worker is reached at, for error messages (known after binding).
   void SetListenAddress(std::string address);
   // Where its /metrics is served (Describe reports it; "" when not served).
