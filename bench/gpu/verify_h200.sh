@@ -56,9 +56,9 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
   echo "(synth took $((SECONDS - t0)) s)"
   fi
   if want 3; then
-  echo "-- 3a. verify, 32-token prompt + 2 decode steps"
+  echo "-- 3a. verify, 32-token prompt + 2 decode steps, with the noise floor"
   t0=$SECONDS
-  timeout 300 "$R" verify --model "$m" --layers 0-3 --device cuda:0 --prompt-len 32 --decode-steps 2
+  timeout 300 "$R" verify --model "$m" --layers 0-3 --device cuda:0 --prompt-len 32 --decode-steps 2 --noise-floor
   echo "rc=$? ($((SECONDS - t0)) s)"
   echo "-- 3b. verify with a wrong scale on one mxfp4 group of layer 3's routed experts (gate_proj)"
   t0=$SECONDS
@@ -92,7 +92,7 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
   if [ $left -gt 60 ]; then
     t0=$SECONDS
     timeout $left "$R" verify --model "$m" --layers 0-3 --device cuda:0 \
-      --prompt-len "${LONG_TOKENS:-2080}" --decode-steps 1
+      --prompt-len "${LONG_TOKENS:-2080}" --decode-steps 1 --noise-floor
     echo "rc=$? ($((SECONDS - t0)) s)"
   else
     echo "skipped: not enough time left in this call"
