@@ -90,7 +90,11 @@ grpc::Status AdminService::Status(grpc::ServerContext* ctx, const pb::StatusRequ
       w->set_last_error(std::string(d.status().message()));
       continue;
     }
-    w->set_state(drained ? "drained" : w->stage_index() >= 0 ? "serving" : "standby");
+    w->set_state(!d->degraded_reason().empty() ? "degraded"
+                 : drained                      ? "drained"
+                 : w->stage_index() >= 0        ? "serving"
+                                                : "standby");
+    w->set_degraded_reason(d->degraded_reason());
     w->set_backend(d->backend());
     for (const auto& dev : d->devices()) w->add_devices(dev);
     w->set_memory_free_bytes(d->memory_free_bytes());

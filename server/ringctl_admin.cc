@@ -113,6 +113,7 @@ int Status(const AdminFlags& f) {
         w.epoch(), w.checksum_failures(), unreachable ? w.last_error() : w.waiting_on());
     // A reachable worker's latest failure, on its own line: it explains a replay or a
     // stage error even after the worker went back to idle.
+    if (!w.degraded_reason().empty()) std::cout << "    DEGRADED: " << w.degraded_reason() << "\n";
     if (!unreachable && !w.last_error().empty()) {
       const int64_t ago = absl::ToUnixSeconds(absl::Now()) - w.last_error_unix_seconds();
       std::cout << "    last error " << ago << "s ago: " << w.last_error() << "\n";
