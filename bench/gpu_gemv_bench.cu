@@ -33,6 +33,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/bandwidth.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/qgemv.cuh"
@@ -89,18 +90,6 @@ __global__ void FillBf16(uint16_t* p, int64_t n, uint32_t seed, float base) {
   }
 }
 
-// Read-only streaming probe: every byte read once with 16-byte loads, reduced so the loads
-// cannot be dropped.
-__global__ void ReadProbe(const uint4* p, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
-
 float TimeMs(cudaStream_t s, int iters, const std::function<void(int)>& launch) {
   cudaEvent_t a, b;
   BENCH_CHECK(CudaOk(cudaEventCreate(&a)));
@@ -133,21 +122,11 @@ float MedianMs(cudaStream_t s, int iters, const std::function<void(int)>& launch
 
 double ProbeReadBandwidth(const DeviceInfo& dev, cudaStream_t s) {
   const int64_t bytes = int64_t{2} << 30;
+  // kernels/cuda/bandwidth.h: best of 3 grid sizes x 5 launches over 2 GiB, in GB/s here.
+  const double best = Must(ring::cuda::ReadBandwidth(dev.ordinal, bytes, 5)) / 1e9;
   DeviceBuffer buf = Must(DeviceBuffer::Allocate(bytes));
-  DeviceBuffer sink = Must(DeviceBuffer::Allocate(4));
   FillRandom<<<1024, 256, 0, s>>>(buf.as<uint32_t>(), bytes / 4, 1);
   BENCH_CHECK(CudaOk(cudaGetLastError()));
-  const int64_t n = bytes / 16;
-  double best = 0;
-  for (int blocks_per_sm : {4, 8, 16}) {
-    const unsigned grid = static_cast<unsigned>(dev.sm_count * blocks_per_sm);
-    for (int rep = 0; rep < 5; ++rep) {
-      const float ms = TimeMs(s, 3, [&](int) {
-        ReadProbe<<<grid, 512, 0, s>>>(buf.as<uint4>(), n, sink.as<uint32_t>());
-      });
-      best = std::max(best, bytes / (ms * 1e-3) / 1e9);
-    }
-  }
   // Device-to-device copy (read + write bytes) as a second reference point.
   DeviceBuffer dst = Must(DeviceBuffer::Allocate(bytes / 2));
   const float ms = TimeMs(s, 5, [&](int) {

@@ -48,4 +48,14 @@ grep -q '"detail": "model.layers.1.self_attn.kv_a_proj_with_mqa"' "$WORK/fault.j
 grep -q '"ok": false' "$WORK/fault.json" || fail "fault: --json ok is not false"
 [[ $rcu == 1 ]] && grep -q "not inside" "$WORK/usage.txt" || fail "layer 9 of 4: $(cat "$WORK/usage.txt")"
 [[ $rcu2 == 2 ]] && grep -q "expected A-B" "$WORK/usage2.txt" || fail "bad --layers: $(cat "$WORK/usage2.txt")"
+# ringctl bench on the same device: bandwidth probed, decode timed, a fraction reported.
+"$RINGCTL" bench --model "$WORK/glm" --layers 0-3 --device "$DEVICE" --prompt-len 8 --decode 4 --json \
+    > "$WORK/bench.json" || fail "bench exited $?"
+python3 - "$WORK/bench.json" <<'PY' || fail "bench: $(cat "$WORK/bench.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["bandwidth_bytes_per_s"] > 0 and j["decode_bytes_per_token"] > 0, j
+assert j["decode_tokens_per_s"] > 0 and 0 < j["fraction_of_roofline"], j
+print(f"bench: {j['decode_tokens_per_s']:.1f} tok/s, {100 * j['fraction_of_roofline']:.1f}% of roofline")
+PY
 echo "verify_cli_test ($DEVICE): OK"
