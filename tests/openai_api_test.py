@@ -58,10 +58,7 @@ def main():
                             os.path.join(a.work, f"worker{i}.log"), r"listening on (\S+)")
             procs.append(p)
             workers.append(addr)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        admin = f"127.0.0.1:{sock.getsockname()[1]}"
-        sock.close()
+        admin = ringproc.free_address()
         cfg = os.path.join(a.work, "ring.toml")
         with open(cfg, "w") as f:
             f.write(f"""

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -83,10 +82,7 @@ def main():
                 return 1
             workers.append(m.group(1))
             metrics.append(m.group(2))
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        admin = f"127.0.0.1:{sock.getsockname()[1]}"
-        sock.close()
+        admin = ringproc.free_address()
         cfg = os.path.join(a.work, "ring.toml")
         with open(cfg, "w") as f:
             f.write(f"""
@@ -341,10 +337,7 @@ def admission_test(a, root, model_dir, procs):
                         os.path.join(a.work, f"adm-worker{i}.log"), r"listening on (\S+)", env=env)
         procs.append(p)
         workers.append(line)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    admin = f"127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
+    admin = ringproc.free_address()
     cfg = os.path.join(a.work, "ring-admission.toml")
     with open(cfg, "w") as f:
         f.write(f"""

@@ -90,3 +90,13 @@ def setup_tiny_ring_test():
         subprocess.run([a.ringctl, "synth", "--arch", "glm_moe_dsa", "--preset", "tiny", "--quant", "mxfp4",
                         "--seed", "1", "--out", model_dir], check=True, timeout=120)
     return a, root, model_dir
+
+
+def free_address():
+    """A 127.0.0.1:PORT nobody listens on right now (for a server's admin_listen)."""
+    import socket
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"127.0.0.1:{port}"
