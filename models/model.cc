@@ -1,8 +1,11 @@
 #include "models/model.h"
 
+#include <set>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/status.h"
+#include "models/backend_decorator.h"
 #include "models/families.h"
 #include "models/layers.h"
 
@@ -198,6 +201,38 @@ absl::Status CheckDevice(const DeviceSpec& d) {
 }
 
 namespace internal {
+namespace {
+
+// LoadOptions::progress: counts the bytes of each distinct tensor registered.
+class ProgressBackend final : public ForwardingBackend {
+ public:
+  ProgressBackend(std::shared_ptr<Backend> inner, std::function<void(int64_t)> progress)
+      : ForwardingBackend(std::move(inner)), progress_(std::move(progress)) {}
+  absl::Status AddWeight(const QuantWeight& w) override {
+    RING_RETURN_IF_ERROR(inner().AddWeight(w));
+    const int64_t n = w.weight.nbytes() + (w.scales.present() ? w.scales.nbytes() : 0) +
+                      (w.biases.present() ? w.biases.nbytes() : 0);
+    Count(w.weight.data, n);
+    return absl::OkStatus();
+  }
+  absl::Status AddTensor(const TensorView& t) override {
+    RING_RETURN_IF_ERROR(inner().AddTensor(t));
+    Count(t.data, t.nbytes());
+    return absl::OkStatus();
+  }
+
+ private:
+  void Count(const void* key, int64_t n) {
+    if (!seen_.insert(key).second) return;  // tied embeddings register twice
+    bytes_ += n;
+    progress_(bytes_);
+  }
+  const std::function<void(int64_t)> progress_;
+  std::set<const void*> seen_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<Backend>> NewBackendFor(const LoadOptions& options) {
   if (options.TEST_jitter != 0 && options.device.kind != DeviceSpec::Kind::kCpu) {
@@ -209,7 +244,10 @@ absl::StatusOr<std::shared_ptr<Backend>> NewBackendFor(const LoadOptions& option
   } else {
     b = NewCpuBackend(options.TEST_jitter);
   }
-  if (!options.TEST_fault.empty()) return NewFaultBackend(std::move(b), options.TEST_fault);
+  if (!options.TEST_fault.empty()) {
+    RING_ASSIGN_OR_RETURN(b, NewFaultBackend(std::move(b), options.TEST_fault));
+  }
+  if (options.progress) b = std::make_shared<ProgressBackend>(std::move(b), options.progress);
   return b;
 }
 

@@ -20,6 +20,7 @@
 #define RINGSERVE_MODELS_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,6 +93,10 @@ struct LoadOptions {
   // fp32 summation-order difference travels, which is what a correct but not bit-identical
   // engine (the GPU) is compared against. 0: off.
   double TEST_jitter = 0;
+  // Called (from the loading thread) after each weight tensor of the stage is registered
+  // with its device, with the bytes registered so far; at the end they equal
+  // Stage::weight_bytes(). For progress bars and a worker's status. May be empty.
+  std::function<void(int64_t bytes_loaded)> progress;
   // Test-only: make one kernel of this stage's backend wrong (spec in models/backend.h,
   // NewFaultBackend), so that the precision guard can be shown to catch it. "": off.
   std::string TEST_fault;

@@ -3,6 +3,7 @@
 // absorbed decode path agree with the expanded prefill path, and bad input is an error.
 #include "models/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unistd.h>
 
@@ -341,6 +342,29 @@ TEST(StageErrors, MaxContextAndAFailedStepChangeNothing) {
   ASSERT_EQ(ok->argmax.size(), 2u);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(ok->argmax[r], cpu::ArgMax(ok->logits.data() + r * vocab, vocab));
+  }
+}
+
+}  // namespace
+}  // namespace ring
+
+namespace ring {
+namespace {
+
+TEST(LoadProgress, ReportsGrowingBytesEndingAtTheStageWeights) {
+  for (const auto& [arch, quant] :
+       {std::pair<std::string, QuantSpec>{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
+        {"qwen3", {QuantMode::kAffine, 4, 64}}}) {  // qwen3 tiny ties its embeddings
+    const std::string dir = TinyModel(arch, quant);
+    std::vector<int64_t> seen;
+    LoadOptions o;
+    o.layers = {1, -1};
+    o.progress = [&](int64_t bytes) { seen.push_back(bytes); };
+    absl::StatusOr<std::unique_ptr<Stage>> stage = LoadStage(dir, o);
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    ASSERT_FALSE(seen.empty()) << arch;
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end())) << arch;
+    EXPECT_EQ(seen.back(), (*stage)->weight_bytes()) << arch;
   }
 }
 

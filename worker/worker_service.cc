@@ -5,6 +5,8 @@
 #include "kernels/cpu/bandwidth.h"
 #include "models/inspect.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "kernels/status.h"
 #include "models/config.h"
@@ -371,6 +374,34 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   }
   lo.all_logits = req->all_logits();
   lo.TEST_fault = options_.TEST_fault;
+  {
+    // Progress of the load, in the worker's status (FlightRecorder waiting_on, shown by
+    // `ringctl status`) and as a bar when stderr is a terminal.
+    const int64_t end = req->layer_end() < 0 ? info->num_layers() : req->layer_end();
+    int64_t total = 0;
+    for (int64_t l = req->layer_begin(); l < end && l < info->layer_bytes_size(); ++l) {
+      total += info->layer_bytes(l);
+    }
+    if (req->layer_begin() == 0) total += info->first_stage_extra_bytes();
+    if (end == info->num_layers()) total += info->last_stage_extra_bytes();
+    const std::string what = absl::StrCat("loading ", req->model(), " layers [",
+                                          req->layer_begin(), ", ", end, ")");
+    const bool tty = isatty(STDERR_FILENO) == 1;
+    auto last_percent = std::make_shared<int>(-1);
+    lo.progress = [this, what, total, tty, last_percent](int64_t done) {
+      const int percent = total > 0 ? static_cast<int>(std::min<int64_t>(100, done * 100 / total)) : 0;
+      if (percent == *last_percent) return;
+      *last_percent = percent;
+      const std::string line = absl::StrFormat("%s: %d%% (%.2f of %.2f GiB)", what, percent,
+                                               done / 1073741824.0, total / 1073741824.0);
+      SetWaitingOn(line);
+      if (tty) {
+        const int filled = percent / 4;
+        std::cerr << "\rring-worker: [" << std::string(filled, '#') << std::string(25 - filled, ' ')
+                  << "] " << line << (percent >= 100 ? "\n" : "") << std::flush;
+      }
+    };
+  }
   switch (req->act_dtype()) {
     case pb::DTYPE_UNSPECIFIED: break;
     case pb::DTYPE_F32: lo.act_dtype = cpu::ActDType::kF32; break;
@@ -395,6 +426,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
     LoadOptions ro = lo;
     ro.device = DeviceSpec{};
     ro.TEST_fault.clear();
+    ro.progress = nullptr;  // the reference reads the same mapped file: nothing to report
     auto reference = ring::LoadStage(*dir, ro);
     if (!reference.ok()) {
       SetWaitingOn("idle: last LoadStage failed");
