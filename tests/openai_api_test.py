@@ -54,8 +54,7 @@ def main():
     try:
         workers = []
         for i in range(2):
-            p, addr = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", root],
-                            os.path.join(a.work, f"worker{i}.log"), r"listening on (\S+)")
+            p, addr = ringproc.start_worker(a, root, os.path.join(a.work, f"worker{i}.log"))
             procs.append(p)
             workers.append(addr)
         admin = ringproc.free_address()
@@ -354,8 +353,7 @@ def run_tests(a, port, model_dir, workers, procs, server):
         time.sleep(0.2)
     check([w["state"] for w in st.get("workers", [])] == ["serving", "serving"], "undrain: both serve again")
     # join / leave a third worker.
-    p3, addr3 = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", os.path.dirname(model_dir)],
-                      os.path.join(a.work, "worker3.log"), r"listening on (\S+)")
+    p3, addr3 = ringproc.start_worker(a, os.path.dirname(model_dir), os.path.join(a.work, "worker3.log"))
     procs.append(p3)
     r = subprocess.run([a.ringctl, "join", addr3, "--server", a.admin, "--api-key", KEY],
                        capture_output=True, text=True, timeout=30)
@@ -462,8 +460,7 @@ def run_tests(a, port, model_dir, workers, procs, server):
 
     # No ring within the failover timeout: the stream ends with an error event naming the
     # stage (a second server over one worker, failover_timeout_s = 2).
-    pw, waddr = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", os.path.dirname(model_dir)],
-                      os.path.join(a.work, "lone_worker.log"), r"listening on (\S+)")
+    pw, waddr = ringproc.start_worker(a, os.path.dirname(model_dir), os.path.join(a.work, "lone_worker.log"))
     procs.append(pw)
     cfg2 = os.path.join(a.work, "ring2.toml")
     with open(cfg2, "w") as f:

@@ -333,10 +333,9 @@ def admission_test(a, root, model_dir, procs):
     workers = []
     for i, fault in enumerate([None, None, "scale:layers.3.self_attn.o_proj"]):
         env = dict(os.environ, RING_TEST_FAULT=fault) if fault else None
-        p, line = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", root],
-                        os.path.join(a.work, f"adm-worker{i}.log"), r"listening on (\S+)", env=env)
+        p, addr = ringproc.start_worker(a, root, os.path.join(a.work, f"adm-worker{i}.log"), env=env)
         procs.append(p)
-        workers.append(line)
+        workers.append(addr)
     admin = ringproc.free_address()
     cfg = os.path.join(a.work, "ring-admission.toml")
     with open(cfg, "w") as f:

@@ -100,3 +100,9 @@ def free_address():
     port = sock.getsockname()[1]
     sock.close()
     return f"127.0.0.1:{port}"
+
+
+def start_worker(args, root, log, env=None):
+    """Starts a loopback ring-worker over `root`; returns (Popen, its address)."""
+    return start([args.worker, "--listen", "127.0.0.1:0", "--model-root", root], log,
+                 r"listening on (\S+)", env=env)
