@@ -4,13 +4,16 @@
 // sequences, each on its own thread as ring-server's generation pool runs them, prefill
 // a short prompt, wait for each other, then decode `--decode` single-token steps. Prints
 // one JSON line: tokens/s = k * decode / wall time of the decode phase (all threads).
+// With --rounds R > 1 each thread runs R sequences one after another (distinct ids, so a
+// worker's per-sequence sampling, e.g. shadow checks, sees R * k sequences); the timed
+// phase then covers every round after the first prefill, and tokens/s counts decode tokens.
 // With --workers the stages are ring-worker processes (gRPC, persistent Forward streams);
 // without, the model runs in this process as one stage (the baseline).
 //
 // bench/ring_bench.py starts the workers and computes the ratios (pipeline efficiency,
 // aggregate speed-up with k sequences) from runs of this binary in one session.
 //
-//   ring_bench --model DIR [--sequences 1] [--decode 32] [--prompt 16]
+//   ring_bench --model DIR [--sequences 1] [--decode 32] [--prompt 16] [--rounds 1]
 //   ring_bench --workers 127.0.0.1:7001,127.0.0.1:7002 --model NAME_UNDER_ROOT ...
 #include <algorithm>
 #include <atomic>
@@ -29,7 +32,7 @@
 
 int main(int argc, char** argv) {
   ring::RingOptions o;
-  int sequences = 1, decode = 32, prompt = 16;
+  int sequences = 1, decode = 32, prompt = 16, rounds = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--workers") {
@@ -42,6 +45,8 @@ int main(int argc, char** argv) {
       decode = std::atoi(v.c_str());
     } else if (k == "--prompt") {
       prompt = std::atoi(v.c_str());
+    } else if (k == "--rounds") {
+      rounds = std::max(1, std::atoi(v.c_str()));
     } else {
       std::fprintf(stderr, "ring_bench: unknown flag %s\n", k.c_str());
       return 2;
@@ -60,18 +65,25 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int s = 0; s < sequences; ++s) {
     threads.emplace_back([&, s] {
-      auto seq = (*ring)->NewSequence(absl::StrCat("bench-", getpid(), "-", s));
-      std::vector<int32_t> tokens;
-      for (int i = 0; i < prompt; ++i) tokens.push_back(static_cast<int32_t>((7 * i + 13 * s + 1) % vocab));
-      bool ok = seq.ok() && (*seq)->Step(tokens).ok();
-      prefilled.count_down();
-      go.wait();
-      for (int i = 0; ok && i < decode; ++i) {
-        // The token fed back does not change the cost of a step; greedy would also do.
-        auto logits = (*seq)->Step({static_cast<int32_t>((101 * i + s) % vocab)});
-        if (!logits.ok()) {
-          std::fprintf(stderr, "ring_bench: %s\n", std::string(logits.status().message()).c_str());
-          ok = false;
+      bool ok = true;
+      for (int r = 0; ok && r < rounds; ++r) {
+        auto seq = (*ring)->NewSequence(absl::StrCat("bench-", getpid(), "-", s, "-", r));
+        std::vector<int32_t> tokens;
+        for (int i = 0; i < prompt; ++i) {
+          tokens.push_back(static_cast<int32_t>((7 * i + 13 * s + 31 * r + 1) % vocab));
+        }
+        ok = seq.ok() && (*seq)->Step(tokens).ok();
+        if (r == 0) {
+          prefilled.count_down();
+          go.wait();
+        }
+        for (int i = 0; ok && i < decode; ++i) {
+          // The token fed back does not change the cost of a step; greedy would also do.
+          auto logits = (*seq)->Step({static_cast<int32_t>((101 * i + s) % vocab)});
+          if (!logits.ok()) {
+            std::fprintf(stderr, "ring_bench: %s\n", std::string(logits.status().message()).c_str());
+            ok = false;
+          }
         }
       }
       if (!ok) failed = true;
@@ -83,7 +95,10 @@ int main(int argc, char** argv) {
   for (auto& t : threads) t.join();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (failed) return 1;
-  std::printf("{\"stages\": %zu, \"sequences\": %d, \"decode\": %d, \"seconds\": %.4f, \"tokens_per_s\": %.3f}\n",
-              std::max<size_t>(1, o.workers.size()), sequences, decode, secs, sequences * decode / secs);
+  std::printf(
+      "{\"stages\": %zu, \"sequences\": %d, \"rounds\": %d, \"decode\": %d, \"seconds\": %.4f, "
+      "\"tokens_per_s\": %.3f}\n",
+      std::max<size_t>(1, o.workers.size()), sequences, rounds, decode, secs,
+      static_cast<double>(sequences) * rounds * decode / secs);
   return 0;
 }

@@ -68,14 +68,6 @@ void Finish(TensorDiff& t, double num, double den) {
   }
 }
 
-TensorDiff DiffFloats(const std::vector<float>& d, const std::vector<float>& c) {
-  TensorDiff t;
-  double num = 0, den = 0;
-  Accumulate(d.data(), c.data(), static_cast<int64_t>(std::min(d.size(), c.size())), t, num, den);
-  Finish(t, num, den);
-  return t;
-}
-
 // One op argument in the device's address space: `bytes` from `p`.
 struct Region {
   const void* p;
@@ -181,7 +173,7 @@ class LockstepBackend final : public Backend {
     LayerCheck lc;
     lc.step = rec_->step;
     lc.layer = layer;
-    lc.diff = DiffFloats(d, c);
+    lc.diff = DiffTensors(d, c);
     lc.ok = lc.diff.rel <= rec_->layer_tol;
     rec_->layers.push_back(lc);
     return absl::OkStatus();
@@ -718,9 +710,7 @@ absl::StatusOr<VerifyReport> Verify(const VerifyOptions& o) {
       for (const LayerCheck& f : floor_rec.layers) {
         if (f.step == l.step && f.layer == l.layer) l.floor_rel = f.diff.rel;
       }
-      l.ok = l.diff.rel <= o.tolerance ||
-             (l.floor_rel >= 0 && l.diff.rel <= o.floor_factor * l.floor_rel &&
-              l.diff.nan + l.diff.inf == 0);
+      l.ok = LayerWithinTolerance(l.diff, l.floor_rel, o.tolerance, o.floor_factor);
     }
   }
 
@@ -902,6 +892,21 @@ std::string FormatVerifyReport(const VerifyReport& r, bool all_ops) {
   }
   absl::StrAppendFormat(&s, "\n%s\n%s\n", r.diagnosis, r.ok ? "PASS" : "FAIL");
   return s;
+}
+
+TensorDiff DiffTensors(const std::vector<float>& d, const std::vector<float>& c) {
+  TensorDiff t;
+  double num = 0, den = 0;
+  Accumulate(d.data(), c.data(), static_cast<int64_t>(std::min(d.size(), c.size())), t, num, den);
+  Finish(t, num, den);
+  if (d.size() != c.size()) t.nmse = t.rel = INFINITY;
+  return t;
+}
+
+bool LayerWithinTolerance(const TensorDiff& d, double floor_rel, double tolerance,
+                          double floor_factor) {
+  if (d.rel <= tolerance) return true;
+  return floor_rel >= 0 && d.rel <= floor_factor * floor_rel && d.nan + d.inf == 0;
 }
 
 }  // namespace ring

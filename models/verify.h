@@ -120,6 +120,16 @@ struct VerifyReport {
   std::vector<StageOutput> outputs;  // the device's output of every step
 };
 
+// Difference of `device` from `reference` (float tensors; a length mismatch is an infinite
+// difference). Shared by verify and the worker's shadow checker so both judge alike.
+TensorDiff DiffTensors(const std::vector<float>& device, const std::vector<float>& reference);
+
+// Whether a layer output `d` away from the reference passes: within `tolerance`, or, when
+// the reference's own noise floor at that layer was measured (`floor_rel` >= 0, see
+// VerifyOptions::noise_floor), within floor_factor x that floor and free of NaN/Inf.
+bool LayerWithinTolerance(const TensorDiff& d, double floor_rel, double tolerance,
+                          double floor_factor);
+
 // The written tolerance of one op's isolated error: NMSE for float outputs, the fraction of
 // differing entries for index outputs (top-k, routing). See verify.cc for the reasoning.
 double VerifyOpTolerance(const std::string& op, cpu::ActDType act);

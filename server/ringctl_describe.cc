@@ -66,14 +66,21 @@ int Run(const Flags& f) {
   if (d->has_shadow()) {
     const auto& s = d->shadow();
     std::cout << absl::StrFormat(
-        "shadow     rate %.4g, threshold %.3g: %d steps checked over %d sequences (%d dropped), "
+        "shadow     rate %.4g, threshold %.3g%s: %d steps checked over %d sequences (%d dropped), "
         "%d divergences, last worst rel %.3e, max %.3e\n",
-        s.rate(), s.threshold(), s.steps_checked(), s.sequences_sampled(), s.sequences_dropped(),
-        s.divergences(), s.last_relative_difference(), s.max_relative_difference());
+        s.rate(), s.threshold(),
+        s.noise_floor() ? absl::StrFormat(" and %.3gx the CPU noise floor", s.floor_factor())
+                        : std::string(),
+        s.steps_checked(), s.sequences_sampled(), s.sequences_dropped(), s.divergences(),
+        s.last_relative_difference(), s.max_relative_difference());
     for (const auto& l : s.layers()) {
-      std::cout << absl::StrFormat("  layer %4d  checks %6d  last rel %.3e  max rel %.3e\n",
-                                   l.layer(), l.checks(), l.last_relative_difference(),
-                                   l.max_relative_difference());
+      std::cout << absl::StrFormat(
+          "  layer %4d  checks %6d  last rel %.3e  max rel %.3e%s  divergences %d\n", l.layer(),
+          l.checks(), l.last_relative_difference(), l.max_relative_difference(),
+          l.last_noise_floor() >= 0 && s.noise_floor()
+              ? absl::StrFormat("  floor %.3e", l.last_noise_floor())
+              : std::string(),
+          l.divergences());
     }
     if (!s.last_divergence().empty()) std::cout << "  last divergence: " << s.last_divergence() << "\n";
   }

@@ -2,40 +2,46 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/thread_pool.h"
+#include "models/verify.h"
 
 namespace ring::worker {
 namespace pb = ringserve::v1;
 
 namespace {
 
-double RelativeDifference(const std::vector<float>& d, const std::vector<float>& c) {
-  double num = 0, den = 0;
-  if (d.size() != c.size()) return INFINITY;
-  for (size_t i = 0; i < c.size(); ++i) {
-    if (!std::isfinite(d[i])) return INFINITY;
-    const double e = static_cast<double>(d[i]) - c[i];
-    num += e * e;
-    den += static_cast<double>(c[i]) * c[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0);
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  return v[mid];
 }
 
 }  // namespace
 
-ShadowChecker::ShadowChecker(std::unique_ptr<Stage> reference, ShadowOptions options,
+
+ShadowChecker::ShadowChecker(std::unique_ptr<Stage> reference,
+                             std::unique_ptr<Stage> floor_reference, ShadowOptions options,
                              std::string stage_name, LayerObserver on_layer)
-    : reference_(std::move(reference)), options_(options), stage_name_(std::move(stage_name)),
+    : reference_(std::move(reference)),
+      floor_reference_(options.noise_floor ? std::move(floor_reference) : nullptr),
+      options_(options),
+      stage_name_(std::move(stage_name)),
       on_layer_(std::move(on_layer)) {
+  stats_.set_noise_floor(floor_reference_ != nullptr);
+  if (floor_reference_) stats_.set_floor_factor(options_.floor_factor);
   stats_.set_rate(options_.rate);
   stats_.set_threshold(options_.threshold);
   for (int64_t l = reference_->range().begin; l < reference_->range().end; ++l) {
     stats_.add_layers()->set_layer(l);
   }
+  recent_.resize(stats_.layers_size());
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -103,6 +109,7 @@ void ShadowChecker::Drain() {
 }
 
 void ShadowChecker::Run() {
+  if (options_.idle_priority) cpu::SetIdlePriority();
   for (;;) {
     Item item;
     {
@@ -127,13 +134,19 @@ void ShadowChecker::Run() {
 }
 
 void ShadowChecker::Check(Item& item) {
-  auto& seq = sequences_[item.sequence_id];
-  const bool first = seq == nullptr;
-  if (first) seq = reference_->NewSequence();
-  absl::StatusOr<StageOutput> out = reference_->Forward(*seq, item.in);
+  Mirror& m = sequences_[item.sequence_id];
+  const bool first = m.ref == nullptr;
+  if (first) {
+    m.ref = reference_->NewSequence();
+    if (floor_reference_) m.floor = floor_reference_->NewSequence();
+  }
+  absl::StatusOr<StageOutput> out = reference_->Forward(*m.ref, item.in);
+  absl::StatusOr<StageOutput> floor_out = absl::UnavailableError("no floor");
+  if (out.ok() && m.floor) floor_out = floor_reference_->Forward(*m.floor, item.in);
   absl::MutexLock l(&mu_);
   if (first) stats_.set_sequences_sampled(stats_.sequences_sampled() + 1);
-  if (!out.ok() || out->layer_hidden.size() != item.device_layers.size()) {
+  if (!out.ok() || out->layer_hidden.size() != item.device_layers.size() ||
+      (m.floor && (!floor_out.ok() || floor_out->layer_hidden.size() != item.device_layers.size()))) {
     // The mirror lost step with the device (e.g. it started mid-sequence): stop mirroring.
     dropped_[item.sequence_id] = true;
     stats_.set_sequences_dropped(stats_.sequences_dropped() + 1);
@@ -142,27 +155,62 @@ void ShadowChecker::Check(Item& item) {
   }
   double worst = 0;
   int64_t worst_layer = -1;
+  bool diverged = false;
+  int64_t first_diverged = -1;
+  double first_rel = 0, first_median = 0, first_floor = -1;
+  int first_n = 0;
   for (size_t i = 0; i < out->layer_hidden.size(); ++i) {
-    const double rel = RelativeDifference(item.device_layers[i], out->layer_hidden[i]);
+    const TensorDiff d = DiffTensors(item.device_layers[i], out->layer_hidden[i]);
+    const double floor =
+        m.floor ? DiffTensors(floor_out->layer_hidden[i], out->layer_hidden[i]).rel : -1;
+    auto& recent = recent_[i];
+    recent.emplace_back(d.rel, floor);
+    while (static_cast<int>(recent.size()) > std::max(1, options_.window)) recent.pop_front();
+    std::vector<double> rels, floors;
+    for (const auto& [r, f] : recent) {
+      rels.push_back(r);
+      floors.push_back(f);
+    }
+    TensorDiff typical = d;
+    typical.rel = Median(rels);
+    const bool over =
+        !std::isfinite(d.rel) || d.nan + d.inf > 0 || d.rel > options_.hard_limit ||
+        !LayerWithinTolerance(typical, floor >= 0 ? Median(floors) : -1, options_.threshold,
+                              options_.floor_factor);
     pb::ShadowLayer* ls = stats_.mutable_layers(static_cast<int>(i));
     ls->set_checks(ls->checks() + 1);
-    ls->set_last_relative_difference(rel);
-    ls->set_max_relative_difference(std::max(ls->max_relative_difference(), rel));
-    if (on_layer_) on_layer_(ls->layer(), rel, rel > options_.threshold);
-    if (rel > worst || worst_layer < 0) {
-      worst = rel;
+    ls->set_last_relative_difference(d.rel);
+    ls->set_max_relative_difference(std::max(ls->max_relative_difference(), d.rel));
+    ls->set_last_noise_floor(floor);
+    if (over) ls->set_divergences(ls->divergences() + 1);
+    if (on_layer_) on_layer_(ls->layer(), d.rel, over);
+    if (d.rel > worst || worst_layer < 0) {
+      worst = d.rel;
       worst_layer = ls->layer();
+    }
+    if (over && !diverged) {
+      diverged = true;
+      first_diverged = ls->layer();
+      first_rel = d.rel;
+      first_median = typical.rel;
+      first_n = static_cast<int>(recent.size());
+      first_floor = floor >= 0 ? Median(floors) : -1;
     }
   }
   stats_.set_steps_checked(stats_.steps_checked() + 1);
   stats_.set_last_relative_difference(worst);
   stats_.set_max_relative_difference(std::max(stats_.max_relative_difference(), worst));
-  if (worst > options_.threshold) {
+  if (diverged) {
     stats_.set_divergences(stats_.divergences() + 1);
     const std::string what = absl::StrFormat(
-        "%s: shadow check of sequence %s diverged at layer %d: relative difference %.3e > %.3g "
-        "against the CPU reference (run `ringctl verify` on these layers to find the op)",
-        stage_name_, item.sequence_id, worst_layer, worst, options_.threshold);
+        "%s: shadow check of sequence %s diverged at layer %d: relative difference %.3e "
+        "(median of the last %d checks %.3e) against the CPU reference; threshold %.3g%s "
+        "(run `ringctl verify` on these layers to find the op)",
+        stage_name_, item.sequence_id, first_diverged, first_rel,
+        first_n, first_median, options_.threshold,
+        first_floor >= 0 ? absl::StrFormat(", %.3g x the median noise floor %.3e",
+                                           options_.floor_factor, first_floor)
+                         : std::string());
     stats_.set_last_divergence(what);
     std::cerr << "ring-worker: WARNING: " << what << "\n";
     if (options_.degrade && degraded_.empty()) degraded_ = what;

@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--shadow-threshold", shadow.threshold,
                  "Relative difference of a layer output that counts as a divergence");
+  app.add_flag("--shadow-noise-floor,!--no-shadow-noise-floor", shadow.noise_floor,
+               "Judge shadow checks against the CPU reference's own noise floor as well as "
+               "the threshold (a second, jittered CPU pass per checked step; default on)");
+  app.add_option("--shadow-floor-factor", shadow.floor_factor,
+                 "With the noise floor: a layer diverges above this many times the floor");
   app.add_flag("--shadow-degrade", shadow.degrade,
                "After a divergence, take no new sequences: the coordinator leaves this worker "
                "out of the ring");

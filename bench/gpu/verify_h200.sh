@@ -9,9 +9,17 @@
 #      index_topk (sparse path) as time allows;
 #   4. the fingerprint's cost per step (hop_bench) next to the slice's GPU decode step time;
 #   5. the hot-path cost of shadow checks: the slice's decode through a CUDA ring-worker with
-#      --shadow-rate 0 and 1 (every step captured and queued for the CPU).
+#      --shadow-rate 0 and 1 (every step captured and queued for the CPU);
+#   6. shadow checks under load: bench/ring_bench with 8 concurrent sequences x ROUNDS rounds
+#      (distinct ids, so the worker's per-sequence sampling sees 8 x ROUNDS sequences) through
+#      one CUDA worker, at --shadow-rate 0, 0.01, 0, 0.01, 0, 0.01 (alternated against drift)
+#      and 0.1; the worker's shadow statistics (mirrored sequences, per-layer differences and
+#      noise floors, divergences) after each run;
+#   7. verify of the slice with fp32 activations (no noise floor): 32-token prompt, then the
+#      LONG_TOKENS prompt as time allows.
 #
-#   bench/gpu/verify_h200.sh BUNDLE_DIR   (bin/ringctl, bin/ring-worker, bin/hop_bench)
+#   bench/gpu/verify_h200.sh BUNDLE_DIR   (bin/ringctl, bin/ring-worker, bin/hop_bench,
+#                                          bin/ring_bench)
 #   PARTS="2 3" bench/gpu/verify_h200.sh BUNDLE_DIR   (only those parts; default all)
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUNDLE_DIR" >&2; exit 2; }
@@ -24,7 +32,7 @@ W=$bundle/bin/ring-worker
 log=$out/verify_h200.txt
 budget=${BUDGET_S:-560}
 m=/tmp/ring_glm52x4
-want() { [[ " ${PARTS:-1 2 3 4 5} " == *" $1 "* ]]; }
+want() { [[ " ${PARTS:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
 toks() { python3 -c "print(','.join(str((i * 7919 + $2) % 154000 + 10) for i in range($1)))"; }
 start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
   "$W" --listen 127.0.0.1:0 --model-root /tmp --device cuda:0 "${@:2}" > /tmp/$1.out 2> /tmp/$1.err &
@@ -49,7 +57,7 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
   cat /tmp/vcli/glm.txt
   fi
 
-  if want 3 || want 5; then
+  if want 3 || want 5 || want 6 || want 7; then
   echo "== 3. GLM-5.2 slice"
   t0=$SECONDS
   "$R" synth --arch glm_moe_dsa --preset glm-5.2 --layers 4 --quant mxfp4 --out "$m" --quiet
@@ -84,6 +92,35 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
     "$R" describe --worker "$WADDR" | grep -E "shadow|health" || true
     kill $WPID; wait $WPID 2>/dev/null
   done
+  fi
+
+  if want 6; then
+  echo "== 6. shadow checks under load (ring_bench: 8 sequences x ${ROUNDS:-40} rounds, 16-token prompt, 32 decode steps)"
+  for rate in 0 0.01 0 0.01 0 0.01 0.1; do
+    start_worker load$rate --shadow-rate $rate
+    timeout 240 "$bundle/bin/ring_bench" --workers "$WADDR" --model ring_glm52x4 --sequences 8 \
+      --rounds "${ROUNDS:-40}" --decode 32 --prompt 16
+    echo "rc=$? (shadow rate $rate)"
+    "$R" describe --worker "$WADDR" | grep -E "^shadow|^  layer|divergence" || true
+    kill $WPID; wait $WPID 2>/dev/null
+  done
+  fi
+
+  if want 7; then
+  echo "== 7a. verify with fp32 activations, 32-token prompt + 2 decode steps, no noise floor"
+  t0=$SECONDS
+  timeout 300 "$R" verify --model "$m" --layers 0-3 --device cuda:0 --prompt-len 32 --decode-steps 2 --act f32
+  echo "rc=$? ($((SECONDS - t0)) s)"
+  left=$((budget - SECONDS))
+  echo "== 7b. verify with fp32 activations, ${LONG_TOKENS:-2080}-token prompt + 1 decode step ($left s left)"
+  if [ $left -gt 60 ]; then
+    t0=$SECONDS
+    timeout $left "$R" verify --model "$m" --layers 0-3 --device cuda:0 --act f32 \
+      --prompt-len "${LONG_TOKENS:-2080}" --decode-steps 1
+    echo "rc=$? ($((SECONDS - t0)) s)"
+  else
+    echo "skipped: not enough time left in this call"
+  fi
   fi
 
   if want 3; then

@@ -1,5 +1,8 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -12,6 +15,14 @@ namespace ring::cpu {
 namespace {
 
 thread_local bool tls_inside_pool = false;
+
+void MakeThisThreadIdle() {
+#ifdef SCHED_IDLE
+  sched_param p{};
+  p.sched_priority = 0;
+  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
+#endif
+}
 
 class Pool {
  public:
@@ -27,6 +38,18 @@ class Pool {
     for (auto& t : threads_) t.join();
   }
   int size() const { return n_; }
+
+  // Wakes every pool thread without work so each moves itself to SCHED_IDLE.
+  void SetIdle() {
+    std::lock_guard<std::mutex> run_lock(run_mu_);  // not while a region runs
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      idle_ = true;
+      body_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+  }
 
   void Run(int64_t chunks, const std::function<void(int64_t)>& body) {
     std::lock_guard<std::mutex> run_lock(run_mu_);  // one parallel region at a time
@@ -64,12 +87,17 @@ class Pool {
   }
   void Loop() {
     uint64_t seen = 0;
+    bool idle = false;
     for (;;) {
       {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
+        if (idle_ && !idle) {
+          idle = true;
+          MakeThisThreadIdle();
+        }
         if (body_ == nullptr) continue;
       }
       Work();
@@ -87,6 +115,7 @@ class Pool {
   int64_t done_ = 0;
   uint64_t generation_ = 0;
   bool stop_ = false;
+  bool idle_ = false;
 };
 
 Pool& GetPool() {
@@ -101,6 +130,11 @@ Pool& GetPool() {
 }  // namespace
 
 int NumThreads() { return GetPool().size(); }
+
+void SetIdlePriority() {
+  GetPool().SetIdle();
+  MakeThisThreadIdle();
+}
 
 void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

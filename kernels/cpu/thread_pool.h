@@ -14,6 +14,11 @@ namespace ring::cpu {
 
 // Number of threads ParallelFor uses (>= 1).
 int NumThreads();
+// Moves the pool's threads and the calling thread to the idle scheduling class (Linux
+// SCHED_IDLE: they run only on otherwise idle cores). For a process whose hot path is not
+// the CPU pool (a GPU worker), so CPU reference work (shadow checks) cannot slow it down.
+// Irreversible; a no-op where the OS refuses.
+void SetIdlePriority();
 // fn(begin, end) is called for disjoint chunks covering [0, n).
 void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
