@@ -247,11 +247,13 @@ absl::Status WorkerService::ReserveCache(const Loaded* loaded, SequenceState* st
   // Reserved under mu_, so concurrent steps of different sequences cannot both take the
   // last free bytes.
   if (kv_bytes_ + bytes > loaded->kv_budget) {
+    int64_t holders = 0;  // sequences with cache (a new one has a slot but holds nothing)
+    for (const auto& [id, s] : sequences_) holders += s->accounted_bytes > 0 ? 1 : 0;
     return absl::ResourceExhaustedError(absl::StrCat(
         hop, ": KV cache budget exceeded: sequence ", in.sequence_id(), " step ", in.step(),
         " needs ", bytes, " bytes (", in.rows(), " tokens at position ", in.first_position(),
         "), but ", kv_bytes_, " of the budget of ", loaded->kv_budget, " bytes are held by ",
-        sequences_.size(), " sequence(s) (", std::max<int64_t>(0, loaded->kv_budget - kv_bytes_),
+        holders, " sequence(s) (", std::max<int64_t>(0, loaded->kv_budget - kv_bytes_),
         " free); retry when sequences finish, or give the worker a larger --kv-cache-bytes"));
   }
   kv_bytes_ += bytes;
