@@ -47,11 +47,9 @@ struct MlaCache {
 class MlaSequence : public SequenceState {
  public:
   explicit MlaSequence(int64_t layers) : caches(layers) {}
-  int64_t cache_bytes() const override {
+  int64_t cache_bytes_per_token() const override {
     int64_t b = 0;
-    for (const auto& c : caches) {
-      b += 4 * position_ * (c.latent.width + c.k_pe.width + c.index_k.width);
-    }
+    for (const auto& c : caches) b += 4 * (c.latent.width + c.k_pe.width + c.index_k.width);
     return b;
   }
   std::vector<MlaCache> caches;  // indexed by layer - range.begin

@@ -111,7 +111,11 @@ class Sequence {
  public:
   virtual ~Sequence() = default;
   virtual int64_t position() const = 0;  // tokens already processed
-  virtual int64_t cache_bytes() const = 0;
+  // Bytes of KV cache held: position() * cache_bytes_per_token(). The caches grow by one
+  // row per token in every layer, so a step of n tokens adds n * cache_bytes_per_token()
+  // (what a worker checks against its KV budget before running the step).
+  int64_t cache_bytes() const { return position() * cache_bytes_per_token(); }
+  virtual int64_t cache_bytes_per_token() const = 0;
 };
 
 class Stage {

@@ -27,9 +27,9 @@ struct KvCache {
 class QwenSequence : public SequenceState {
  public:
   explicit QwenSequence(int64_t layers) : caches(layers) {}
-  int64_t cache_bytes() const override {
+  int64_t cache_bytes_per_token() const override {
     int64_t b = 0;
-    for (const auto& c : caches) b += 4 * position_ * (c.k.width + c.v.width);
+    for (const auto& c : caches) b += 4 * (c.k.width + c.v.width);
     return b;
   }
   std::vector<KvCache> caches;

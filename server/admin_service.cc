@@ -108,14 +108,13 @@ grpc::Status AdminService::Status(grpc::ServerContext* ctx, const pb::StatusRequ
       w->set_layer_begin(d->layer_begin());
       w->set_layer_end(d->layer_end());
       w->set_epoch(d->epoch());
+      w->set_cache_bytes(d->kv_cache_bytes());
+      w->set_kv_cache_budget_bytes(d->kv_cache_budget_bytes());
     }
     auto fr = c.FlightRecorder();
     if (fr.ok()) {
       w->set_waiting_on(fr->waiting_on());
       w->set_live_sequences(fr->sequences_size());
-      int64_t bytes = 0;
-      for (const auto& sq : fr->sequences()) bytes += sq.cache_bytes();
-      w->set_cache_bytes(bytes);
     }
   }
   return grpc::Status::OK;

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <regex>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -37,11 +38,18 @@ std::string StageOf(const absl::Status& s) {
   return "unknown";
 }
 
+// Status payload that marks IsKvCacheExhausted (the message alone is for people).
+constexpr absl::string_view kKvCacheExhaustedPayload = "type.ringserve/kv_cache_exhausted";
+
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
 }  // namespace
+
+bool IsKvCacheExhausted(const absl::Status& status) {
+  return absl::IsResourceExhausted(status) && status.GetPayload(kKvCacheExhaustedPayload).has_value();
+}
 
 Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics, RingFactory factory)
     : ring_options_(std::move(ring_options)),
@@ -49,7 +57,10 @@ Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics
       metrics_(metrics),
       factory_(factory ? std::move(factory) : RingFactory(&Ring::Connect)) {
   if (!ring_options_.on_stage_step) {
-    ring_options_.on_stage_step = [m = metrics_](size_t stage, double s) { m->ObserveStageRoundTrip(stage, s); };
+    ring_options_.on_stage_step = [m = metrics_](const StageStep& st) {
+      m->ObserveStageRoundTrip(st.stage, st.seconds);
+      m->ObserveHop(st.stage, st.TransportSeconds(), st.bytes_sent, st.bytes_received);
+    };
   }
   for (int i = 0; i < std::max(1, options_.max_concurrent); ++i) {
     pool_.emplace_back([this] {
@@ -550,6 +561,13 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
     metrics_->CountStageError(StageOf(s));
     if (absl::IsDeadlineExceeded(s)) {
       s = absl::DeadlineExceededError(absl::StrCat(s.message(), " | ring state: ", ring->Diagnose()));
+    }
+    if (absl::IsResourceExhausted(s)) {
+      // A worker's KV budget is full (other sequences hold it, or this request alone is
+      // too long for it): the ring is fine, so no replay; the client learns which worker.
+      s = absl::ResourceExhaustedError(
+          absl::StrCat("the ring has no KV cache room for this request: ", s.message()));
+      s.SetPayload(kKvCacheExhaustedPayload, absl::Cord());
     }
     if (!BreaksRing(s)) {
       metrics_->requests_failed.Increment();

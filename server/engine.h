@@ -54,6 +54,11 @@ struct GenerateResult {
   int32_t completion_tokens = 0;
 };
 
+// Generate's error when a worker refused a step because its KV cache budget was full
+// (RESOURCE_EXHAUSTED from the worker): the message names the worker, the bytes needed and
+// the budget. True for that status only, so the HTTP layer can tell it from other 429s.
+bool IsKvCacheExhausted(const absl::Status& status);
+
 // Receives each generated token on the generation thread; returning false stops the
 // generation with FinishReason::kStop (e.g. a stop string matched).
 using TokenSink = std::function<bool(const SampledToken&)>;

@@ -1,7 +1,9 @@
 // Engine layout changes (ringctl apply / rebalance) over a fake ring factory: which
-// workers and split a re-formed ring gets, and what WaitForLayout reports.
+// workers and split a re-formed ring gets, and what WaitForLayout reports; and a step a
+// worker refused for its KV cache budget (a clear request error, no re-form).
 #include "server/engine.h"
 
+#include <atomic>
 #include <mutex>
 
 #include "gtest/gtest.h"
@@ -9,10 +11,12 @@
 namespace ring {
 namespace {
 
-// A ring that only describes its stages: one per worker, layers from the split.
+// A ring that only describes its stages: one per worker, layers from the split. With a
+// `step_error`, its sequences fail every step with it (what a worker answered).
 class LayoutRing final : public Ring {
  public:
-  explicit LayoutRing(const RingOptions& o) {
+  explicit LayoutRing(const RingOptions& o, absl::Status step_error = absl::OkStatus())
+      : step_error_(std::move(step_error)) {
     info_.num_layers = 4;
     info_.vocab_size = 8;
     int64_t begin = 0;
@@ -25,7 +29,17 @@ class LayoutRing final : public Ring {
   const RingModelInfo& model() const override { return info_; }
   const std::vector<RingStageInfo>& stages() const override { return stages_; }
   absl::StatusOr<std::unique_ptr<RingSequence>> NewSequence(const std::string&) override {
-    return absl::UnimplementedError("layout only");
+    if (step_error_.ok()) return absl::UnimplementedError("layout only");
+    class Failing final : public RingSequence {
+     public:
+      explicit Failing(absl::Status s) : s_(std::move(s)) {}
+      absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>&) override { return s_; }
+      int64_t position() const override { return 0; }
+
+     private:
+      absl::Status s_;
+    };
+    return std::make_unique<Failing>(step_error_);
   }
   uint64_t checksum_failures() const override { return 0; }
   std::string Diagnose() override { return "layout"; }
@@ -34,6 +48,7 @@ class LayoutRing final : public Ring {
  private:
   RingModelInfo info_;
   std::vector<RingStageInfo> stages_;
+  absl::Status step_error_;
 };
 
 Engine::Layout MakeLayout(std::vector<std::string> workers, std::vector<std::pair<std::string, int64_t>> stages) {
@@ -128,6 +143,49 @@ TEST_F(EngineLayoutTest, WaitForLayoutHasADeadline) {
   // A generation nobody has requested never completes: the wait ends at its deadline.
   const absl::Status s = engine_->WaitForLayout(1000, absl::Now() + absl::Milliseconds(50));
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+}
+
+TEST(EngineKvCache, AStepRefusedByAWorkersKvBudgetFailsTheRequestWithoutReforming) {
+  ServerMetrics metrics;
+  RingOptions ro;
+  ro.workers = {"a:1"};
+  ro.model = "m";
+  Engine::Options eo;
+  eo.max_concurrent = 1;
+  eo.degraded_rings = false;
+  eo.health_probe = absl::ZeroDuration();
+  eo.reform_backoff = absl::Milliseconds(10);
+  std::atomic<int> formed{0};
+  Engine engine(ro, eo, &metrics, [&formed](const RingOptions& o) -> absl::StatusOr<std::unique_ptr<Ring>> {
+    ++formed;
+    // The worker's refusal as it reaches the coordinator (worker/worker_service.cc).
+    return std::make_unique<LayoutRing>(
+        o, absl::ResourceExhaustedError(
+               "Forward stage 0 (a:1): stage 0 (a:1) <- coordinator: KV cache budget exceeded: "
+               "sequence r step 0 needs 4096 bytes (2 tokens at position 0), but 0 of the budget "
+               "of 1024 bytes are held by 0 sequence(s) (1024 free)"));
+  });
+  engine.Start();
+  ASSERT_TRUE(engine.WaitReady(absl::Seconds(10)).ok());
+  GenerateRequest req;
+  req.id = "r";
+  req.prompt = {1, 2};
+  req.max_tokens = 2;
+  absl::StatusOr<GenerateResult> r = engine.Generate(req, [](const SampledToken&) { return true; }, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(IsKvCacheExhausted(r.status())) << r.status();
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find("no KV cache room"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stage 0 (a:1)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs 4096 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("budget of 1024 bytes"), std::string::npos) << msg;
+  // The ring itself is fine: not broken, not re-formed, nothing replayed.
+  EXPECT_TRUE(engine.Ready().ok());
+  EXPECT_EQ(formed.load(), 1);
+  EXPECT_EQ(metrics.requests_replayed.Value(), 0);
+  EXPECT_EQ(metrics.requests_failed.Value(), 1);
+  // Other RESOURCE_EXHAUSTED errors are not taken for a full KV cache.
+  EXPECT_FALSE(IsKvCacheExhausted(absl::ResourceExhaustedError("regex match limit")));
 }
 
 }  // namespace

@@ -14,6 +14,16 @@ Histogram::BucketBoundaries LatencyBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
+// Finer than LatencyBuckets at the low end: a loopback hop is tens of microseconds.
+const Histogram::BucketBoundaries& HopBuckets() {
+  static const Histogram::BucketBoundaries kBuckets = {
+      0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+      0.025,   0.05,     0.1,     0.25,   0.5,     1,      2.5,   5,      10,    30};
+  return kBuckets;
+}
+
+std::string HopLabel(size_t stage) { return "coordinator-stage" + std::to_string(stage); }
+
 }  // namespace
 
 // Members are references into families the registry owns; build them in the initializer
@@ -78,6 +88,14 @@ ServerMetrics::ServerMetrics()
                            .Help("One stage's part of a step seen from the coordinator: Forward round trip "
                                  "(both hops + the worker's compute) and frame codec")
                            .Register(*registry_);
+  hop_latency_ = &BuildHistogram().Name("ring_hop_latency_seconds")
+                      .Help("Time a step's frames spent in transport between the coordinator and a "
+                            "stage, both directions: Forward round trip minus the worker's own time")
+                      .Register(*registry_);
+  hop_bytes_ = &BuildCounter().Name("ring_hop_bytes_total")
+                    .Help("Activation frame bytes (serialized) the coordinator sent to "
+                          "(direction=sent) or received from (direction=received) a stage")
+                    .Register(*registry_);
   worker_up_ = &BuildGauge().Name("ring_worker_up")
                     .Help("1 when the configured worker answers Describe, 0 when it does not")
                     .Register(*registry_);
@@ -118,10 +136,15 @@ void ServerMetrics::ForgetWorker(const std::string& worker) {
 }
 
 void ServerMetrics::ObserveStageRoundTrip(size_t stage, double seconds) {
-  // Finer than LatencyBuckets at the low end: a loopback hop is tens of microseconds.
-  static const prometheus::Histogram::BucketBoundaries kBuckets = {
-      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-  stage_round_trip_->Add({{"stage", std::to_string(stage)}}, kBuckets).Observe(seconds);
+  stage_round_trip_->Add({{"stage", std::to_string(stage)}}, HopBuckets()).Observe(seconds);
+}
+
+void ServerMetrics::ObserveHop(size_t stage, std::optional<double> transport_seconds,
+                               int64_t bytes_sent, int64_t bytes_received) {
+  const std::string hop = HopLabel(stage);
+  if (transport_seconds) hop_latency_->Add({{"hop", hop}}, HopBuckets()).Observe(*transport_seconds);
+  hop_bytes_->Add({{"hop", hop}, {"direction", "sent"}}).Increment(static_cast<double>(bytes_sent));
+  hop_bytes_->Add({{"hop", hop}, {"direction", "received"}}).Increment(static_cast<double>(bytes_received));
 }
 
 void ServerMetrics::CountStageError(const std::string& stage) {

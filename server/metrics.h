@@ -6,7 +6,9 @@
 #ifndef RINGSERVE_SERVER_METRICS_H_
 #define RINGSERVE_SERVER_METRICS_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "prometheus/counter.h"
@@ -37,6 +39,12 @@ class ServerMetrics {
   // One stage's part of a step as the coordinator sees it (Forward round trip + codec);
   // minus the worker's ring_worker_step_seconds it is the hop time.
   void ObserveStageRoundTrip(size_t stage, double seconds);
+  // The hop between the coordinator and stage `stage` (both directions of the star's
+  // spoke): ring_hop_latency_seconds{hop="coordinator-stage<i>"} gets the time in
+  // transport (round trip minus the worker's own time; skipped when unknown) and
+  // ring_hop_bytes_total{hop,direction} the frame bytes sent to / received from it.
+  void ObserveHop(size_t stage, std::optional<double> transport_seconds, int64_t bytes_sent,
+                  int64_t bytes_received);
 
   prometheus::Counter& prompt_tokens;
   prometheus::Counter& generated_tokens;
@@ -69,6 +77,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* activation_absmax_;
   prometheus::Family<prometheus::Gauge>* worker_up_;
   prometheus::Family<prometheus::Histogram>* stage_round_trip_;
+  prometheus::Family<prometheus::Histogram>* hop_latency_;
+  prometheus::Family<prometheus::Counter>* hop_bytes_;
 };
 
 }  // namespace ring

@@ -53,6 +53,8 @@ ApiError FromStatus(const absl::Status& s) {
     case absl::StatusCode::kResourceExhausted:
       e.status = 429;
       e.type = "rate_limit_error";
+      // Retrying helps once other sequences free their caches (Retry-After is sent).
+      if (IsKvCacheExhausted(s)) e.code = "kv_cache_exhausted";
       break;
     case absl::StatusCode::kUnavailable:
       e.status = 503;
@@ -734,7 +736,7 @@ void OpenAiApi::Generate(std::shared_ptr<Job> job) {
     } else {
       metrics_->CountHttp(route, e.status);
       http::HeaderList h;
-      if (e.status == 503) h.emplace_back("Retry-After", "1");
+      if (e.status == 503 || e.status == 429) h.emplace_back("Retry-After", "1");
       r.Send(e.status, "application/json", ErrorJson(e).dump() + "\n", std::move(h));
     }
     return;

@@ -262,12 +262,12 @@ class RemoteRing final : public Ring {
     absl::MutexLock l(&stats_mu_);
     return stats_;
   }
-  void NoteStageStep(size_t stage, double seconds) const {
-    if (on_stage_step_) on_stage_step_(stage, seconds);
+  void NoteStageStep(const StageStep& step) const {
+    if (on_stage_step_) on_stage_step_(step);
   }
 
  private:
-  std::function<void(size_t, double)> on_stage_step_;
+  std::function<void(const StageStep&)> on_stage_step_;
   std::vector<std::unique_ptr<worker::StageClient>> clients_;
   std::vector<uint64_t> epochs_;
   std::vector<RingStageInfo> stages_info_;
@@ -292,7 +292,13 @@ absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_
     auto out = runners_[i]->Forward(in);
     ring_->CountChecksumFailures(runners_[i]->checksum_failures() - before);
     if (!out.ok()) return out.status();
-    ring_->NoteStageStep(i, absl::ToDoubleSeconds(absl::Now() - t0));
+    const worker::RemoteStageRunner::Exchange& x = runners_[i]->last_exchange();
+    ring_->NoteStageStep({.stage = i,
+                          .seconds = absl::ToDoubleSeconds(absl::Now() - t0),
+                          .round_trip_seconds = x.round_trip_seconds,
+                          .worker_seconds = x.worker_seconds,
+                          .bytes_sent = x.bytes_sent,
+                          .bytes_received = x.bytes_received});
     ring_->NoteActivation(i, runners_[i]->last_rms(), runners_[i]->last_absmax());
     if (i + 1 == runners_.size()) {
       position_ += static_cast<int64_t>(tokens.size());

@@ -15,6 +15,7 @@
 #ifndef RINGSERVE_SERVER_RING_H_
 #define RINGSERVE_SERVER_RING_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -31,6 +32,26 @@
 #include "worker/stage_client.h"
 
 namespace ring {
+
+// One stage's part of a step as the coordinator sees it (RingOptions::on_stage_step). The
+// ring is a star: the coordinator sends the frame to the stage and reads its reply, so the
+// stage's "hop" is both directions of that exchange.
+struct StageStep {
+  size_t stage = 0;
+  double seconds = 0;             // encode + Forward round trip + decode
+  double round_trip_seconds = 0;  // frame written to reply read (no coordinator codec)
+  // The worker's own time on the frame, from the reply (ActivationFrame.worker_seconds);
+  // unset from a worker that does not report it.
+  std::optional<double> worker_seconds;
+  int64_t bytes_sent = 0;      // serialized frame bytes coordinator -> stage
+  int64_t bytes_received = 0;  // serialized frame bytes stage -> coordinator
+  // Time in transport (gRPC, network, both directions): the round trip minus the worker's
+  // time, never negative; unset when the worker did not report its time.
+  std::optional<double> TransportSeconds() const {
+    if (!worker_seconds) return std::nullopt;
+    return std::max(0.0, round_trip_seconds - *worker_seconds);
+  }
+};
 
 struct RingOptions {
   // Remote ring: worker addresses in ring order; `model` is a path under their
@@ -57,10 +78,10 @@ struct RingOptions {
   // Remote ring without a split: plan it by the workers' free memory and measured
   // bandwidth (server/planner.h) instead of an even split.
   bool auto_plan = false;
-  // Remote ring: called after every stage's part of a step with the stage index and the
-  // seconds it took as the coordinator sees it (encode, Forward round trip, decode); the
-  // worker's own compute time is in its ring_worker_step_seconds, the rest is the hop.
-  std::function<void(size_t stage, double seconds)> on_stage_step;
+  // Remote ring: called after every stage's part of a step with its timing and bytes
+  // (ring-server: ring_stage_round_trip_seconds, ring_hop_latency_seconds and
+  // ring_hop_bytes_total).
+  std::function<void(const StageStep&)> on_stage_step;
   int64_t plan_context_tokens = 4096;  // KV budget per sequence
   int64_t plan_sequences = 1;
   // Admission gate (remote ring): before loading, each worker verifies its layer range on

@@ -97,19 +97,23 @@ int Status(const AdminFlags& f) {
             << "  replayed " << static_cast<int64_t>(r.requests_replayed_total())
             << "  reforms " << static_cast<int64_t>(r.ring_reforms_total())
             << "  up " << r.uptime_seconds() << "s  build " << r.build_version() << "\n\n";
-  std::cout << absl::StrFormat("%-22s %-5s %-11s %-8s %-7s %-10s %-4s %-10s %-7s %-5s %-5s %s\n", "WORKER",
-                               "STAGE", "STATE", "LAYERS", "BACKEND", "MEM FREE", "SEQS", "KV CACHE",
+  std::cout << absl::StrFormat("%-22s %-5s %-11s %-8s %-7s %-10s %-4s %-21s %-7s %-5s %-5s %s\n", "WORKER",
+                               "STAGE", "STATE", "LAYERS", "BACKEND", "MEM FREE", "SEQS", "KV USED/BUDGET",
                                "TOK/S", "EPOCH", "CKSUM", "NOW / ERROR");
   for (const auto& w : r.workers()) {
     const std::string layers = w.layer_end() > w.layer_begin()
                                    ? absl::StrCat(w.layer_begin(), "-", w.layer_end() - 1)
                                    : "-";
     const bool unreachable = w.state() == "unreachable";
+    // Used of budget, e.g. "1.5 MiB/7.2 GiB"; "-" for a worker without a loaded stage.
+    const std::string kv = w.layer_end() > w.layer_begin()
+                               ? absl::StrCat(Bytes(w.cache_bytes()), "/", Bytes(w.kv_cache_budget_bytes()))
+                               : "-";
     std::cout << absl::StrFormat(
-        "%-22s %-5s %-11s %-8s %-7s %-10s %-4d %-10s %-7s %-5d %-5d %s\n", w.address(),
+        "%-22s %-5s %-11s %-8s %-7s %-10s %-4d %-21s %-7s %-5d %-5d %s\n", w.address(),
         w.stage_index() >= 0 ? std::to_string(w.stage_index()) : "-", w.state(), layers,
         w.backend().empty() ? "-" : w.backend(), w.memory_free_bytes() ? Bytes(w.memory_free_bytes()) : "-",
-        w.live_sequences(), Bytes(w.cache_bytes()), unreachable ? "-" : absl::StrFormat("%.1f", w.tokens_per_second()),
+        w.live_sequences(), kv, unreachable ? "-" : absl::StrFormat("%.1f", w.tokens_per_second()),
         w.epoch(), w.checksum_failures(), unreachable ? w.last_error() : w.waiting_on());
     // A reachable worker's latest failure, on its own line: it explains a replay or a
     // stage error even after the worker went back to idle.

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "absl/strings/str_format.h"
+#include "server/planner.h"
 #include "server/ringctl_command.h"
 #include "worker/stage_client.h"
 
@@ -59,6 +60,9 @@ int Run(const Flags& f) {
   if (d->loaded()) {
     std::cout << absl::StrFormat("stage      %s layers [%d, %d), epoch %d\n", d->model().model(),
                                  d->layer_begin(), d->layer_end(), d->epoch());
+    std::cout << "kv cache   " << HumanBytes(d->kv_cache_bytes()) << " used of "
+              << HumanBytes(d->kv_cache_budget_bytes()) << " budget ("
+              << HumanBytes(d->kv_cache_free_bytes()) << " free)\n";
   } else {
     std::cout << "stage      none loaded\n";
   }

@@ -1,22 +1,30 @@
 #!/usr/bin/env python3
-"""Operations end to end: per-worker metrics, ringctl status/apply/rebalance, completion.
+"""Operations end to end: the commands of docs/operations.md against a local ring.
 
-Starts two ring-worker processes with --metrics-listen and ring-server on loopback (CPU
-backend) over a tiny synthetic GLM-5.2-style checkpoint, then checks: each worker's
-/metrics passes `promtool check metrics` and its counters move after a request (tokens,
-frames, bytes, step histograms, KV cache, activation fingerprints, epoch), the
-coordinator's ring_worker_up gauge, `ringctl status` tokens/s and metrics address,
-`ringctl apply` (dry run, a split, a bad split, --config ring.toml) and `ringctl
-rebalance` while a stream runs (the stream is identical to an undisturbed one), and the
-bash/zsh completion scripts generated from the CLI. Every wait has a deadline; no check
-depends on how fast the machine is.
+Starts two ring-worker processes the way docs/operations.md brings a ring up (shared ring
+token made with the documented command, --auth-token-file, --metrics-listen) and
+ring-server on loopback (CPU backend, API key from $RINGSERVE_API_KEY) over a tiny
+synthetic GLM-5.2-style checkpoint, then checks: each worker's /metrics passes `promtool
+check metrics` and its counters move after a request (tokens, frames, bytes, step
+histograms, KV cache used / budget / free, activation fingerprints, epoch), the documented
+`curl ... | grep` of a worker's metrics, the coordinator's ring_worker_up gauge and per-hop
+metrics (ring_hop_latency_seconds, ring_hop_bytes_total), `ringctl plan` with the
+documented flags, `ringctl describe`, `ringctl status` (table, --json, exit codes, KV
+used/budget), `ringctl apply` (dry run, a split, a bad split, --config ring.toml) and
+`ringctl rebalance` while a stream runs (the stream is identical to an undisturbed one),
+and the bash/zsh completion scripts generated from the CLI (syntax and real completion in
+each shell). A second ring checks the admission gate and a worker's KV cache budget
+(--kv-cache-bytes: a request that does not fit gets a 429 naming the worker, the worker
+keeps serving). Every wait has a deadline; no check depends on how fast the machine is.
 """
 import json
 import os
+import pty
 import re
+import select
 import shutil
+import signal
 import subprocess
-import threading
 import time
 
 import openai
@@ -70,10 +78,18 @@ def promtool_ok(text, what):
 def main():
     a, root, model_dir = ringproc.setup_tiny_ring_test()
     procs = []
+    # docs/operations.md "Install": the shared ring token, made with the documented command.
+    token = os.path.join(a.work, "ring.token")
+    r = subprocess.run(["bash", "-c", f"head -c 32 /dev/urandom | base64 > {token} && chmod 600 {token}"],
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 0 and os.stat(token).st_mode & 0o777 == 0o600 and len(open(token).read().strip()) == 44,
+          f"the documented token command makes a 0600 token file ({r.stderr.strip()})")
     try:
         workers, metrics = [], []
-        for i in range(2):
-            p, line = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", root, "--metrics-listen", "0"],
+        # --metrics-listen in its documented forms HOST:PORT and :PORT.
+        for i, mlisten in enumerate(["127.0.0.1:0", ":0"]):
+            p, line = start([a.worker, "--listen", "127.0.0.1:0", "--model-root", root, "--auth-token-file", token,
+                             "--metrics-listen", mlisten],
                             os.path.join(a.work, f"worker{i}.log"), r"listening on (.*)")
             procs.append(p)
             m = re.match(r"(\S+) \(metrics http://(\S+)/metrics\)", line)
@@ -89,7 +105,7 @@ def main():
 [server]
 listen = "127.0.0.1:0"
 admin_listen = "{admin}"
-api_keys = ["{KEY}"]
+api_key_env = "RINGSERVE_API_KEY"
 max_concurrent_requests = 2
 [model]
 name = "tiny-glm"
@@ -100,15 +116,21 @@ act_dtype = "f32"
 workers = {json.dumps(workers)}
 split = [3, 1]
 step_timeout_s = 10
+auth_token_file = "{token}"
 """)
+        # As documented: RINGSERVE_API_KEY=... ring-server --config ring.toml
         server, url = start([a.server, "--config", cfg], os.path.join(a.work, "server.log"),
-                            r"listening on (http://\S+)")
+                            r"listening on (http://\S+)", env=dict(os.environ, RINGSERVE_API_KEY=KEY))
         procs.append(server)
         port = int(url.rsplit(":", 1)[1])
         check(wait_ready(port), "/ready turns 200 once the ring is formed")
-        run_tests(a, port, admin, workers, metrics, model_dir, root, procs)
+        log = open(os.path.join(a.work, "server.log")).read()
+        check(f"ring-server: ring formed: [stage 0 ({workers[0]}) layers 0..3) [stage 1 ({workers[1]}) layers 3..4)"
+              in log, "the server log lists the stages as documented")
+        run_tests(a, port, admin, workers, metrics, model_dir, root, procs, token)
         server.kill()
         admission_test(a, root, model_dir, procs)
+        not_ready_test(a, model_dir, procs)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -120,7 +142,7 @@ step_timeout_s = 10
     return 0
 
 
-def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
+def run_tests(a, port, admin, workers, metrics, model_dir, root, procs, token):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
     prompt_ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 100]
 
@@ -180,6 +202,8 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
         check(total(t, "ring_worker_activation_rms", stage=str(i)) > 0 and
               total(t, "ring_worker_activation_absmax", stage=str(i)) > 0, f"worker {i}: activation fingerprint exported")
         check(total(t, "ring_worker_memory_free_bytes") > 0, f"worker {i}: free memory exported")
+        check(total(t, "ring_worker_kv_cache_budget_bytes") > 0,
+              f"worker {i}: KV cache budget derived at stage load and exported")
         promtool_ok(t, f"worker {i} /metrics after a request")
     # The finished request released its sequence: KV back to zero on every worker.
     deadline = time.time() + 30
@@ -187,20 +211,57 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
         time.sleep(0.2)
     check(all(total(scrape(m), "ring_worker_sequences_live") == 0 and total(scrape(m), "ring_worker_kv_cache_bytes") == 0
               for m in metrics), "KV cache and live sequences back to 0 after Release")
+    idle = [scrape(m) for m in metrics]
+    check(all(total(t, "ring_worker_kv_cache_free_bytes") == total(t, "ring_worker_kv_cache_budget_bytes") > 0
+              for t in idle), "ring_worker_kv_cache_free_bytes is the whole budget when no sequence is live")
+    # docs/operations.md "Metrics": look at one worker by hand.
+    r = subprocess.run(["bash", "-c", f"curl -s http://{metrics[0]}/metrics | "
+                        "grep -E '^ring_worker_(kv_cache_bytes|tokens_total|epoch)\\b'"],
+                       capture_output=True, text=True, timeout=30)
+    names = {re.match(r"^(\w+)", line).group(1) for line in r.stdout.splitlines()}
+    check(r.returncode == 0 and names == {"ring_worker_kv_cache_bytes", "ring_worker_tokens_total", "ring_worker_epoch"},
+          f"the documented curl | grep of a worker's metrics ({names}, {r.stderr.strip()})")
     # KV in use while a stream holds its sequence.
     seen = {}
 
     def kv_during():
-        seen["kv"] = [total(scrape(m), "ring_worker_kv_cache_bytes") for m in metrics]
+        texts = [scrape(m) for m in metrics]
+        seen["kv"] = [total(t, "ring_worker_kv_cache_bytes") for t in texts]
+        seen["kv_free"] = [total(t, "ring_worker_kv_cache_free_bytes") < total(t, "ring_worker_kv_cache_budget_bytes")
+                           for t in texts]
         seen["status"] = status()
-        seen["table"] = ctl("status", timeout=30).stdout
+        r = ctl("status", timeout=30)
+        seen["table"], seen["table_rc"] = r.stdout, r.returncode
     stream(5, kv_during)
     check(all(v > 0 for v in seen.get("kv", [0])), f"ring_worker_kv_cache_bytes > 0 while a sequence is live ({seen.get('kv')})")
+    check(seen.get("kv_free") == [True, True], "ring_worker_kv_cache_free_bytes below the budget while a sequence is live")
     ws = seen.get("status", {}).get("workers", [])
     check(len(ws) == 2 and all(w.get("tokensPerSecond", 0) > 0 for w in ws),
           f"ringctl status: tokens/s per worker while a stream runs ({[w.get('tokensPerSecond') for w in ws]})")
     check([w.get("metricsAddress") for w in ws] == metrics, "ringctl status: each worker's metrics address")
     check("TOK/S" in seen.get("table", ""), "ringctl status table has a TOK/S column")
+    check(seen.get("table_rc") == 0 and seen.get("table", "").startswith("ring ready"),
+          "ringctl status exits 0 when the ring is ready")
+    check(all(int(w.get("cacheBytes", 0)) > 0 and int(w.get("kvCacheBudgetBytes", 0)) > int(w.get("cacheBytes", 0))
+              for w in ws), f"ringctl status --json: KV used and budget per worker "
+          f"({[(w.get('cacheBytes'), w.get('kvCacheBudgetBytes')) for w in ws]})")
+    rows = [line for line in seen.get("table", "").splitlines() if line.startswith(tuple(workers))]
+    check("KV USED/BUDGET" in seen.get("table", "") and len(rows) == 2 and
+          all(re.search(r" \d+(\.\d+)? [KMGT]?i?B/\d+(\.\d+)? [KMGT]?i?B ", row) for row in rows),
+          f"ringctl status table shows KV used/budget per worker ({rows})")
+
+    # --- ringctl plan and describe with the documented flags (the workers want the token). ---
+    r = subprocess.run([a.ringctl, "plan", "--workers", ",".join(workers), "--model", "tiny-glm", "--context", "8192",
+                        "--sequences", "8", "--auth-token-file", token], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and all(w in r.stdout for w in workers),
+          f"ringctl plan --context --sequences --auth-token-file ({r.stdout.strip()[-200:]} {r.stderr.strip()[-200:]})")
+    r = subprocess.run([a.ringctl, "plan", "--workers", ",".join(workers), "--model", "tiny-glm"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "token" in r.stderr, f"ringctl plan without the ring token is refused ({r.stderr.strip()[-200:]})")
+    r = subprocess.run([a.ringctl, "describe", "--worker", workers[1], "--auth-token-file", token],
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 0 and "layers [3, 4)" in r.stdout and re.search(r"kv cache +\S+ \S*B used of \S+ \S*B budget \(\S+ \S*B free\)", r.stdout)
+          and "health     ok" in r.stdout, f"ringctl describe --worker --auth-token-file ({r.stdout.strip()} {r.stderr.strip()})")
 
     # --- Coordinator: ring_worker_up and the formation / failover metrics. ---
     deadline = time.time() + 30
@@ -217,6 +278,22 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
           "ring_formation_seconds and ring_failover_timeouts_total exported")
     check(all(total(text, "ring_stage_round_trip_seconds_count", stage=str(i)) >= len(prompt_ids) // 10 + 8
               for i in range(2)), "ring_stage_round_trip_seconds counts every stage's steps")
+    # Every step's reply carries the worker's time, so each stage's steps are hop
+    # observations too; transport is a part of the round trip, which is a part of the stage.
+    for i in range(2):
+        hop = f"coordinator-stage{i}"
+        steps = total(text, "ring_stage_round_trip_seconds_count", stage=str(i))
+        check(total(text, "ring_hop_latency_seconds_count", hop=hop) == steps,
+              f"ring_hop_latency_seconds{{hop={hop}}} observes every step of stage {i} ({steps})")
+        check(0 < total(text, "ring_hop_latency_seconds_sum", hop=hop) <=
+              total(text, "ring_stage_round_trip_seconds_sum", stage=str(i)),
+              f"{hop}: transport time is part of the stage's round trip")
+        check(total(text, "ring_hop_bytes_total", hop=hop, direction="sent") > 0 and
+              total(text, "ring_hop_bytes_total", hop=hop, direction="received") >=
+              total(scrape(metrics[i]), "ring_worker_frame_bytes_total", direction="sent") > 0,
+              f"ring_hop_bytes_total{{hop={hop}}} counts both directions (frames, at least their payload)")
+    check(set(re.findall(r'ring_hop_latency_seconds_count\{hop="([^"]+)"\}', text)) ==
+          {"coordinator-stage0", "coordinator-stage1"}, "ring_hop_latency_seconds: one series per stage, bounded labels")
     promtool_ok(text, "ring-server /metrics")
 
     # --- ringctl apply. ---
@@ -286,7 +363,8 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
     # coordinator's back, so the ring's next step there fails on the epoch; the request
     # replays on a re-formed ring and `ringctl status` shows what failed on that worker.
     r = subprocess.run([a.ringctl, "logits", "--workers", workers[0], "--model", "tiny-glm", "--tokens", "1,2,3",
-                        "--out", os.path.join(a.work, "logits.npy")], capture_output=True, text=True, timeout=120)
+                        "--auth-token-file", token, "--out", os.path.join(a.work, "logits.npy")],
+                       capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, f"ringctl logits on worker 0 alone ({r.stderr.strip()[-200:]})")
     r = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=8, temperature=0,
                                   extra_body={"ignore_eos": True})
@@ -309,6 +387,12 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
                  f'COMP_CWORD={len(words) - 1}; _ringctl; echo "${{COMPREPLY[*]}}"')
         return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30).stdout.split()
     check(r.returncode == 0 and "complete -o default -F _ringctl ringctl" in r.stdout, "ringctl completion bash")
+    b = subprocess.run(["bash", "-n", script], capture_output=True, text=True, timeout=30)
+    check(b.returncode == 0, f"bash -n parses the completion script ({b.stderr[-200:]})")
+    b = subprocess.run(["bash", "-c", f"source {script} && complete -p ringctl"], capture_output=True, text=True,
+                       timeout=30)
+    check(b.returncode == 0 and b.stdout.strip() == "complete -o default -F _ringctl ringctl",
+          f"bash: sourcing the script registers the completion ({b.stdout.strip()!r} {b.stderr[-200:]})")
     check(complete("ringctl", "reb") == ["rebalance"], f"bash completes a subcommand ({complete('ringctl', 'reb')})")
     subs = complete("ringctl", "")
     check({"apply", "rebalance", "status", "drain", "completion", "logits", "plan"} <= set(subs),
@@ -320,20 +404,88 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs):
     r = subprocess.run([a.ringctl, "completion", "zsh"], capture_output=True, text=True, timeout=30)
     check(r.returncode == 0 and r.stdout.startswith("#compdef ringctl") and "'rebalance:" in r.stdout and
           "'--split[" in r.stdout, "ringctl completion zsh")
+    zscript = os.path.join(a.work, "_ringctl")
+    with open(zscript, "w") as f:
+        f.write(r.stdout)
+    # deploy/install_deps.sh installs zsh: its absence is a failure here, not a skip.
+    check(shutil.which("zsh") is not None, "zsh is installed (deploy/install_deps.sh)")
     if shutil.which("zsh"):
-        z = subprocess.run(["zsh", "-n", "-c", r.stdout], capture_output=True, text=True, timeout=30)
-        check(z.returncode == 0, f"zsh parses the completion script ({z.stderr[-200:]})")
+        z = subprocess.run(["zsh", "-n", zscript], capture_output=True, text=True, timeout=30)
+        check(z.returncode == 0, f"zsh -n parses the completion script ({z.stderr[-200:]})")
+        z = subprocess.run(["zsh", "-fc", f"autoload -U compinit && compinit -u -D && source {zscript} && "
+                            "print -r -- $_comps[ringctl]"], capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, HOME=a.work))
+        check(z.returncode == 0 and z.stdout.strip() == "_ringctl",
+              f"zsh: sourcing the script registers _ringctl for ringctl ({z.stdout.strip()!r} {z.stderr[-200:]})")
+        got = zsh_complete(zscript, a.work, ["ringctl reb"])
+        check(got == ["ringctl rebalance"], f"zsh completes a subcommand ({got})")
+        got = zsh_complete(zscript, a.work, ["ringctl apply --sp", "ringctl rebalance --dry"])
+        check(got == ["ringctl apply --split", "ringctl rebalance --dry-run"],
+              f"zsh completes a subcommand's options ({got})")
     r = subprocess.run([a.ringctl, "completion", "fish"], capture_output=True, text=True, timeout=30)
     check(r.returncode == 2, "ringctl completion fish is a usage error")
 
 
+def zsh_complete(script, home, lines, timeout=60):
+    """What an interactive zsh (in a pseudo-terminal, compinit + the completion script)
+    makes of each of `lines` after a TAB: the command line as zle holds it, read back by
+    moving to its start and turning it into a `print`. None for a line that got no answer
+    before the deadline."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TERM": "dumb", "PS1": "> "}
+        os.execvpe("zsh", ["zsh", "-f", "-i"], env)
+    out = bytearray()
+    deadline = time.time() + timeout
+
+    def wait_for(pattern, since):
+        while time.time() < deadline:
+            m = re.search(pattern, out[since:].decode(errors="replace"))
+            if m:
+                return m
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    out.extend(os.read(fd, 4096))
+                except OSError:
+                    return None
+        return None
+
+    got = []
+    try:
+        # $((6*7)): the marker appears only once the line ran, not in its echo.
+        os.write(fd, f"autoload -U compinit && compinit -u -D && source {script} && print READY-$((6*7))\n".encode())
+        if wait_for(r"READY-42", 0) is None:
+            return [None] * len(lines)
+        for i, line in enumerate(lines):
+            mark = len(out)
+            os.write(fd, (line + "\t").encode())
+            # The completion has happened once zle echoed past the typed text.
+            wait_for(re.escape(line.split()[-1]) + r"\S", mark)
+            # Ctrl-A, then make the line a print of itself, and run it.
+            os.write(fd, f"\x01print -r -- LINE{i}: \n".encode())
+            m = wait_for(rf"\nLINE{i}: ([^\r\n]*)", mark)
+            got.append(m.group(1).strip() if m else None)
+        return got
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
+KV_BUDGET = 32768  # ring-worker --kv-cache-bytes 32KiB: a few dozen tokens of the tiny model
+
+
 def admission_test(a, root, model_dir, procs):
     """Admission gate through ring-server: of three workers, the one whose kernel is wrong
-    (test fault switch) fails its verify, is left out, and `ringctl status` says why."""
+    (test fault switch) fails its verify, is left out, and `ringctl status` says why. The
+    second worker runs with a small KV cache budget: a request too long for it is refused
+    with a 429 naming it, and the ring keeps serving."""
     workers = []
     for i, fault in enumerate([None, None, "scale:layers.3.self_attn.o_proj"]):
         env = dict(os.environ, RING_TEST_FAULT=fault) if fault else None
-        p, addr = ringproc.start_worker(a, root, os.path.join(a.work, f"adm-worker{i}.log"), env=env)
+        extra = ("--kv-cache-bytes", "32KiB") if i == 1 else ()
+        p, addr = ringproc.start_worker(a, root, os.path.join(a.work, f"adm-worker{i}.log"), env=env, extra=extra)
         procs.append(p)
         workers.append(addr)
     admin = ringproc.free_address()
@@ -375,9 +527,65 @@ admission_prompt_len = 6
     r = subprocess.run([a.ringctl, "status", "--server", admin, "--api-key", KEY],
                        capture_output=True, text=True, timeout=60)
     check("DEGRADED: " in r.stdout, f"admission: the status table prints DEGRADED ({r.stdout[-400:]})")
-    c = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY).completions.create(
-        model="tiny-glm", prompt="hello", max_tokens=4, temperature=0)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    c = client.completions.create(model="tiny-glm", prompt="hello", max_tokens=4, temperature=0)
     check(len(c.choices) == 1 and c.usage.completion_tokens >= 1, "admission: the degraded ring serves")
+
+    # --- KV cache budget (ring-worker --kv-cache-bytes 32KiB on the second worker). ---
+    check(int(by_addr.get(workers[1], {}).get("kvCacheBudgetBytes", 0)) == KV_BUDGET,
+          f"ringctl status --json: the --kv-cache-bytes budget ({by_addr.get(workers[1], {}).get('kvCacheBudgetBytes')})")
+    try:
+        client.completions.create(model="tiny-glm", prompt=list(range(1, 201)), max_tokens=2, temperature=0)
+        check(False, "a request too long for a worker's KV budget is refused")
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        msg = body.get("message", "")
+        check(e.status_code == 429 and body.get("code") == "kv_cache_exhausted",
+              f"KV budget exceeded -> 429 kv_cache_exhausted ({e.status_code}, {body})")
+        check(workers[1] in msg and f"budget of {KV_BUDGET} bytes" in msg and re.search(r"needs \d+ bytes", msg),
+              f"the error names the worker, the bytes needed and the budget ({msg})")
+    c = client.completions.create(model="tiny-glm", prompt=[1, 2, 3], max_tokens=3, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    check(c.usage.completion_tokens == 3, "after the refusal the worker serves a request that fits its budget")
+    r = subprocess.run([a.ringctl, "status", "--server", admin, "--api-key", KEY, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        w1 = {w.get("address"): w for w in json.loads(r.stdout).get("workers", [])}.get(workers[1], {})
+    except ValueError:
+        w1 = {}
+    check(w1.get("state") == "serving" and "KV cache budget exceeded" in w1.get("lastError", ""),
+          f"the refusing worker still serves; its last error is the budget ({w1.get('state')}, {w1.get('lastError')})")
+    server.send_signal(signal.SIGTERM)
+    try:
+        rc = server.wait(30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"ring-server exits 0 on SIGTERM (systemctl stop) (rc={rc})")
+
+
+def not_ready_test(a, model_dir, procs):
+    """`ringctl status` exits 3 while the ring is not ready (its only worker never answers)."""
+    admin = ringproc.free_address()
+    cfg = os.path.join(a.work, "ring-not-ready.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "{admin}"\napi_keys = ["{KEY}"]\n'
+                f'[model]\nname = "tiny-glm"\npath = "tiny-glm"\nlocal_dir = "{model_dir}"\n'
+                f'[ring]\nworkers = ["127.0.0.1:1"]\n')
+    server, _ = start([a.server, "--config", cfg], os.path.join(a.work, "server-not-ready.log"),
+                      r"listening on (http://\S+)")
+    procs.append(server)
+    deadline = time.time() + 30
+    r = None
+    while time.time() < deadline:
+        r = subprocess.run([a.ringctl, "status", "--server", admin, "--api-key", KEY],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 1:  # 1: the admin service does not answer yet
+            break
+        time.sleep(0.2)
+    check(r is not None and r.returncode == 3 and r.stdout.startswith("ring forming"),
+          f"ringctl status exits 3 while the ring is not ready ({r.returncode if r else None}, "
+          f"{r.stdout[:120] if r else ''})")
+    server.kill()
 
 
 if __name__ == "__main__":

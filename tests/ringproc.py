@@ -102,7 +102,7 @@ def free_address():
     return f"127.0.0.1:{port}"
 
 
-def start_worker(args, root, log, env=None):
-    """Starts a loopback ring-worker over `root`; returns (Popen, its address)."""
-    return start([args.worker, "--listen", "127.0.0.1:0", "--model-root", root], log,
+def start_worker(args, root, log, env=None, extra=()):
+    """Starts a loopback ring-worker over `root` (plus `extra` flags); returns (Popen, its address)."""
+    return start([args.worker, "--listen", "127.0.0.1:0", "--model-root", root, *extra], log,
                  r"listening on (\S+)", env=env)

@@ -25,6 +25,13 @@ for m in glm qwen; do
   grep -q "^PASS" "$WORK/$m.txt" || fail "$m: no PASS"
 done
 
+# --noise-floor (docs/operations.md): each layer also shows the checkpoint's own noise
+# floor (the CPU engine against itself with jittered matmuls), and a correct device passes.
+"$RINGCTL" verify --model "$WORK/glm" --layers 0-3 --device "$DEVICE" --prompt-len 20 --noise-floor \
+    > "$WORK/floor.txt" || { cat "$WORK/floor.txt"; fail "--noise-floor verify exited $?"; }
+grep -q "^PASS" "$WORK/floor.txt" || fail "--noise-floor: no PASS"
+grep -q "floor rel" "$WORK/floor.txt" || fail "--noise-floor: no floor column: $(cat "$WORK/floor.txt")"
+
 # A wrong scale on one mxfp4 group of one matrix: exit 1, the op is named.
 set +e
 "$RINGCTL" verify --model "$WORK/glm" --layers 0-3 --device "$DEVICE" --prompt-len 20 \

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -260,13 +261,21 @@ absl::StatusOr<StageOutput> RemoteStageRunner::Forward(const StageInput& in) {
   f.set_reply_dtype(wire_dtype_);
   RING_RETURN_IF_ERROR(EncodeStageInput(in, rows, wire_dtype_, &f));
   if (stream_ == nullptr) stream_ = client_->OpenForward();
+  // Steady clock: a wall-clock step (NTP) must not show up as hop latency.
+  const auto written = std::chrono::steady_clock::now();
   auto sent = stream_->Step(f, client_->options().call_timeout);
+  last_exchange_ = {};
+  last_exchange_.round_trip_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - written).count();
+  last_exchange_.bytes_sent = static_cast<int64_t>(f.ByteSizeLong());
   if (!sent.ok()) {
     failed_ = sent.status();
     stream_.reset();  // torn down: finished already, nothing to wait for
     return failed_;
   }
   pb::ActivationFrame& reply = *sent;
+  last_exchange_.bytes_received = static_cast<int64_t>(reply.ByteSizeLong());
+  if (reply.has_worker_seconds()) last_exchange_.worker_seconds = reply.worker_seconds();
   auto out = DecodeStageOutput(reply);
   if (!out.ok()) {
     if (absl::IsDataLoss(out.status())) ++checksum_failures_;

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -160,6 +161,17 @@ class RemoteStageRunner final : public StageRunner {
   // Of the last reply's values: root mean square and max |x| (from its fingerprint).
   double last_rms() const { return last_rms_; }
   float last_absmax() const { return last_absmax_; }
+  // The last step's frame exchange: from writing the frame to reading the reply (no
+  // coordinator-side codec), the worker's own time on it (ActivationFrame.worker_seconds;
+  // unset from workers that do not report it) and the bytes of each serialized frame
+  // (payload, token ids and header: what crosses the hop, less gRPC framing).
+  struct Exchange {
+    double round_trip_seconds = 0;
+    std::optional<double> worker_seconds;
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+  };
+  const Exchange& last_exchange() const { return last_exchange_; }
 
  private:
   StageClient* client_;
@@ -174,6 +186,7 @@ class RemoteStageRunner final : public StageRunner {
   uint64_t checksum_failures_ = 0;
   double last_rms_ = 0;
   float last_absmax_ = 0;
+  Exchange last_exchange_;
 };
 
 }  // namespace ring::worker

@@ -8,11 +8,15 @@
 // free port; the bound address is printed as "ring-worker listening on ADDR" on stdout.
 // SIGTERM/SIGINT: health flips to NOT_SERVING, in-flight calls get kShutdownGrace, exit 0.
 //
+// --kv-cache-bytes SIZE (e.g. 8GiB) caps the KV cache of the loaded stage; by default the
+// budget is derived at each stage load (worker/worker_service.h DefaultKvCacheBudget).
+//
 // --metrics-listen ADDR serves Prometheus text at http://ADDR/metrics (worker/worker_metrics.h);
 // a bare PORT or :PORT binds 127.0.0.1 like --listen. Off unless given. The startup line
 // then reads "ring-worker listening on ADDR (metrics http://MADDR/metrics)".
 #include <csignal>
 #include <cstdlib>
+#include <limits>
 #include <iostream>
 #include <pthread.h>
 
@@ -83,6 +87,13 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-ptx-jit", allow_ptx_jit,
                "Run on a GPU this binary has no machine code (SASS) for, JIT-compiling PTX "
                "(refused by default; verify such a worker with `ringctl verify`)");
+  int64_t kv_cache_bytes = 0;
+  app.add_option("--kv-cache-bytes", kv_cache_bytes,
+                 "KV cache budget of the loaded stage: bytes or a size like 8GiB / 500MB; a step "
+                 "that would exceed it fails with RESOURCE_EXHAUSTED. Default: free memory "
+                 "after the weights are loaded, less a headroom of 10% of it (at least 256 MiB)")
+      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true))
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<ring::DeviceSpec> spec = ring::ParseDevice(device);
   if (!spec.ok()) {
@@ -128,6 +139,7 @@ int main(int argc, char** argv) {
   options.metrics = &metrics;
   options.allow_ptx_jit = allow_ptx_jit;
   options.shadow = shadow;
+  options.kv_cache_bytes = kv_cache_bytes;
   if (const char* f = std::getenv("RING_TEST_FAULT")) {
     options.TEST_fault = f;
     std::cerr << "ring-worker: TEST fault injection: kernel fault '" << f << "'\n";

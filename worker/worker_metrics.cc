@@ -1,5 +1,7 @@
 #include "worker/worker_metrics.h"
 
+#include <algorithm>
+
 #include "prometheus/text_serializer.h"
 
 namespace ring::worker {
@@ -65,6 +67,13 @@ WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& versi
                     .Register(*registry_).Add({})),
       kv_cache_bytes_(BuildGauge().Name("ring_worker_kv_cache_bytes")
                           .Help("KV cache bytes held by live sequences").Register(*registry_).Add({})),
+      kv_cache_budget_bytes_(BuildGauge().Name("ring_worker_kv_cache_budget_bytes")
+                                 .Help("KV cache bytes the loaded stage may hold (--kv-cache-bytes, or "
+                                       "free memory after the weights minus headroom); 0: no stage")
+                                 .Register(*registry_).Add({})),
+      kv_cache_free_bytes_(BuildGauge().Name("ring_worker_kv_cache_free_bytes")
+                               .Help("KV cache budget not held by live sequences (budget - used)")
+                               .Register(*registry_).Add({})),
       sequences_live_(BuildGauge().Name("ring_worker_sequences_live")
                           .Help("Sequences holding KV cache on this worker").Register(*registry_).Add({})),
       memory_free_bytes_(BuildGauge().Name("ring_worker_memory_free_bytes")
@@ -156,8 +165,18 @@ void WorkerMetrics::CountChecksumFailure(const std::string& peer) {
 }
 
 void WorkerMetrics::SetKvCache(int64_t used_bytes, int64_t live_sequences) {
+  absl::MutexLock l(&mu_);
+  kv_used_ = used_bytes;
   kv_cache_bytes_.Set(static_cast<double>(used_bytes));
+  kv_cache_free_bytes_.Set(static_cast<double>(std::max<int64_t>(0, kv_budget_ - kv_used_)));
   sequences_live_.Set(static_cast<double>(live_sequences));
+}
+
+void WorkerMetrics::SetKvCacheBudget(int64_t budget_bytes) {
+  absl::MutexLock l(&mu_);
+  kv_budget_ = budget_bytes;
+  kv_cache_budget_bytes_.Set(static_cast<double>(budget_bytes));
+  kv_cache_free_bytes_.Set(static_cast<double>(std::max<int64_t>(0, kv_budget_ - kv_used_)));
 }
 
 void WorkerMetrics::SetMemoryFree(int64_t bytes) { memory_free_bytes_.Set(static_cast<double>(bytes)); }

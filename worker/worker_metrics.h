@@ -54,8 +54,11 @@ class WorkerMetrics {
   // One frame through this worker: received from / sent to `peer`.
   void CountFrame(bool sent, const std::string& peer, int64_t bytes);
   void CountChecksumFailure(const std::string& peer);
-  // KV cache bytes held by live sequences, and how many sequences hold them.
+  // KV cache bytes held by live sequences, and how many sequences hold them; the free
+  // gauge follows (budget - used).
   void SetKvCache(int64_t used_bytes, int64_t live_sequences);
+  // The loaded stage's KV cache budget (WorkerOptions::kv_cache_bytes or derived).
+  void SetKvCacheBudget(int64_t budget_bytes);
   // Precision guard: one layer's output checked by a shadow recomputation on the CPU
   // reference (worker/shadow_checker.h), and whether that counted as a divergence.
   void ObserveShadow(int64_t layer, double relative_difference, bool diverged);
@@ -89,6 +92,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& shadow_relative_difference_;
   prometheus::Gauge& degraded_;
   prometheus::Gauge& kv_cache_bytes_;
+  prometheus::Gauge& kv_cache_budget_bytes_;
+  prometheus::Gauge& kv_cache_free_bytes_;
   prometheus::Gauge& sequences_live_;
   prometheus::Gauge& memory_free_bytes_;
   prometheus::Gauge& epoch_;
@@ -96,6 +101,8 @@ class WorkerMetrics {
 
   mutable absl::Mutex mu_;
   int stage_index_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t kv_used_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t kv_budget_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Gauge* stage_layers_gauge_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Tokens per whole second, in a ring of kRateWindow buckets (bucket = unix second %
   // kRateWindow); a bucket whose second is stale counts as empty.

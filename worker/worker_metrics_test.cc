@@ -54,6 +54,19 @@ TEST(WorkerMetrics, FramesBytesChecksumsAndKv) {
   EXPECT_TRUE(Has(t, "ring_worker_memory_free_bytes 1048576")) << t;
 }
 
+TEST(WorkerMetrics, KvBudgetAndFreeFollowTheUse) {
+  WorkerMetrics m;
+  EXPECT_TRUE(Has(m.Render(), "ring_worker_kv_cache_budget_bytes 0"));
+  m.SetKvCacheBudget(10000);
+  m.SetKvCache(4096, 2);
+  std::string t = m.Render();
+  EXPECT_TRUE(Has(t, "ring_worker_kv_cache_budget_bytes 10000")) << t;
+  EXPECT_TRUE(Has(t, "ring_worker_kv_cache_free_bytes 5904")) << t;
+  m.SetKvCacheBudget(3000);  // a new stage with a smaller budget, before its caches drop
+  t = m.Render();
+  EXPECT_TRUE(Has(t, "ring_worker_kv_cache_free_bytes 0")) << t;
+}
+
 TEST(WorkerMetrics, ActivationFingerprintAndNonFiniteCounts) {
   WorkerMetrics m;
   m.SetStage("m", 2, 1, 1);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +51,20 @@ int64_t MemAvailableBytes() {
     if (key == "MemAvailable:") return kb * 1024;
   }
   return -1;
+}
+
+// Free memory where this worker's KV caches live: the GPU's for a CUDA device, else the
+// host's MemAvailable (-1: unknown).
+int64_t CacheMemoryFreeBytes(const std::string& device) {
+#ifdef RING_HAVE_CUDA
+  if (absl::StatusOr<DeviceSpec> spec = ParseDevice(device);
+      spec.ok() && spec->kind == DeviceSpec::Kind::kCuda) {
+    absl::StatusOr<cuda::DeviceInfo> info = cuda::QueryDevice(spec->ordinal);
+    return info.ok() ? info->mem_free : -1;
+  }
+#endif
+  (void)device;
+  return MemAvailableBytes();
 }
 
 // Identity of a checkpoint without reading its weights: config.json bytes plus the name
@@ -128,6 +143,12 @@ std::string PeerLabel(const pb::ActivationFrame& f) {
 }
 
 }  // namespace
+
+int64_t DefaultKvCacheBudget(int64_t free_bytes_after_weights) {
+  if (free_bytes_after_weights <= 0) return 0;
+  const int64_t headroom = std::max<int64_t>(int64_t{256} << 20, free_bytes_after_weights / 10);
+  return std::max<int64_t>(0, free_bytes_after_weights - headroom);
+}
 
 absl::StatusOr<std::string> ResolveModelDir(const std::string& root, const std::string& model) {
   if (model.empty()) return absl::InvalidArgumentError("model: empty path");
@@ -217,6 +238,28 @@ void WorkerService::AccountCache(const Loaded* loaded, SequenceState* state, int
   kv_bytes_ += cache_bytes - state->accounted_bytes;
   state->accounted_bytes = cache_bytes;
   metrics_->SetKvCache(kv_bytes_, static_cast<int64_t>(sequences_.size()));
+}
+
+absl::Status WorkerService::ReserveCache(const Loaded* loaded, SequenceState* state, int64_t bytes,
+                                         const std::string& hop, const pb::ActivationFrame& in) {
+  absl::MutexLock l(&mu_);
+  if (loaded_.get() != loaded) return absl::OkStatus();  // replaced: AccountCache ignores it too
+  // Reserved under mu_, so concurrent steps of different sequences cannot both take the
+  // last free bytes.
+  if (kv_bytes_ + bytes > loaded->kv_budget) {
+    int64_t holders = 0;  // sequences with cache (a new one has a slot but holds nothing)
+    for (const auto& [id, s] : sequences_) holders += s->accounted_bytes > 0 ? 1 : 0;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        hop, ": KV cache budget exceeded: sequence ", in.sequence_id(), " step ", in.step(),
+        " needs ", bytes, " bytes (", in.rows(), " tokens at position ", in.first_position(),
+        "), but ", kv_bytes_, " of the budget of ", loaded->kv_budget, " bytes are held by ",
+        holders, " sequence(s) (", std::max<int64_t>(0, loaded->kv_budget - kv_bytes_),
+        " free); retry when sequences finish, or give the worker a larger --kv-cache-bytes"));
+  }
+  kv_bytes_ += bytes;
+  state->accounted_bytes += bytes;
+  metrics_->SetKvCache(kv_bytes_, static_cast<int64_t>(sequences_.size()));
+  return absl::OkStatus();
 }
 
 std::string WorkerService::DegradedReason() const {
@@ -332,6 +375,9 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
       resp->set_layer_begin(loaded_->stage->range().begin);
       resp->set_layer_end(loaded_->stage->range().end);
       resp->set_epoch(loaded_->epoch);
+      resp->set_kv_cache_bytes(kv_bytes_);
+      resp->set_kv_cache_budget_bytes(loaded_->kv_budget);
+      resp->set_kv_cache_free_bytes(std::max<int64_t>(0, loaded_->kv_budget - kv_bytes_));
     }
   }
   if (!req->probe_model().empty()) {
@@ -469,6 +515,18 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   loaded->stage = std::shared_ptr<const Stage>(std::move(*stage));
   loaded->request = *req;
   loaded->info = *info;
+  if (options_.kv_cache_bytes > 0) {
+    loaded->kv_budget = options_.kv_cache_bytes;
+  } else {
+    // Measured now that the weights are on the device. A previous stage, if any, is still
+    // loaded (it goes once this one is in place), so the budget errs low by up to its size;
+    // --kv-cache-bytes avoids that, and the CPU's MemAvailable counting the mapped
+    // checkpoint's page cache as free.
+    const int64_t free = CacheMemoryFreeBytes(options_.device);
+    loaded->kv_budget = DefaultKvCacheBudget(free);
+    std::cerr << "ring-worker: KV cache budget " << loaded->kv_budget << " bytes: " << free
+              << " bytes free after the weights, less headroom (--kv-cache-bytes sets it)\n";
+  }
   absl::MutexLock l(&mu_);
   // Degraded is sticky: a new stage on the same device does not make it trustworthy.
   if (loaded_ && loaded_->shadow && degraded_.empty()) degraded_ = loaded_->shadow->degraded_reason();
@@ -479,6 +537,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   waiting_on_ = "idle: waiting for Forward frames";
   metrics_->SetStage(req->model(), req->stage_index(),
                      loaded->stage->range().end - loaded->stage->range().begin, loaded->epoch);
+  metrics_->SetKvCacheBudget(loaded->kv_budget);
   metrics_->SetKvCache(0, 0);
   metrics_->SetMemoryFree(MemAvailableBytes());
   fill(*loaded_, /*reused=*/false);
@@ -591,23 +650,28 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
         hop, ": sequence ", in.sequence_id(), " expected step ", state->next_step, " at position ",
         state->seq->position(), ", got step ", in.step(), " at position ", in.first_position()));
   }
+  const int64_t rows = std::max<int64_t>(1, in.rows());
+  // Every cache of the stage grows by one row per token: refuse a step that would not fit
+  // the budget before it runs, rather than fail an allocation (or the machine) mid-step.
+  RING_RETURN_IF_ERROR(ReserveCache(loaded.get(), state.get(),
+                                    rows * state->seq->cache_bytes_per_token(), hop, in));
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
   input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
   const absl::Time step_start = absl::Now();
   auto out = loaded->stage->Forward(*state->seq, *input);
   const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   SetWaitingOn("idle: waiting for Forward frames");
+  // Settles the reservation: the actual growth on success, none after a failed step.
+  AccountCache(loaded.get(), state.get(), state->seq->cache_bytes());
   if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop, ": ", out.status().message()));
   if (input->capture_layers) {
     loaded->shadow->Observe(in.sequence_id(), *input, std::move(out->layer_hidden));
   }
   ++state->next_step;
   // One row after the first position is a decode step; anything else is (chunked) prefill.
-  const int64_t rows = std::max<int64_t>(1, in.rows());
   metrics_->ObserveStep(rows == 1 && in.first_position() > 0 ? WorkerMetrics::Phase::kDecode
                                                              : WorkerMetrics::Phase::kPrefill,
                         step_seconds, rows);
-  AccountCache(loaded.get(), state.get(), state->seq->cache_bytes());
   {
     absl::MutexLock l(&mu_);
     if (++steps_computed_ == options_.TEST_nan_at_step) {
@@ -649,6 +713,9 @@ grpc::Status WorkerService::Forward(
   const std::string peer = ctx->peer();
   pb::ActivationFrame in;
   while (stream->Read(&in)) {
+    // From here to the reply's Write is this worker's time on the frame; the coordinator
+    // takes it out of its round trip to see the time in transport.
+    const auto received = std::chrono::steady_clock::now();
     Record(/*sent=*/false, in, peer);
     const std::string peer_label = PeerLabel(in);
     metrics_->CountFrame(/*sent=*/false, peer_label, static_cast<int64_t>(in.payload().size()));
@@ -668,6 +735,8 @@ grpc::Status WorkerService::Forward(
     // Flip a bit after the checksum was computed, as a bad NIC or memory would.
     if (corrupt && !reply->payload().empty()) (*reply->mutable_payload())[0] ^= 0x01;
     Record(/*sent=*/true, *reply, peer);
+    reply->set_worker_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
     metrics_->CountFrame(/*sent=*/true, peer_label, static_cast<int64_t>(reply->payload().size()));
     if (!stream->Write(*reply)) break;  // the client went away; its status says why
   }

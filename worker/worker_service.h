@@ -54,7 +54,18 @@ struct WorkerOptions {
   ShadowOptions shadow;
   // Test-only: a wrong kernel on this worker's device (LoadOptions::TEST_fault).
   std::string TEST_fault;
+  // KV cache budget of the loaded stage, in bytes: a step whose cache growth would take
+  // the total of all live sequences past it fails with RESOURCE_EXHAUSTED before it runs.
+  // 0: derived at each stage load by DefaultKvCacheBudget from the device's free memory
+  // once the weights are loaded.
+  int64_t kv_cache_bytes = 0;
 };
+
+// The KV budget a worker without --kv-cache-bytes gives a stage: free memory after the
+// weights are loaded minus the planner's headroom (server/planner.h PlanOptions: 10% of
+// it, at least 256 MiB), so the caches can grow to what the planner counted on without
+// taking the memory the device needs for activations and scratch. Never negative.
+int64_t DefaultKvCacheBudget(int64_t free_bytes_after_weights);
 
 // Capability attestation of `device` ("cuda:N") for this binary: compute capability,
 // driver/runtime, SASS/PTX archs, whether the code runs natively, kernel variants.
@@ -109,6 +120,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     ringserve::v1::ModelInfo info;
     uint64_t epoch = 0;
     std::shared_ptr<ShadowChecker> shadow;  // when options_.shadow.rate > 0
+    int64_t kv_budget = 0;  // bytes (WorkerOptions::kv_cache_bytes)
   };
 
   // Why this worker takes no new sequences (a shadow check diverged); empty: healthy.
@@ -126,6 +138,11 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   void SetLastError(const absl::Status& status);
   // Adds the growth of `state`'s cache to the KV total, if `loaded` is still the stage.
   void AccountCache(const Loaded* loaded, SequenceState* state, int64_t cache_bytes);
+  // Reserves `bytes` of the KV budget for a step of `state` before it runs (AccountCache
+  // settles it afterwards); RESOURCE_EXHAUSTED naming `hop`, the bytes and the budget when
+  // they do not fit.
+  absl::Status ReserveCache(const Loaded* loaded, SequenceState* state, int64_t bytes,
+                            const std::string& hop, const ringserve::v1::ActivationFrame& in);
   std::string HopName() const;
 
   const WorkerOptions options_;

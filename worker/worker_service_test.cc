@@ -207,5 +207,107 @@ TEST_F(WorkerServiceTest, PersistentStreamMatchesTheStageInProcess) {
   }
 }
 
+TEST(DefaultKvCacheBudget, FreeMemoryMinusTenPercentAtLeast256MiB) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  EXPECT_EQ(DefaultKvCacheBudget(10240 * kMiB), 9216 * kMiB);  // 10% headroom
+  EXPECT_EQ(DefaultKvCacheBudget(1024 * kMiB), 768 * kMiB);    // the 256 MiB floor
+  EXPECT_EQ(DefaultKvCacheBudget(100 * kMiB), 0);              // less than the headroom
+  EXPECT_EQ(DefaultKvCacheBudget(-1), 0);                      // free memory unknown
+}
+
+// The KV budget: a step whose cache growth would not fit fails with RESOURCE_EXHAUSTED
+// naming the worker, the bytes and the budget; nothing is held for it, and the worker
+// keeps serving steps that fit.
+TEST_F(WorkerServiceTest, KvBudgetRefusesAStepThatWouldNotFit) {
+  LoadOptions lo;
+  lo.layers = {0, 2};
+  auto local = LoadStage((dir_ / "m").string(), lo);
+  ASSERT_TRUE(local.ok()) << local.status();
+  const int64_t per_token = (*local)->NewSequence()->cache_bytes_per_token();
+  ASSERT_GT(per_token, 0);
+  WorkerOptions o;
+  o.kv_cache_bytes = 5 * per_token;
+  Start(o);
+  StageClient c(address_, 0, {});
+  const uint64_t epoch = Load(c, 0, 2);
+  auto s = c.OpenForward();
+  ASSERT_TRUE(s->Step(TokenFrame(epoch, 0, 0, {1, 2, 3}), kStep).ok());
+  auto d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kv_cache_bytes(), 3 * per_token);
+  EXPECT_EQ(d->kv_cache_budget_bytes(), 5 * per_token);
+  EXPECT_EQ(d->kv_cache_free_bytes(), 2 * per_token);
+
+  auto over = s->Step(TokenFrame(epoch, 1, 3, {4, 5, 6}), kStep);
+  ASSERT_FALSE(over.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  const std::string msg(over.status().message());
+  EXPECT_NE(msg.find(absl::StrCat("stage 0 (", address_, ")")), std::string::npos) << msg;
+  EXPECT_NE(msg.find(absl::StrCat("needs ", 3 * per_token, " bytes")), std::string::npos) << msg;
+  EXPECT_NE(msg.find(absl::StrCat("budget of ", 5 * per_token, " bytes are held by 1 sequence(s)")),
+            std::string::npos)
+      << msg;
+  d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kv_cache_bytes(), 3 * per_token) << "a refused step holds nothing";
+  EXPECT_NE(d->last_error().find("KV cache budget exceeded"), std::string::npos) << d->last_error();
+
+  // Another sequence that fits the rest of the budget is served.
+  pb::ActivationFrame other = TokenFrame(epoch, 0, 0, {7, 8});
+  other.set_sequence_id("seq2");
+  auto s2 = c.OpenForward();
+  ASSERT_TRUE(s2->Step(other, kStep).ok());
+  d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kv_cache_free_bytes(), 0);
+  // Releasing the first sequence gives its bytes back.
+  ASSERT_TRUE(c.Release("seq").ok());
+  d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kv_cache_bytes(), 2 * per_token);
+  EXPECT_EQ(d->kv_cache_free_bytes(), 3 * per_token);
+}
+
+TEST_F(WorkerServiceTest, WithoutAFlagTheBudgetIsDerivedAtStageLoad) {
+  Start();
+  StageClient c(address_, 0, {});
+  auto before = c.Describe();
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->kv_cache_budget_bytes(), 0) << "no stage, no budget";
+  Load(c, 0, 2);
+  auto d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Free memory minus headroom: positive on any machine with more than 256 MiB free.
+  EXPECT_GT(d->kv_cache_budget_bytes(), 0);
+  EXPECT_EQ(d->kv_cache_bytes(), 0);
+  EXPECT_EQ(d->kv_cache_free_bytes(), d->kv_cache_budget_bytes());
+}
+
+// Each reply carries the worker's own time on the frame, which the coordinator's round
+// trip contains (ring_hop_latency_seconds is the difference), and the payload bytes of
+// both directions are what the frames held.
+TEST_F(WorkerServiceTest, RepliesCarryTheWorkersTimeForTheHopLatency) {
+  Start();
+  StageClient c(address_, 0, {});
+  const uint64_t epoch = Load(c, 0, 2);
+  auto s = c.OpenForward();
+  auto reply = s->Step(TokenFrame(epoch, 0, 0, {1, 2, 3}), kStep);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->has_worker_seconds());
+  EXPECT_GT(reply->worker_seconds(), 0);
+
+  RemoteStageRunner r(&c, "seq-hop", epoch, 128, pb::DTYPE_F32);
+  StageInput in;
+  in.tokens = {1, 2, 3, 4};
+  auto out = r.Forward(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const RemoteStageRunner::Exchange& x = r.last_exchange();
+  ASSERT_TRUE(x.worker_seconds.has_value());
+  EXPECT_GT(*x.worker_seconds, 0);
+  EXPECT_LE(*x.worker_seconds, x.round_trip_seconds) << "the worker's time is inside the round trip";
+  EXPECT_GE(x.bytes_sent, 4) << "four token ids, one varint byte each at least";
+  EXPECT_GE(x.bytes_received, 4 * 128 * 4) << "a [4, 128] hidden state in f32, plus the header";
+}
+
 }  // namespace
 }  // namespace ring::worker
