@@ -20,13 +20,20 @@
 // Scaling x or the sum by powers of two is exact unless |x| < 2^-100 or |x * scale| > 2^100.
 // Affine groups compute scale * sum(x * q) + bias * sum(x), sum(x) per group once per call.
 // One row of x uses two accumulator chains; up to 4 rows of x share each decoded vector.
+// On CPUs with AVX-512F the 4-bit formats use the kernel in quant_kernels_avx512.cc instead
+// (chosen at run time, see ActiveQuantIsa); the other formats keep the AVX2 kernels.
 #include "kernels/cpu/quant_kernels.h"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu/quant_kernels_avx512.h"
 #include "kernels/cpu/thread_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -55,6 +62,30 @@ struct Tables {
 const Tables& GetTables() {
   static const Tables t;
   return t;
+}
+
+// The widest kernel set this build and CPU can run.
+QuantIsa SupportedQuantIsa() {
+  if (avx512::Supported() && RING_QUANT_AVX2) return QuantIsa::kAvx512;
+  return RING_QUANT_AVX2 ? QuantIsa::kAvx2 : QuantIsa::kScalar;
+}
+
+// RING_CPU_QUANT_ISA=scalar|avx2|avx512 caps the default; other values are ignored.
+QuantIsa DefaultQuantIsa() {
+  const QuantIsa best = SupportedQuantIsa();
+  const char* env = std::getenv("RING_CPU_QUANT_ISA");
+  if (env == nullptr) return best;
+  const std::string v = env;
+  QuantIsa want = best;
+  if (v == "scalar") want = QuantIsa::kScalar;
+  if (v == "avx2") want = QuantIsa::kAvx2;
+  if (v == "avx512") want = QuantIsa::kAvx512;
+  return std::min(want, best);
+}
+
+std::atomic<QuantIsa>& IsaSetting() {
+  static std::atomic<QuantIsa> isa{DefaultQuantIsa()};
+  return isa;
 }
 
 inline float LoadFloat(const uint8_t* base, DType t, int64_t i) {
@@ -217,7 +248,8 @@ void DenseMatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
 
 // ---- quantized, transpose=true ---------------------------------------------------------
 
-enum class FastKind { kNone, kWordLane, kFp4, kFp8 };
+// kWordLane, kFp4, kFp8: the AVX2 kernels below; kNibble16: avx512::Nibble16Row.
+enum class FastKind { kNone, kWordLane, kFp4, kFp8, kNibble16 };
 
 struct FastPlan {
   FastKind kind = FastKind::kNone;
@@ -225,8 +257,16 @@ struct FastPlan {
   float post_scale = 1.0f;  // applied to the fast part of each dot product
 };
 
-FastPlan MakePlan(const QuantSpec& spec) {
+FastPlan MakePlan(const QuantSpec& spec, QuantIsa isa) {
   FastPlan p;
+  if (isa == QuantIsa::kScalar) return p;
+  if (isa == QuantIsa::kAvx512 && spec.bits == 4 &&
+      (spec.mode == QuantMode::kAffine || spec.mode == QuantMode::kMxfp4 ||
+       spec.mode == QuantMode::kNvfp4)) {
+    p.kind = FastKind::kNibble16;
+    p.chunk_elems = avx512::kChunkElems;
+    return p;
+  }
 #if RING_QUANT_AVX2
   switch (spec.mode) {
     case QuantMode::kAffine:
@@ -255,6 +295,7 @@ FastPlan MakePlan(const QuantSpec& spec) {
 // Permutes (and pre-scales) x[0, n), n a multiple of chunk_elems, into the lane order of
 // the plan; see the file comment.
 void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp) {
+  if (p.kind == FastKind::kNibble16) return avx512::PermuteNibble16(x, n, xp);
   for (int64_t c = 0; c < n; c += p.chunk_elems) {
     const float* xc = x + c;
     float* o = xp + c;
@@ -278,6 +319,7 @@ void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp)
             o[8 * k + j] = 256.0f * xc[k < 2 ? 16 * k + 2 * j : 16 * (k - 2) + 2 * j + 1];
         break;
       case FastKind::kNone:
+      case FastKind::kNibble16:
         break;
     }
   }
@@ -483,13 +525,14 @@ void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_
     case FastKind::kFp8:
       return Fp8Row<MB>(w, c0, c1, xp, sc, out);
     case FastKind::kNone:
+    case FastKind::kNibble16:
       break;
   }
   for (int i = 0; i < MB; ++i) out[i] = 0.0f;
 }
 
-void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
-             const float* const* xp, const float* sc, float* out) {
+void Avx2FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
+                 const float* const* xp, const float* sc, float* out) {
   switch (mb) {
     case 1:
       return FastRowMB<1>(p, s, r, c0, c1, xp, sc, out);
@@ -502,15 +545,40 @@ void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t 
   }
 }
 #else
-void FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int64_t, int mb, const float* const*,
-             const float*, float* out) {
+void Avx2FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int64_t, int mb,
+                 const float* const*, const float*, float* out) {
   for (int i = 0; i < mb; ++i) out[i] = 0.0f;
 }
 #endif
 
+// Table of the AVX-512 kernel for affine 4-bit codes (E2M1 codes use kFp4Lut).
+constexpr float kNibbleValues[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// Partial dot products of row r over chunks [c0, c1) with mb (1..4) rows of permuted x;
+// the plan's post_scale is not applied yet.
+void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
+             const float* const* xp, const float* sc, float* out) {
+  if (p.kind == FastKind::kNibble16) {
+    const int words_per_group = s.spec.group_size * s.spec.bits / 32;
+    const int log2_wpg = std::bit_width(static_cast<unsigned>(words_per_group)) - 1;
+    return avx512::Nibble16Row(reinterpret_cast<const uint32_t*>(s.row(r)), c0, c1, mb, xp, sc,
+                               log2_wpg,
+                               s.spec.mode == QuantMode::kAffine ? kNibbleValues : kFp4Lut, out);
+  }
+  Avx2FastRow(p, s, r, c0, c1, mb, xp, sc, out);
+}
+
 constexpr int kMaxMB = 4;
 
 }  // namespace
+
+QuantIsa ActiveQuantIsa() { return IsaSetting().load(std::memory_order_relaxed); }
+
+bool TEST_SetQuantIsa(QuantIsa isa) {
+  if (isa > SupportedQuantIsa()) return false;
+  IsaSetting().store(isa, std::memory_order_relaxed);
+  return true;
+}
 
 QSlice MakeQSlice(const QuantWeight& w, int64_t b) {
   QSlice s;
@@ -631,7 +699,7 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
   const int gs = s.spec.group_size;
   const bool affine = s.spec.mode == QuantMode::kAffine;
 
-  const FastPlan plan = MakePlan(s.spec);
+  const FastPlan plan = MakePlan(s.spec, ActiveQuantIsa());
   // The vector kernels cover whole chunks; what remains is always whole groups.
   const int64_t nchunks = plan.kind == FastKind::kNone ? 0 : K / plan.chunk_elems;
   const int64_t fast_elems = nchunks * plan.chunk_elems;
@@ -660,7 +728,7 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
     tile_chunks = std::max<int64_t>(1, (24 << 10) / per_chunk);
   }
   constexpr int64_t kRowBlock = 8;
-  const int64_t sstride = s.groups + 8;  // scales padded for 8-wide loads
+  const int64_t sstride = s.groups + 16;  // scales padded for 16-wide loads
 
   ParallelFor(N, 4, [&](int64_t r0, int64_t r1) {
     std::vector<float> sc(kRowBlock * sstride, 0.0f), bi(affine ? kRowBlock * s.groups : 0),

@@ -35,6 +35,18 @@ struct QSlice {
 
   const uint8_t* row(int64_t r) const { return w + r * w_row_bytes; }
 };
+// The vector kernels MatmulT uses (MatmulN and the decoders do not depend on it). The
+// default is the widest one this build and CPU support: AVX-512 (4-bit formats only; the
+// others stay on AVX2) when cpuid reports AVX-512F, else AVX2 on x86 builds, else scalar.
+// RING_CPU_QUANT_ISA=scalar|avx2|avx512 in the environment caps the default, e.g. to
+// reproduce an AVX2 host's results bit for bit. Results differ between ISAs by fp32
+// rounding only (summation order), never with the thread count.
+enum class QuantIsa : uint8_t { kScalar, kAvx2, kAvx512 };
+QuantIsa ActiveQuantIsa();
+// Test hook: MatmulT uses `isa` from now on, process-wide. Returns false (and changes
+// nothing) when this build or CPU cannot run it.
+bool TEST_SetQuantIsa(QuantIsa isa);
+
 // Requires ValidateQuantWeight(w).ok() and 0 <= b < w.batch().
 QSlice MakeQSlice(const QuantWeight& w, int64_t b);
 
