@@ -670,8 +670,8 @@ TEST(QMatmul, IsaHookOnlyAcceptsWhatRuns) {
 }
 
 TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
-  // With m > 1 the kernels walk K in tiles of ~24 KiB of x and rows in blocks of 8; long
-  // rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
+  // The kernels walk K in tiles of ~24 KiB of x (always with m > 1) and rows in blocks of
+  // 8; long rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
   ForEachQuantIsa([] {
     uint32_t seed = 300;
     for (QuantSpec spec :
@@ -681,6 +681,14 @@ TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
       SCOPED_TRACE(spec.ToString());
       Owned o = MakeQuant(spec, DType::kBF16, 1, 19, 128 * 37, seed++);
       for (int64_t m : {1, 2, 5, 8}) CheckMatmuls(o.q, m, seed++);
+    }
+    // One row of x is tiled too once its permuted copy exceeds 32 KiB (here 36.5 KiB: a
+    // full tile and a partial one for every chunk width).
+    for (QuantSpec spec : {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
+                           QuantSpec{QuantMode::kMxfp8, 8, 32}}) {
+      SCOPED_TRACE(spec.ToString() + " long row");
+      Owned o = MakeQuant(spec, DType::kBF16, 1, 11, 128 * 73, seed++);
+      CheckMatmuls(o.q, 1, seed++);
     }
   });
 }

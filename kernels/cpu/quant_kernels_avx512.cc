@@ -14,6 +14,8 @@
 // AVX-512 enabled (the linker could otherwise keep the AVX-512 copy for every caller).
 #include "kernels/cpu/quant_kernels_avx512.h"
 
+#include "kernels/cpu/quant_kernels.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // GCC 12's _mm512_undefined_* self-initialise on purpose and trip -Wuninitialized where
 // they inline (GCC PR 105593, fixed in 13).
@@ -32,15 +34,11 @@ namespace ring::cpu::avx512 {
 
 namespace {
 
-// Streaming from DRAM on a VM, hardware prefetch alone left part of the bandwidth idle (see
-// quant_kernels.cc); one software prefetch per 64-byte chunk, 2 KiB ahead.
-constexpr int kPrefetchWords = 512;
-
 template <int MB>
 RING_AVX512 __attribute__((noinline)) void Nibble16RowT(const uint32_t* w, int64_t c0, int64_t c1,
                                                          const float* const* xp, const float* sc,
                                                          int log2_wpg, const float* table,
-                                                         float* out) {
+                                                         const uint8_t* next, float* out) {
   // One row of x: two accumulator chains keep the FMA latency hidden; with more rows the
   // rows themselves are independent chains.
   constexpr int kChains = MB <= 2 ? 2 : 1;
@@ -54,7 +52,10 @@ RING_AVX512 __attribute__((noinline)) void Nibble16RowT(const uint32_t* w, int64
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm512_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
     const uint32_t* wc = w + kChunkWords * c;
-    _mm_prefetch(reinterpret_cast<const char*>(wc + kPrefetchWords), _MM_HINT_T0);
+    // One prefetch per 64-byte chunk (one cache line); see PrefetchTarget.
+    _mm_prefetch(reinterpret_cast<const char*>(
+                     PrefetchTarget(reinterpret_cast<const uint8_t*>(w), c, c1, 4 * kChunkWords, next)),
+                 _MM_HINT_T0);
     const __m512i v = _mm512_loadu_si512(wc);
     __m512 acc[MB][kChains];
 #pragma GCC unroll 8
@@ -97,17 +98,11 @@ void PermuteNibble16(const float* x, int64_t n, float* xp) {
 }
 
 void Nibble16Row(const uint32_t* w, int64_t c0, int64_t c1, int mb, const float* const* xp,
-                 const float* sc, int log2_wpg, const float* table, float* out) {
-  switch (mb) {
-    case 1:
-      return Nibble16RowT<1>(w, c0, c1, xp, sc, log2_wpg, table, out);
-    case 2:
-      return Nibble16RowT<2>(w, c0, c1, xp, sc, log2_wpg, table, out);
-    case 3:
-      return Nibble16RowT<3>(w, c0, c1, xp, sc, log2_wpg, table, out);
-    default:
-      return Nibble16RowT<4>(w, c0, c1, xp, sc, log2_wpg, table, out);
-  }
+                 const float* sc, int log2_wpg, const float* table, const uint8_t* next,
+                 float* out) {
+  WithRowsOfX(mb, [&](auto rows) {
+    Nibble16RowT<rows()>(w, c0, c1, xp, sc, log2_wpg, table, next, out);
+  });
 }
 
 #else  // !RING_HAVE_AVX512_KERNELS
@@ -115,7 +110,7 @@ void Nibble16Row(const uint32_t* w, int64_t c0, int64_t c1, int mb, const float*
 bool Supported() { return false; }
 void PermuteNibble16(const float*, int64_t, float*) {}
 void Nibble16Row(const uint32_t*, int64_t, int64_t, int mb, const float* const*, const float*, int,
-                 const float*, float* out) {
+                 const float*, const uint8_t*, float* out) {
   for (int i = 0; i < mb; ++i) out[i] = 0.0f;
 }
 

@@ -29,8 +29,10 @@ void PermuteNibble16(const float* x, int64_t n, float* xp);
 //   scale(lane) * sum_t xp[i][128 c + 16 t + j] * table[code t of word 16 c + j],
 // for mb (1..4) rows of permuted x. `sc` holds the row's group scales (fp32) padded by 16
 // readable floats; groups are 2^log2_wpg words (1 <= 2^log2_wpg).
+// `next`: where prefetching continues past c1 (see PrefetchTarget in quant_kernels.h).
 void Nibble16Row(const uint32_t* w, int64_t c0, int64_t c1, int mb, const float* const* xp,
-                 const float* sc, int log2_wpg, const float* table, float* out);
+                 const float* sc, int log2_wpg, const float* table, const uint8_t* next,
+                 float* out);
 
 }  // namespace ring::cpu::avx512
 
