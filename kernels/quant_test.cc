@@ -7,6 +7,7 @@
 #include "kernels/quant.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -580,35 +581,121 @@ void CheckMatmuls(const QuantWeight& w, int64_t m, uint32_t seed, float x_scale 
   }
 }
 
-TEST(QMatmul, MatchesReferenceForEveryFormat) {
-  uint32_t seed = 100;
-  for (const FormatCase& f : AllFormats()) {
-    SCOPED_TRACE(f.spec.ToString() + " " + DTypeName(f.sdt));
-    // cols: whole vector chunks plus a tail of groups (chunks are 32 bytes of codes).
-    const int64_t cols = f.spec.group_size * (f.spec.group_size == 16 ? 13 : 9);
-    Owned o = MakeQuant(f.spec, f.sdt, 1, 11, cols, seed++);
-    ASSERT_TRUE(ValidateQuantWeight(o.q).ok());
-    for (int64_t m : {1, 2, 3, 4, 5, 8, 9}) CheckMatmuls(o.q, m, seed++);
+// Runs fn once per matmul kernel set this build and CPU support (scalar decoders, AVX2,
+// AVX-512), forcing it through the test hook, and restores the default afterwards.
+template <typename Fn>
+void ForEachQuantIsa(Fn fn) {
+  const cpu::QuantIsa saved = cpu::ActiveQuantIsa();
+  const struct {
+    cpu::QuantIsa isa;
+    const char* name;
+  } isas[] = {{cpu::QuantIsa::kScalar, "scalar"},
+              {cpu::QuantIsa::kAvx2, "avx2"},
+              {cpu::QuantIsa::kAvx512, "avx512"}};
+  for (const auto& [isa, name] : isas) {
+    if (!cpu::TEST_SetQuantIsa(isa)) {
+      std::printf("  (%s kernels not supported here: skipped)\n", name);
+      continue;
+    }
+    SCOPED_TRACE(std::string("quant ISA ") + name);
+    fn();
+    if (::testing::Test::HasFatalFailure()) break;
   }
+  EXPECT_TRUE(cpu::TEST_SetQuantIsa(saved));
+}
+
+TEST(QMatmul, MatchesReferenceForEveryFormat) {
+  ForEachQuantIsa([] {
+    uint32_t seed = 100;
+    for (const FormatCase& f : AllFormats()) {
+      SCOPED_TRACE(f.spec.ToString() + " " + DTypeName(f.sdt));
+      // cols: whole vector chunks plus a tail of groups (chunks are 32 bytes of codes).
+      const int64_t cols = f.spec.group_size * (f.spec.group_size == 16 ? 13 : 9);
+      Owned o = MakeQuant(f.spec, f.sdt, 1, 11, cols, seed++);
+      ASSERT_TRUE(ValidateQuantWeight(o.q).ok());
+      for (int64_t m : {1, 2, 3, 4, 5, 8, 9}) CheckMatmuls(o.q, m, seed++);
+    }
+  });
+}
+
+TEST(QMatmul, FourBitShapesAroundTheWideChunk) {
+  // The AVX-512 kernel takes 128 codes (64 bytes) per chunk and leaves whole groups of a
+  // row's tail to the scalar decoder: rows shorter than a chunk, exact multiples, chunks
+  // plus a tail, one row and a row-block remainder, every 4-bit mode and group size.
+  ForEachQuantIsa([] {
+    uint32_t seed = 500;
+    std::vector<FormatCase> cases;
+    for (int g : {32, 64, 128})
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
+        cases.push_back({{QuantMode::kAffine, 4, g}, t});
+    for (DType t : {DType::kBF16, DType::kF32}) {
+      cases.push_back({{QuantMode::kMxfp4, 4, 32}, t});
+      cases.push_back({{QuantMode::kNvfp4, 4, 16}, t});
+    }
+    for (const FormatCase& f : cases) {
+      const int gs = f.spec.group_size;
+      for (int64_t cols : {int64_t{gs}, int64_t{256}, 3 * 128 + int64_t{gs}, 5 * 128 + 3 * int64_t{gs}}) {
+        if (cols % gs != 0) continue;
+        for (int64_t rows : {1, 17}) {
+          SCOPED_TRACE(f.spec.ToString() + " " + DTypeName(f.sdt) + " " + std::to_string(rows) +
+                       "x" + std::to_string(cols));
+          Owned o = MakeQuant(f.spec, f.sdt, 1, rows, cols, seed++);
+          ASSERT_TRUE(ValidateQuantWeight(o.q).ok());
+          for (int64_t m : {1, 2, 3, 4, 6}) CheckMatmuls(o.q, m, seed++);
+        }
+      }
+    }
+    // nvfp4 with a global scale (per-group scales are then not powers of two times E4M3).
+    Owned n = MakeQuant({QuantMode::kNvfp4, 4, 16}, DType::kBF16, 1, 9, 3 * 128 + 16, 7, 3.7f);
+    CheckMatmuls(n.q, 1, 8);
+    CheckMatmuls(n.q, 5, 9);
+  });
+}
+
+TEST(QMatmul, IsaHookOnlyAcceptsWhatRuns) {
+  const cpu::QuantIsa saved = cpu::ActiveQuantIsa();
+  EXPECT_TRUE(cpu::TEST_SetQuantIsa(cpu::QuantIsa::kScalar));
+  EXPECT_EQ(cpu::ActiveQuantIsa(), cpu::QuantIsa::kScalar);
+#if defined(__AVX2__)
+  EXPECT_TRUE(cpu::TEST_SetQuantIsa(cpu::QuantIsa::kAvx2));
+  EXPECT_EQ(cpu::ActiveQuantIsa(), cpu::QuantIsa::kAvx2);
+#endif
+  const bool avx512 = cpu::TEST_SetQuantIsa(cpu::QuantIsa::kAvx512);
+#if defined(__x86_64__) && defined(__AVX2__)
+  EXPECT_EQ(avx512, __builtin_cpu_supports("avx512f") != 0);
+#else
+  EXPECT_FALSE(avx512);
+#endif
+  EXPECT_TRUE(cpu::TEST_SetQuantIsa(saved));
 }
 
 TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
-  // With m > 1 the kernels walk K in tiles of ~24 KiB of x and rows in blocks of 8; long
-  // rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
-  uint32_t seed = 300;
-  for (QuantSpec spec :
-       {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
-        QuantSpec{QuantMode::kNvfp4, 4, 16}, QuantSpec{QuantMode::kMxfp8, 8, 32},
-        QuantSpec{QuantMode::kAffine, 8, 128}, QuantSpec{QuantMode::kAffine, 2, 32}}) {
-    SCOPED_TRACE(spec.ToString());
-    Owned o = MakeQuant(spec, DType::kBF16, 1, 19, 128 * 37, seed++);
-    for (int64_t m : {1, 2, 5, 8}) CheckMatmuls(o.q, m, seed++);
-  }
+  // The kernels walk K in tiles of ~24 KiB of x (always with m > 1) and rows in blocks of
+  // 8; long rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
+  ForEachQuantIsa([] {
+    uint32_t seed = 300;
+    for (QuantSpec spec :
+         {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
+          QuantSpec{QuantMode::kNvfp4, 4, 16}, QuantSpec{QuantMode::kMxfp8, 8, 32},
+          QuantSpec{QuantMode::kAffine, 8, 128}, QuantSpec{QuantMode::kAffine, 2, 32}}) {
+      SCOPED_TRACE(spec.ToString());
+      Owned o = MakeQuant(spec, DType::kBF16, 1, 19, 128 * 37, seed++);
+      for (int64_t m : {1, 2, 5, 8}) CheckMatmuls(o.q, m, seed++);
+    }
+    // One row of x is tiled too once its permuted copy exceeds 32 KiB (here 36.5 KiB: a
+    // full tile and a partial one for every chunk width).
+    for (QuantSpec spec : {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
+                           QuantSpec{QuantMode::kMxfp8, 8, 32}}) {
+      SCOPED_TRACE(spec.ToString() + " long row");
+      Owned o = MakeQuant(spec, DType::kBF16, 1, 11, 128 * 73, seed++);
+      CheckMatmuls(o.q, 1, seed++);
+    }
+  });
 }
 
-TEST(QMatmul, EveryScaleByteDecodes) {
-  // Scale bytes rewritten to cover every E8M0 value but inf (0: MLX's 2^-127) and every
-  // E4M3 value, negative and subnormal ones included; one NaN E4M3 scale poisons its row.
+// Scale bytes rewritten to cover every E8M0 value but inf (0: MLX's 2^-127) and every
+// E4M3 value, negative and subnormal ones included; one NaN E4M3 scale poisons its row.
+void CheckEveryScaleByte() {
   for (QuantSpec spec : {QuantSpec{QuantMode::kMxfp4, 4, 32}, QuantSpec{QuantMode::kMxfp8, 8, 32},
                          QuantSpec{QuantMode::kNvfp4, 4, 16}}) {
     for (float gscale : {0.0f, 3.7f}) {
@@ -640,6 +727,10 @@ TEST(QMatmul, EveryScaleByteDecodes) {
       for (int r = 0; r < 17; ++r) EXPECT_EQ(std::isnan(y[r]), r == 5) << r;
     }
   }
+}
+
+TEST(QMatmul, EveryScaleByteDecodes) {
+  ForEachQuantIsa([] { CheckEveryScaleByte(); });
 }
 
 TEST(QMatmul, NvFp4GlobalScaleAndUnquantized) {

@@ -20,13 +20,20 @@
 // Scaling x or the sum by powers of two is exact unless |x| < 2^-100 or |x * scale| > 2^100.
 // Affine groups compute scale * sum(x * q) + bias * sum(x), sum(x) per group once per call.
 // One row of x uses two accumulator chains; up to 4 rows of x share each decoded vector.
+// On CPUs with AVX-512F the 4-bit formats use the kernel in quant_kernels_avx512.cc instead
+// (chosen at run time, see ActiveQuantIsa); the other formats keep the AVX2 kernels.
 #include "kernels/cpu/quant_kernels.h"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu/quant_kernels_avx512.h"
 #include "kernels/cpu/thread_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -55,6 +62,30 @@ struct Tables {
 const Tables& GetTables() {
   static const Tables t;
   return t;
+}
+
+// The widest kernel set this build and CPU can run.
+QuantIsa SupportedQuantIsa() {
+  if (avx512::Supported() && RING_QUANT_AVX2) return QuantIsa::kAvx512;
+  return RING_QUANT_AVX2 ? QuantIsa::kAvx2 : QuantIsa::kScalar;
+}
+
+// RING_CPU_QUANT_ISA=scalar|avx2|avx512 caps the default; other values are ignored.
+QuantIsa DefaultQuantIsa() {
+  const QuantIsa best = SupportedQuantIsa();
+  const char* env = std::getenv("RING_CPU_QUANT_ISA");
+  if (env == nullptr) return best;
+  const std::string v = env;
+  QuantIsa want = best;
+  if (v == "scalar") want = QuantIsa::kScalar;
+  if (v == "avx2") want = QuantIsa::kAvx2;
+  if (v == "avx512") want = QuantIsa::kAvx512;
+  return std::min(want, best);
+}
+
+std::atomic<QuantIsa>& IsaSetting() {
+  static std::atomic<QuantIsa> isa{DefaultQuantIsa()};
+  return isa;
 }
 
 inline float LoadFloat(const uint8_t* base, DType t, int64_t i) {
@@ -217,7 +248,8 @@ void DenseMatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
 
 // ---- quantized, transpose=true ---------------------------------------------------------
 
-enum class FastKind { kNone, kWordLane, kFp4, kFp8 };
+// kWordLane, kFp4, kFp8: the AVX2 kernels below; kNibble16: avx512::Nibble16Row.
+enum class FastKind { kNone, kWordLane, kFp4, kFp8, kNibble16 };
 
 struct FastPlan {
   FastKind kind = FastKind::kNone;
@@ -225,8 +257,16 @@ struct FastPlan {
   float post_scale = 1.0f;  // applied to the fast part of each dot product
 };
 
-FastPlan MakePlan(const QuantSpec& spec) {
+FastPlan MakePlan(const QuantSpec& spec, QuantIsa isa) {
   FastPlan p;
+  if (isa == QuantIsa::kScalar) return p;
+  if (isa == QuantIsa::kAvx512 && spec.bits == 4 &&
+      (spec.mode == QuantMode::kAffine || spec.mode == QuantMode::kMxfp4 ||
+       spec.mode == QuantMode::kNvfp4)) {
+    p.kind = FastKind::kNibble16;
+    p.chunk_elems = avx512::kChunkElems;
+    return p;
+  }
 #if RING_QUANT_AVX2
   switch (spec.mode) {
     case QuantMode::kAffine:
@@ -255,6 +295,7 @@ FastPlan MakePlan(const QuantSpec& spec) {
 // Permutes (and pre-scales) x[0, n), n a multiple of chunk_elems, into the lane order of
 // the plan; see the file comment.
 void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp) {
+  if (p.kind == FastKind::kNibble16) return avx512::PermuteNibble16(x, n, xp);
   for (int64_t c = 0; c < n; c += p.chunk_elems) {
     const float* xc = x + c;
     float* o = xp + c;
@@ -278,6 +319,7 @@ void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp)
             o[8 * k + j] = 256.0f * xc[k < 2 ? 16 * k + 2 * j : 16 * (k - 2) + 2 * j + 1];
         break;
       case FastKind::kNone:
+      case FastKind::kNibble16:
         break;
     }
   }
@@ -286,11 +328,12 @@ void PermuteX(const FastPlan& p, int bits, const float* x, int64_t n, float* xp)
 #if RING_QUANT_AVX2
 
 // Streaming from DRAM on a VM, hardware prefetch alone left ~1/3 of the bandwidth idle;
-// a software prefetch 2 KiB ahead of the current chunk (into the next rows at the end of
-// a row) measured ~1.5x on the bench machine. Prefetches never fault.
-constexpr int kPrefetchBytes = 2048;
-inline void PrefetchAhead(const void* chunk) {
-  _mm_prefetch(static_cast<const char*>(chunk) + kPrefetchBytes, _MM_HINT_T0);
+// a software prefetch kPrefetchBytes ahead of the current chunk measured ~1.5x on the
+// bench machine. Prefetches never fault.
+inline void PrefetchAhead(const uint8_t* row, int64_t c, int64_t c1, int chunk_bytes,
+                          const uint8_t* next) {
+  _mm_prefetch(reinterpret_cast<const char*>(PrefetchTarget(row, c, c1, chunk_bytes, next)),
+               _MM_HINT_T0);
 }
 
 // Scale of every lane of chunk c (lane j = word j): one broadcast when a group spans the
@@ -319,7 +362,8 @@ struct LaneScales {
 template <int kBits, int MB>
 __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_t c1,
                                            const float* const* xp, const float* sc,
-                                           const LaneScales& ls, float* out) {
+                                           const LaneScales& ls, const uint8_t* next,
+                                           float* out) {
   constexpr int kEpw = 32 / kBits;
   constexpr int kChains = MB <= 2 ? 2 : 1;
   constexpr uint32_t kMask = (1u << kBits) - 1;
@@ -328,7 +372,7 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
-    PrefetchAhead(w + 8 * c);
+    PrefetchAhead(reinterpret_cast<const uint8_t*>(w), c, c1, 32, next);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * c));
     __m256 acc[MB][kChains];
 #pragma GCC unroll 32
@@ -364,7 +408,7 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
 template <int MB>
 __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
                                       const float* const* xp, const float* sc, const LaneScales& ls,
-                                      float* out) {
+                                      const uint8_t* next, float* out) {
   constexpr int kChains = MB <= 2 ? 2 : 1;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // to_top[p]: byte p of every dword to byte 3, the other bytes zeroed (index 0x80).
@@ -382,7 +426,7 @@ __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
-    PrefetchAhead(w + 32 * c);
+    PrefetchAhead(w, c, c1, 32, next);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
     const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
@@ -416,7 +460,8 @@ __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
 // mxfp8 kernel: 32 E4M3 bytes per chunk, one group (32) per chunk.
 template <int MB>
 __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
-                                      const float* const* xp, const float* sc, float* out) {
+                                      const float* const* xp, const float* sc,
+                                      const uint8_t* next, float* out) {
   const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
   const __m256i mag = _mm256_set1_epi16(0x3f80);
   constexpr int kChains = MB <= 2 ? 2 : 1;
@@ -425,7 +470,7 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < kChains; ++h) y[i][h] = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; ++c) {
-    PrefetchAhead(w + 32 * c);
+    PrefetchAhead(w, c, c1, 32, next);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 8), sign),
                                        _mm256_and_si256(_mm256_slli_epi16(v, 7), mag));
@@ -461,7 +506,7 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
 
 template <int MB>
 void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1,
-               const float* const* xp, const float* sc, float* out) {
+               const float* const* xp, const float* sc, const uint8_t* next, float* out) {
   const uint8_t* w = s.row(r);
   const LaneScales ls(s.spec.group_size * s.spec.bits / 32);
   switch (p.kind) {
@@ -469,48 +514,67 @@ void FastRowMB(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_
       const uint32_t* wu = reinterpret_cast<const uint32_t*>(w);
       switch (s.spec.bits) {
         case 1:
-          return WordLaneRow<1, MB>(wu, c0, c1, xp, sc, ls, out);
+          return WordLaneRow<1, MB>(wu, c0, c1, xp, sc, ls, next, out);
         case 2:
-          return WordLaneRow<2, MB>(wu, c0, c1, xp, sc, ls, out);
+          return WordLaneRow<2, MB>(wu, c0, c1, xp, sc, ls, next, out);
         case 4:
-          return WordLaneRow<4, MB>(wu, c0, c1, xp, sc, ls, out);
+          return WordLaneRow<4, MB>(wu, c0, c1, xp, sc, ls, next, out);
         default:
-          return WordLaneRow<8, MB>(wu, c0, c1, xp, sc, ls, out);
+          return WordLaneRow<8, MB>(wu, c0, c1, xp, sc, ls, next, out);
       }
     }
     case FastKind::kFp4:
-      return Fp4Row<MB>(w, c0, c1, xp, sc, ls, out);
+      return Fp4Row<MB>(w, c0, c1, xp, sc, ls, next, out);
     case FastKind::kFp8:
-      return Fp8Row<MB>(w, c0, c1, xp, sc, out);
+      return Fp8Row<MB>(w, c0, c1, xp, sc, next, out);
     case FastKind::kNone:
+    case FastKind::kNibble16:
       break;
   }
   for (int i = 0; i < MB; ++i) out[i] = 0.0f;
 }
 
-void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
-             const float* const* xp, const float* sc, float* out) {
-  switch (mb) {
-    case 1:
-      return FastRowMB<1>(p, s, r, c0, c1, xp, sc, out);
-    case 2:
-      return FastRowMB<2>(p, s, r, c0, c1, xp, sc, out);
-    case 3:
-      return FastRowMB<3>(p, s, r, c0, c1, xp, sc, out);
-    default:
-      return FastRowMB<4>(p, s, r, c0, c1, xp, sc, out);
-  }
+void Avx2FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
+                 const float* const* xp, const float* sc, const uint8_t* next, float* out) {
+  WithRowsOfX(mb, [&](auto rows) { FastRowMB<rows()>(p, s, r, c0, c1, xp, sc, next, out); });
 }
 #else
-void FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int64_t, int mb, const float* const*,
-             const float*, float* out) {
+void Avx2FastRow(const FastPlan&, const QSlice&, int64_t, int64_t, int64_t, int mb,
+                 const float* const*, const float*, const uint8_t*, float* out) {
   for (int i = 0; i < mb; ++i) out[i] = 0.0f;
 }
 #endif
 
+// Table of the AVX-512 kernel for affine 4-bit codes (E2M1 codes use kFp4Lut).
+constexpr float kNibbleValues[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// Partial dot products of row r over chunks [c0, c1) with mb (1..4) rows of permuted x;
+// the plan's post_scale is not applied yet. `next`: the packed data the following call
+// starts on, where prefetching continues past c1.
+void FastRow(const FastPlan& p, const QSlice& s, int64_t r, int64_t c0, int64_t c1, int mb,
+             const float* const* xp, const float* sc, const uint8_t* next, float* out) {
+  if (p.kind == FastKind::kNibble16) {
+    const int words_per_group = s.spec.group_size * s.spec.bits / 32;
+    const int log2_wpg = std::bit_width(static_cast<unsigned>(words_per_group)) - 1;
+    return avx512::Nibble16Row(reinterpret_cast<const uint32_t*>(s.row(r)), c0, c1, mb, xp, sc,
+                               log2_wpg,
+                               s.spec.mode == QuantMode::kAffine ? kNibbleValues : kFp4Lut, next,
+                               out);
+  }
+  Avx2FastRow(p, s, r, c0, c1, mb, xp, sc, next, out);
+}
+
 constexpr int kMaxMB = 4;
 
 }  // namespace
+
+QuantIsa ActiveQuantIsa() { return IsaSetting().load(std::memory_order_relaxed); }
+
+bool TEST_SetQuantIsa(QuantIsa isa) {
+  if (isa > SupportedQuantIsa()) return false;
+  IsaSetting().store(isa, std::memory_order_relaxed);
+  return true;
+}
 
 QSlice MakeQSlice(const QuantWeight& w, int64_t b) {
   QSlice s;
@@ -631,7 +695,7 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
   const int gs = s.spec.group_size;
   const bool affine = s.spec.mode == QuantMode::kAffine;
 
-  const FastPlan plan = MakePlan(s.spec);
+  const FastPlan plan = MakePlan(s.spec, ActiveQuantIsa());
   // The vector kernels cover whole chunks; what remains is always whole groups.
   const int64_t nchunks = plan.kind == FastKind::kNone ? 0 : K / plan.chunk_elems;
   const int64_t fast_elems = nchunks * plan.chunk_elems;
@@ -652,43 +716,49 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
       }
   }
 
-  // x tiles must stay in L1 while they are reused: with m > 1 rows of x, rows of W are
-  // processed in blocks of kRowBlock, one K-tile of ~24 KiB of permuted x at a time.
+  // x tiles must stay in L1 while they are reused: rows of W are processed in blocks of
+  // kRowBlock, one K-tile of ~24 KiB of permuted x at a time, when the permuted rows of x
+  // exceed 32 KiB (always for m > 1; for m = 1 from K = 8192 on, where streaming x from L2
+  // for every row cost ~20% at K = 12288). The tiling depends on K and m only, so every
+  // output's summation order is the same for any thread count.
   int64_t tile_chunks = nchunks;
-  if (m > 1 && nchunks > 0) {
-    const int64_t per_chunk = m * plan.chunk_elems * 4;
+  const int64_t per_chunk = m * plan.chunk_elems * 4;
+  if (nchunks > 0 && (m > 1 || nchunks * per_chunk > (32 << 10)))
     tile_chunks = std::max<int64_t>(1, (24 << 10) / per_chunk);
-  }
   constexpr int64_t kRowBlock = 8;
-  const int64_t sstride = s.groups + 8;  // scales padded for 8-wide loads
+  const int64_t chunk_bytes = plan.chunk_elems * s.spec.bits / 8;
 
   ParallelFor(N, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> sc(kRowBlock * sstride, 0.0f), bi(affine ? kRowBlock * s.groups : 0),
-        dec(gs);
+    // Scales of the block's rows are contiguous in the checkpoint; one load per block,
+    // padded for the kernels' 16-wide loads.
+    std::vector<float> sc(kRowBlock * s.groups + 16, 0.0f),
+        bi(affine ? kRowBlock * s.groups + 16 : 0), dec(gs);
     std::vector<float> acc(kRowBlock * m);
     for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
       const int64_t re = std::min(r1, rb + kRowBlock);
-      for (int64_t r = rb; r < re; ++r) {
-        LoadRowScales(s, r, 0, s.groups, sc.data() + (r - rb) * sstride,
-                      bi.data() + (r - rb) * s.groups);
-      }
+      LoadRowScales(s, rb, 0, (re - rb) * s.groups, sc.data(), bi.data());
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t c0 = 0; c0 < nchunks; c0 += tile_chunks) {
         const int64_t c1 = std::min(nchunks, c0 + tile_chunks);
         for (int64_t r = rb; r < re; ++r) {
+          // What the next FastRow call reads: the next row of this tile, else the block's
+          // first row in the next tile, else the next block.
+          const uint8_t* next = r + 1 < re    ? s.row(r + 1) + c0 * chunk_bytes
+                                : c1 < nchunks ? s.row(rb) + c1 * chunk_bytes
+                                               : s.row(re);
           for (int64_t i0 = 0; i0 < m; i0 += kMaxMB) {
             const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, m - i0));
             const float* xps[kMaxMB];
             for (int i = 0; i < mb; ++i) xps[i] = xp + (i0 + i) * fast_elems;
             float part[kMaxMB];
-            FastRow(plan, s, r, c0, c1, mb, xps, sc.data() + (r - rb) * sstride, part);
+            FastRow(plan, s, r, c0, c1, mb, xps, sc.data() + (r - rb) * s.groups, next, part);
             for (int i = 0; i < mb; ++i) acc[(r - rb) * m + i0 + i] += part[i];
           }
         }
       }
       for (int64_t r = rb; r < re; ++r) {
         float* a = acc.data() + (r - rb) * m;
-        const float* scr = sc.data() + (r - rb) * sstride;
+        const float* scr = sc.data() + (r - rb) * s.groups;
         for (int64_t i = 0; i < m; ++i) a[i] *= plan.post_scale;
         for (int64_t g = fast_groups; g < s.groups; ++g) {
           DecodeGroup(s, r, g, dec.data());
