@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <random>
 #include <regex>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "kernels/status.h"
@@ -45,6 +47,13 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Scopes formation numbers: a restarted coordinator starts again at 1 under a new id.
+std::string NewCoordinatorId() {
+  std::random_device rd;
+  const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return absl::StrFormat("%016x", id);
+}
+
 }  // namespace
 
 bool IsKvCacheExhausted(const absl::Status& status) {
@@ -55,7 +64,8 @@ Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics
     : ring_options_(std::move(ring_options)),
       options_(options),
       metrics_(metrics),
-      factory_(factory ? std::move(factory) : RingFactory(&Ring::Connect)) {
+      factory_(factory ? std::move(factory) : RingFactory(&Ring::Connect)),
+      coordinator_id_(NewCoordinatorId()) {
   if (!ring_options_.on_stage_step) {
     ring_options_.on_stage_step = [m = metrics_](const StageStep& st) {
       m->ObserveStageRoundTrip(st.stage, st.seconds);
@@ -137,6 +147,8 @@ absl::StatusOr<std::pair<std::unique_ptr<Ring>, std::vector<std::string>>> Engin
     use = ring_options_;
     reform_requested_ = false;
     *generation = layout_generation_;
+    use.formation = ++formations_;
+    use.coordinator_id = coordinator_id_;
     if (!drained_.empty()) {
       std::erase_if(use.workers, [this](const std::string& w) {
         return std::find(drained_.begin(), drained_.end(), w) != drained_.end();

@@ -191,6 +191,11 @@ class Engine {
   bool reform_requested_ = false;
   uint64_t layout_generation_ = 0;  // bumped by every membership / layout change
   uint64_t formed_generation_ = 0;  // generation of the last finished formation attempt
+  // The formation barrier (RingOptions::formation): every attempt gets the next number,
+  // scoped by this process's random id, so workers refuse LoadStage calls of an
+  // abandoned attempt that arrive late.
+  uint64_t formations_ = 0;
+  const std::string coordinator_id_;
   absl::Status layout_status_;      // ... and its result
   std::string last_form_error_;
   bool stopping_ = false;

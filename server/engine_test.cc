@@ -139,6 +139,20 @@ TEST_F(EngineLayoutTest, ASplitAppliedWhileDrainedFitsTheServingWorkers) {
   EXPECT_TRUE(LastFormed().split.empty());
 }
 
+TEST_F(EngineLayoutTest, EveryFormationAttemptHasTheNextNumberUnderOneCoordinatorId) {
+  const Engine::Layout good = MakeLayout({"a:1", "b:2"}, {{"a:1", 1}, {"b:2", 3}});
+  const Engine::Layout bad = MakeLayout({"a:1", "b:2"}, {{"a:1", 3}, {"b:2", 1}});  // fails
+  ASSERT_TRUE(engine_->WaitForLayout(engine_->ApplyLayout(good), absl::Now() + absl::Seconds(10)).ok());
+  (void)engine_->WaitForLayout(engine_->ApplyLayout(bad), absl::Now() + absl::Seconds(10));
+  std::lock_guard<std::mutex> l(mu_);
+  ASSERT_GE(formed_.size(), 3u);
+  for (size_t i = 0; i < formed_.size(); ++i) {
+    EXPECT_EQ(formed_[i].formation, i + 1) << "failed attempts count too";
+    EXPECT_EQ(formed_[i].coordinator_id, formed_[0].coordinator_id);
+  }
+  EXPECT_EQ(formed_[0].coordinator_id.size(), 16u);
+}
+
 TEST_F(EngineLayoutTest, WaitForLayoutHasADeadline) {
   // A generation nobody has requested never completes: the wait ends at its deadline.
   const absl::Status s = engine_->WaitForLayout(1000, absl::Now() + absl::Milliseconds(50));

@@ -155,6 +155,8 @@ class RemoteRing final : public Ring {
       req.set_layer_end(ranges[i].end);
       req.set_act_dtype(act);
       req.set_all_logits(o.all_logits);
+      req.set_formation(o.formation);
+      req.set_coordinator_id(o.coordinator_id);
       return req;
     };
     ring->info_ = {info.model_type(), info.num_layers(), info.hidden_size(), info.vocab_size(),

@@ -90,6 +90,11 @@ struct RingOptions {
   // next formation leaves it out. Empty: off.
   std::vector<int32_t> admission_tokens;
   double admission_tolerance = 0.01;
+  // The formation barrier's generation (LoadStageRequest.formation): a coordinator that
+  // re-forms numbers its formations 1, 2, ... under one random coordinator_id, so a worker
+  // refuses a LoadStage that arrives after a later formation's. 0: unnumbered.
+  uint64_t formation = 0;
+  std::string coordinator_id;
 };
 
 // The admission gate's golden prompt of `n` tokens: fixed ids below 1000 (every vocabulary

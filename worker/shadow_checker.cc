@@ -16,12 +16,15 @@ namespace pb = ringserve::v1;
 
 namespace {
 
-double Median(std::vector<double> v) {
+// The q-quantile (0 <= q <= 1) of v: the element of rank floor(q * (n - 1)); 0 for none.
+double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  return v[mid];
+  const size_t k = static_cast<size_t>(q * static_cast<double>(v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k];
 }
+
+constexpr double kFloorQuantile = 0.75;  // see shadow_checker.h
 
 }  // namespace
 
@@ -172,11 +175,12 @@ void ShadowChecker::Check(Item& item) {
       floors.push_back(f);
     }
     TensorDiff typical = d;
-    typical.rel = Median(rels);
+    typical.rel = Quantile(rels, 0.5);
+    const double floor_q = floor >= 0 ? Quantile(floors, kFloorQuantile) : -1;
+    const bool judged = static_cast<int>(recent.size()) >= std::max(1, options_.min_checks);
     const bool over =
         !std::isfinite(d.rel) || d.nan + d.inf > 0 || d.rel > options_.hard_limit ||
-        !LayerWithinTolerance(typical, floor >= 0 ? Median(floors) : -1, options_.threshold,
-                              options_.floor_factor);
+        (judged && !LayerWithinTolerance(typical, floor_q, options_.threshold, options_.floor_factor));
     pb::ShadowLayer* ls = stats_.mutable_layers(static_cast<int>(i));
     ls->set_checks(ls->checks() + 1);
     ls->set_last_relative_difference(d.rel);
@@ -194,7 +198,7 @@ void ShadowChecker::Check(Item& item) {
       first_rel = d.rel;
       first_median = typical.rel;
       first_n = static_cast<int>(recent.size());
-      first_floor = floor >= 0 ? Median(floors) : -1;
+      first_floor = floor_q;
     }
   }
   stats_.set_steps_checked(stats_.steps_checked() + 1);
@@ -208,7 +212,7 @@ void ShadowChecker::Check(Item& item) {
         "(run `ringctl verify` on these layers to find the op)",
         stage_name_, item.sequence_id, first_diverged, first_rel,
         first_n, first_median, options_.threshold,
-        first_floor >= 0 ? absl::StrFormat(", %.3g x the median noise floor %.3e",
+        first_floor >= 0 ? absl::StrFormat(", %.3g x the noise floor's 75th percentile %.3e",
                                            options_.floor_factor, first_floor)
                          : std::string());
     stats_.set_last_divergence(what);

@@ -82,15 +82,15 @@ TEST_F(ShadowCheckerTest, RoundingNoiseIsJudgedAgainstTheNoiseFloor) {
   std::unique_ptr<Stage> device = Load(5e-7);
   ShadowOptions strict{.rate = 1, .threshold = 1e-12, .noise_floor = false};
   ShadowChecker plain(Load(), nullptr, strict, "stage 0 (test)");
-  Serve(*device, plain, "a");
+  Serve(*device, plain, "a", 9);  // judged from the 8th check (min_checks)
   EXPECT_GT(plain.Stats().divergences(), 0) << "threshold alone must flag the noise";
 
   ShadowOptions floored = strict;
   floored.noise_floor = true;
   ShadowChecker shadow(Load(), Load(floored.noise_jitter), floored, "stage 0 (test)");
-  Serve(*device, shadow, "a");
+  Serve(*device, shadow, "a", 9);
   const auto st = shadow.Stats();
-  EXPECT_EQ(st.steps_checked(), 4);
+  EXPECT_EQ(st.steps_checked(), 10);
   EXPECT_EQ(st.divergences(), 0) << st.last_divergence();
   EXPECT_GT(st.max_relative_difference(), 0);
 }
@@ -99,12 +99,14 @@ TEST_F(ShadowCheckerTest, WrongKernelDivergesAtItsLayerDespiteTheFloor) {
   std::unique_ptr<Stage> device = Load(0, "scale:layers.2.self_attn.q_b_proj");
   ShadowOptions so{.rate = 1, .degrade = true};
   ShadowChecker shadow(Load(), Load(so.noise_jitter), so, "stage 0 (test)");
-  Serve(*device, shadow, "a");
+  Serve(*device, shadow, "a", 9);
   const auto st = shadow.Stats();
   EXPECT_GT(st.divergences(), 0);
   for (const auto& l : st.layers()) {
     if (l.layer() < 2) EXPECT_EQ(l.divergences(), 0) << "layer " << l.layer();
-    if (l.layer() == 2) EXPECT_EQ(l.divergences(), 4);
+    // Judged from the 8th check (min_checks) on: each of the 3 from then (and any single
+    // check over the hard limit before).
+    if (l.layer() == 2) EXPECT_GE(l.divergences(), 3);
   }
   EXPECT_NE(st.last_divergence().find("diverged at layer 2"), std::string::npos)
       << st.last_divergence();
@@ -112,7 +114,7 @@ TEST_F(ShadowCheckerTest, WrongKernelDivergesAtItsLayerDespiteTheFloor) {
   EXPECT_FALSE(shadow.degraded_reason().empty());
 }
 
-// A routing near-tie makes one decode row of an MoE layer ~0.15 off at a rare step; a wrong
+// A routing near-tie makes one decode row of an MoE layer ~0.15 off at some steps; a wrong
 // kernel is off at most steps. The window median tells them apart.
 TEST_F(ShadowCheckerTest, RareOutlierIsToleratedPersistentErrorIsNot) {
   std::unique_ptr<Stage> device = Load();
@@ -121,14 +123,14 @@ TEST_F(ShadowCheckerTest, RareOutlierIsToleratedPersistentErrorIsNot) {
   };
   ShadowOptions so{.rate = 1};
   ShadowChecker rare(Load(), Load(so.noise_jitter), so, "stage 0 (test)");
-  Serve(*device, rare, "a", 8, [&](int step, std::vector<std::vector<float>>& layers) {
+  Serve(*device, rare, "a", 9, [&](int step, std::vector<std::vector<float>>& layers) {
     if (step == 5) bump(layers[1], 0.2f);
   });
   EXPECT_EQ(rare.Stats().divergences(), 0) << rare.Stats().last_divergence();
   EXPECT_GT(rare.Stats().layers(1).max_relative_difference(), 0.1);
 
   ShadowChecker persistent(Load(), Load(so.noise_jitter), so, "stage 0 (test)");
-  Serve(*device, persistent, "a", 8, [&](int step, std::vector<std::vector<float>>& layers) {
+  Serve(*device, persistent, "a", 9, [&](int step, std::vector<std::vector<float>>& layers) {
     if (step % 4 != 3) bump(layers[1], 0.2f);
   });
   EXPECT_GT(persistent.Stats().layers(1).divergences(), 0);
@@ -140,6 +142,15 @@ TEST_F(ShadowCheckerTest, RareOutlierIsToleratedPersistentErrorIsNot) {
     if (step == 2) layers[0][3] = NAN;
   });
   EXPECT_EQ(nan.Stats().layers(0).divergences(), 1) << "a NaN diverges at once";
+
+  // Flips in runs, as rows of one sequence near the same tie give: a third of the steps,
+  // in a row, are far off; the reference's own jitter does that too (here: simulated by the
+  // floor being as noisy) only through the quantile, so the device needs the median.
+  ShadowChecker runs(Load(), Load(so.noise_jitter), so, "stage 0 (test)");
+  Serve(*device, runs, "a", 9, [&](int step, std::vector<std::vector<float>>& layers) {
+    if (step >= 3 && step <= 5) bump(layers[1], 0.2f);
+  });
+  EXPECT_EQ(runs.Stats().layers(1).divergences(), 0) << runs.Stats().last_divergence();
 }
 
 }  // namespace

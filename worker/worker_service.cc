@@ -392,7 +392,19 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
                                       pb::LoadStageResponse* resp) {
   if (auto a = CheckAuth(ctx); !a.ok()) return a;
   absl::MutexLock load_lock(&load_mu_);
-  auto fill = [resp](const Loaded& l, bool reused) {
+  if (req->formation() != 0) {
+    if (req->coordinator_id() == formation_coordinator_ && req->formation() < formation_) {
+      return grpc::Status(
+          grpc::StatusCode::ABORTED,
+          absl::StrCat("LoadStage of formation ", req->formation(), " from coordinator ",
+                       req->coordinator_id(), " arrived after formation ", formation_,
+                       ": a late message of an abandoned formation is refused"));
+    }
+    formation_coordinator_ = req->coordinator_id();
+    formation_ = req->formation();
+  }
+  auto fill = [resp, req](const Loaded& l, bool reused) {
+    resp->set_formation(req->formation());
     resp->set_epoch(l.epoch);
     resp->set_reused(reused);
     *resp->mutable_model() = l.info;
@@ -402,7 +414,13 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   };
   {
     absl::MutexLock l(&mu_);
-    if (loaded_ && loaded_->request.SerializeAsString() == req->SerializeAsString()) {
+    // The same stage under a new formation number is the same stage: keep it and its epoch.
+    auto layout = [](pb::LoadStageRequest r) {
+      r.clear_formation();
+      r.clear_coordinator_id();
+      return r.SerializeAsString();
+    };
+    if (loaded_ && layout(loaded_->request) == layout(*req)) {
       fill(*loaded_, /*reused=*/true);
       return grpc::Status::OK;
     }

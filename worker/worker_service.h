@@ -167,6 +167,9 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;
+  // The formation barrier (LoadStageRequest.formation): latest accepted per coordinator.
+  std::string formation_coordinator_ ABSL_GUARDED_BY(load_mu_);
+  uint64_t formation_ ABSL_GUARDED_BY(load_mu_) = 0;
   absl::Mutex bandwidth_mu_;
   double bandwidth_ ABSL_GUARDED_BY(bandwidth_mu_) = 0;
 };

@@ -136,6 +136,44 @@ TEST_F(WorkerServiceTest, OldEpochFrameIsRefused) {
   EXPECT_TRUE(s2->Step(TokenFrame(new_epoch, 0, 0, {1, 2}), kStep).ok());
 }
 
+// The formation barrier: a LoadStage of an abandoned formation that arrives after a later
+// one (same coordinator) must not replace the stage; a new coordinator starts its own count.
+TEST_F(WorkerServiceTest, LateLoadStageOfAnOldFormationIsRefused) {
+  Start();
+  StageClient c(address_, 0, {});
+  auto load = [&](uint64_t formation, const std::string& coordinator, int64_t end) {
+    pb::LoadStageRequest req;
+    req.set_model("m");
+    req.set_layer_begin(0);
+    req.set_layer_end(end);
+    req.set_act_dtype(pb::DTYPE_F32);
+    req.set_formation(formation);
+    req.set_coordinator_id(coordinator);
+    return c.LoadStage(req);
+  };
+  auto f5 = load(5, "c1", 3);
+  ASSERT_TRUE(f5.ok()) << f5.status();
+  EXPECT_EQ(f5->formation(), 5u);
+  // The same layout under a later formation keeps the stage and its epoch.
+  auto f6 = load(6, "c1", 3);
+  ASSERT_TRUE(f6.ok()) << f6.status();
+  EXPECT_TRUE(f6->reused());
+  EXPECT_EQ(f6->epoch(), f5->epoch());
+  // Formation 4 arrives late, with another layout: refused, the stage stays.
+  auto late = load(4, "c1", 2);
+  ASSERT_FALSE(late.ok());
+  EXPECT_TRUE(absl::IsAborted(late.status())) << late.status();
+  EXPECT_NE(late.status().message().find("formation 4"), std::string::npos) << late.status();
+  EXPECT_NE(late.status().message().find("after formation 6"), std::string::npos) << late.status();
+  auto s = c.OpenForward();
+  EXPECT_TRUE(s->Step(TokenFrame(f6->epoch(), 0, 0, {1, 2}), kStep).ok());
+  // A restarted coordinator (new id) numbers from 1 again; unnumbered loads always pass.
+  auto other = load(1, "c2", 2);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_GT(other->epoch(), f6->epoch());
+  EXPECT_TRUE(load(0, "", 3).ok());
+}
+
 TEST_F(WorkerServiceTest, FrameCorruptedOnTheWayInFailsWithChecksumNamingTheHop) {
   Start();
   StageClient c(address_, 1, {});

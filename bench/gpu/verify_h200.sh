@@ -96,12 +96,12 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
 
   if want 6; then
   echo "== 6. shadow checks under load (ring_bench: 8 sequences x ${ROUNDS:-40} rounds, 16-token prompt, 32 decode steps)"
-  for rate in 0 0.01 0 0.01 0 0.01 0.1; do
+  for rate in ${RATES:-0 0.01 0 0.01 0 0.01 0.1}; do
     start_worker load$rate --shadow-rate $rate
     timeout 240 "$bundle/bin/ring_bench" --workers "$WADDR" --model ring_glm52x4 --sequences 8 \
       --rounds "${ROUNDS:-40}" --decode 32 --prompt 16
     echo "rc=$? (shadow rate $rate)"
-    "$R" describe --worker "$WADDR" | grep -E "^shadow|^  layer|divergence" || true
+    "$R" describe --worker "$WADDR" | grep -E "^shadow|^  layer|divergence|^kv" || true
     kill $WPID; wait $WPID 2>/dev/null
   done
   fi
