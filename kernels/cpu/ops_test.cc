@@ -4,7 +4,6 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/thread_pool.h"
 
 namespace ring::cpu {
 namespace {
@@ -15,16 +14,6 @@ std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.f) {
   std::vector<float> v(n);
   for (auto& x : v) x = d(g);
   return v;
-}
-
-TEST(ThreadPool, CoversRangeOnceWithNesting) {
-  std::vector<int> hits(10007, 0);
-  ParallelFor(hits.size(), 3, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      ParallelFor(2, 1, [&](int64_t b2, int64_t e2) { hits[i] += static_cast<int>(e2 - b2); });
-    }
-  });
-  for (int h : hits) ASSERT_EQ(h, 2);
 }
 
 TEST(RmsNorm, MatchesFormulaAndRoundsLikeMlx) {

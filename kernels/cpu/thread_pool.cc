@@ -53,29 +53,44 @@ class Pool {
 
   void Run(int64_t chunks, const std::function<void(int64_t)>& body) {
     std::lock_guard<std::mutex> run_lock(run_mu_);  // one parallel region at a time
+    uint32_t region;
     {
       std::lock_guard<std::mutex> l(mu_);
+      region = ++region_;
       body_ = &body;
       chunks_ = chunks;
-      next_.store(0);
+      cursor_.store(static_cast<uint64_t>(region) << 32);
       done_ = 0;
       ++generation_;
     }
     cv_.notify_all();
-    Work();
+    Work(region, &body, chunks);
     std::unique_lock<std::mutex> l(mu_);
     done_cv_.wait(l, [&] { return done_ == chunks_; });
     body_ = nullptr;
   }
 
  private:
-  void Work() {
+  // Runs chunks of region `region` until none is left. A chunk is claimed by advancing
+  // cursor_ = (region << 32 | next index) only while it still names this region: a pool
+  // thread that woke for an earlier region and runs late can neither take a chunk of the
+  // next one (it would be counted against the wrong total) nor run one twice. (It could
+  // with a bare index counter reset per region: the waiting caller then never saw
+  // done_ == chunks_ and the process hung in ParallelFor.)
+  void Work(uint32_t region, const std::function<void(int64_t)>* body, int64_t chunks) {
     tls_inside_pool = true;
     int64_t finished = 0;
     for (;;) {
-      const int64_t i = next_.fetch_add(1);
-      if (i >= chunks_) break;
-      (*body_)(i);
+      uint64_t c = cursor_.load();
+      bool claimed = false;
+      while ((c >> 32) == region && static_cast<int64_t>(c & 0xffffffffu) < chunks) {
+        if (cursor_.compare_exchange_weak(c, c + 1)) {
+          claimed = true;
+          break;
+        }
+      }
+      if (!claimed) break;
+      (*body)(static_cast<int64_t>(c & 0xffffffffu));
       ++finished;
     }
     tls_inside_pool = false;
@@ -89,6 +104,9 @@ class Pool {
     uint64_t seen = 0;
     bool idle = false;
     for (;;) {
+      uint32_t region;
+      const std::function<void(int64_t)>* body;
+      int64_t chunks;
       {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return stop_ || generation_ != seen; });
@@ -99,8 +117,11 @@ class Pool {
           MakeThisThreadIdle();
         }
         if (body_ == nullptr) continue;
+        region = region_;
+        body = body_;
+        chunks = chunks_;
       }
-      Work();
+      Work(region, body, chunks);
     }
   }
 
@@ -111,7 +132,8 @@ class Pool {
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t)>* body_ = nullptr;
   int64_t chunks_ = 0;
-  std::atomic<int64_t> next_{0};
+  uint32_t region_ = 0;  // numbers the parallel regions (wraps harmlessly)
+  std::atomic<uint64_t> cursor_{0};
   int64_t done_ = 0;
   uint64_t generation_ = 0;
   bool stop_ = false;

@@ -1,0 +1,53 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ring::cpu {
+namespace {
+
+TEST(ThreadPool, CoversRangeOnceWithNesting) {
+  std::vector<int> hits(10007, 0);
+  ParallelFor(hits.size(), 3, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      ParallelFor(2, 1, [&](int64_t b2, int64_t e2) { hits[i] += static_cast<int>(e2 - b2); });
+    }
+  });
+  for (int h : hits) ASSERT_EQ(h, 2);
+}
+
+// Several threads (sequences of a CPU worker) run short parallel regions back to back, so
+// pool threads often wake for a region that has already ended while the next one starts.
+// Every index of every region must run exactly once and every call must return: a late
+// pool thread that took a chunk of the next region against the old one's count made the
+// waiting caller hang forever (seen as a worker frozen mid-step under re-forms).
+TEST(ThreadPool, BackToBackRegionsFromManyThreadsRunEveryChunkOnce) {
+  setenv("RING_CPU_THREADS", "6", /*overwrite=*/0);  // when this test creates the pool
+  constexpr int kCallers = 4, kRegions = 3000;
+  std::atomic<int64_t> wrong{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kCallers; ++t) {
+    callers.emplace_back([&, t] {
+      std::mt19937 rng(t + 1);
+      std::vector<std::atomic<int>> hits(97);
+      for (int r = 0; r < kRegions; ++r) {
+        const int64_t n = 1 + static_cast<int64_t>(rng() % hits.size());
+        for (int64_t i = 0; i < n; ++i) hits[i].store(0);
+        ParallelFor(n, 1, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+        for (int64_t i = 0; i < n; ++i) wrong += hits[i].load() != 1;
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+}  // namespace
+}  // namespace ring::cpu
