@@ -477,6 +477,24 @@ def zsh_complete(script, home, lines, timeout=60):
         os.close(fd)
 
 
+def stop(proc, timeout):
+    """SIGTERM (systemctl stop) and the exit code, None when it did not exit in `timeout` s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def write_ring_config(path, admin, model_dir, workers, server="", model="", ring=""):
+    """A ring.toml for ring-server on loopback over the tiny model, API key KEY; `server`,
+    `model` and `ring` are extra lines of those sections."""
+    with open(path, "w") as f:
+        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "{admin}"\napi_keys = ["{KEY}"]\n{server}\n'
+                f'[model]\nname = "tiny-glm"\npath = "tiny-glm"\nlocal_dir = "{model_dir}"\n{model}\n'
+                f'[ring]\nworkers = {json.dumps(workers)}\n{ring}\n')
+
+
 KV_BUDGET = 32768  # ring-worker --kv-cache-bytes 32KiB: a few dozen tokens of the tiny model
 
 
@@ -494,22 +512,7 @@ def admission_test(a, root, model_dir, procs):
         workers.append(addr)
     admin = ringproc.free_address()
     cfg = os.path.join(a.work, "ring-admission.toml")
-    with open(cfg, "w") as f:
-        f.write(f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "{admin}"
-api_keys = ["{KEY}"]
-[model]
-name = "tiny-glm"
-path = "tiny-glm"
-local_dir = "{model_dir}"
-[ring]
-workers = {json.dumps(workers)}
-plan = "even"
-step_timeout_s = 10
-admission_prompt_len = 6
-""")
+    write_ring_config(cfg, admin, model_dir, workers, ring='plan = "even"\nstep_timeout_s = 10\nadmission_prompt_len = 6')
     server, url = start([a.server, "--config", cfg], os.path.join(a.work, "server-admission.log"),
                         r"listening on (http://\S+)")
     procs.append(server)
@@ -559,11 +562,7 @@ admission_prompt_len = 6
         w1 = {}
     check(w1.get("state") == "serving" and "KV cache budget exceeded" in w1.get("lastError", ""),
           f"the refusing worker still serves; its last error is the budget ({w1.get('state')}, {w1.get('lastError')})")
-    server.send_signal(signal.SIGTERM)
-    try:
-        rc = server.wait(30)
-    except subprocess.TimeoutExpired:
-        rc = None
+    rc = stop(server, 30)
     check(rc == 0, f"ring-server exits 0 on SIGTERM (systemctl stop) (rc={rc})")
 
 
@@ -571,10 +570,7 @@ def not_ready_test(a, model_dir, procs):
     """`ringctl status` exits 3 while the ring is not ready (its only worker never answers)."""
     admin = ringproc.free_address()
     cfg = os.path.join(a.work, "ring-not-ready.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "{admin}"\napi_keys = ["{KEY}"]\n'
-                f'[model]\nname = "tiny-glm"\npath = "tiny-glm"\nlocal_dir = "{model_dir}"\n'
-                f'[ring]\nworkers = ["127.0.0.1:1"]\n')
+    write_ring_config(cfg, admin, model_dir, ["127.0.0.1:1"])
     server, _ = start([a.server, "--config", cfg], os.path.join(a.work, "server-not-ready.log"),
                       r"listening on (http://\S+)")
     procs.append(server)
@@ -601,23 +597,8 @@ def join_test(a, root, model_dir, procs, token):
     procs.append(p0)
     admin = ringproc.free_address()
     cfg = os.path.join(a.work, "ring-join.toml")
-    with open(cfg, "w") as f:
-        f.write(f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "{admin}"
-api_keys = ["{KEY}"]
-max_concurrent_requests = 2
-[model]
-name = "tiny-glm"
-path = "tiny-glm"
-local_dir = "{model_dir}"
-act_dtype = "f32"
-[ring]
-workers = ["{w0}"]
-step_timeout_s = 10
-auth_token_file = "{token}"
-""")
+    write_ring_config(cfg, admin, model_dir, [w0], server="max_concurrent_requests = 2", model='act_dtype = "f32"',
+                      ring=f'step_timeout_s = 10\nauth_token_file = "{token}"')
     slog = os.path.join(a.work, "server-join.log")
     server, url = start([a.server, "--config", cfg], slog, r"listening on (http://\S+)")
     procs.append(server)
@@ -678,11 +659,7 @@ auth_token_file = "{token}"
     check(reg.get("coordinator") == "127.0.0.1:1" and reg.get("advertise") == wd and bool(reg.get("last_error")) and
           int(reg.get("last_success_unix_seconds", 0)) == 0,
           f"join: a worker whose coordinator is down serves Describe and reports the failed Join ({reg})")
-    pd.send_signal(signal.SIGTERM)
-    try:
-        rc = pd.wait(60)
-    except subprocess.TimeoutExpired:
-        rc = None
+    rc = stop(pd, 60)
     check(rc == 0, f"join: SIGTERM with the coordinator down still exits 0 (rc={rc})")
 
     # The worker joins by itself, authenticated by the ring token.
