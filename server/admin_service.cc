@@ -19,6 +19,10 @@ bool SameKey(const std::string& a, const std::string& b) {
   return d == 0;
 }
 
+Engine::MembershipSource Source(const pb::JoinRequest& req) {
+  return req.from_worker() ? Engine::MembershipSource::kWorker : Engine::MembershipSource::kOperator;
+}
+
 }  // namespace
 
 AdminService::AdminService(AdminOptions options, Engine* engine, ServerMetrics* metrics)
@@ -141,7 +145,7 @@ grpc::Status AdminService::Undrain(grpc::ServerContext* ctx, const pb::DrainRequ
 grpc::Status AdminService::Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                                 pb::JoinResponse* resp) {
   if (auto a = CheckAuth(ctx); !a.ok()) return a;
-  if (auto s = engine_->Join(req->address()); !s.ok()) return worker::ToGrpcStatus(s);
+  if (auto s = engine_->Join(req->address(), Source(*req)); !s.ok()) return worker::ToGrpcStatus(s);
   for (const auto& w : engine_->membership().workers) resp->add_workers(w);
   return grpc::Status::OK;
 }
@@ -149,7 +153,7 @@ grpc::Status AdminService::Join(grpc::ServerContext* ctx, const pb::JoinRequest*
 grpc::Status AdminService::Leave(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                                  pb::JoinResponse* resp) {
   if (auto a = CheckAuth(ctx); !a.ok()) return a;
-  if (auto s = engine_->Leave(req->address()); !s.ok()) return worker::ToGrpcStatus(s);
+  if (auto s = engine_->Leave(req->address(), Source(*req)); !s.ok()) return worker::ToGrpcStatus(s);
   for (const auto& w : engine_->membership().workers) resp->add_workers(w);
   return grpc::Status::OK;
 }

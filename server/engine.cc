@@ -275,7 +275,15 @@ absl::Status Engine::Undrain(const std::string& address) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::Join(const std::string& address) {
+namespace {
+
+const char* Who(Engine::MembershipSource source) {
+  return source == Engine::MembershipSource::kWorker ? "by itself (ring-worker --join)" : "by an operator (ringctl)";
+}
+
+}  // namespace
+
+absl::Status Engine::Join(const std::string& address, MembershipSource source) {
   if (address.empty() || address.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("worker address '", address, "': want HOST:PORT"));
   }
@@ -294,13 +302,19 @@ absl::Status Engine::Join(const std::string& address) {
     return absl::UnavailableError(absl::StrCat("worker ", address, " does not answer Describe"));
   }
   std::lock_guard<std::mutex> l(mu_);
+  // Another Join of this address may have added it while we probed without the lock.
+  if (std::find(ring_options_.workers.begin(), ring_options_.workers.end(), address) != ring_options_.workers.end()) {
+    return absl::OkStatus();
+  }
   ring_options_.workers.push_back(address);
   ring_options_.split.clear();
+  std::cerr << "ring-server: worker " << address << " joined " << Who(source) << "; re-forming the ring"
+            << std::endl;
   RequestReformLocked();
   return absl::OkStatus();
 }
 
-absl::Status Engine::Leave(const std::string& address) {
+absl::Status Engine::Leave(const std::string& address, MembershipSource source) {
   std::lock_guard<std::mutex> l(mu_);
   auto& w = ring_options_.workers;
   auto it = std::find(w.begin(), w.end(), address);
@@ -311,6 +325,10 @@ absl::Status Engine::Leave(const std::string& address) {
   std::erase(drained_, address);
   std::erase(missing_, address);
   metrics_->ForgetWorker(address);
+  // The requests in flight replay on the re-formed ring (Generate: the old ring's steps
+  // fail on the reloaded stages and the request waits for the new ring).
+  std::cerr << "ring-server: worker " << address << " left " << Who(source) << "; re-forming the ring"
+            << std::endl;
   RequestReformLocked();
   return absl::OkStatus();
 }

@@ -102,8 +102,13 @@ class Engine {
   // re-forms the ring in the background; requests in flight replay on the new ring.
   absl::Status Drain(const std::string& address);
   absl::Status Undrain(const std::string& address);
-  absl::Status Join(const std::string& address);
-  absl::Status Leave(const std::string& address);
+  // Who asked for a Join / Leave: an operator (ringctl) or the worker itself
+  // (ring-worker --join, and its Leave on shutdown). Only the log differs.
+  enum class MembershipSource { kOperator, kWorker };
+  // Join of a worker already configured changes nothing and succeeds: a worker started
+  // with --join re-registers periodically, and concurrent Joins of one address add it once.
+  absl::Status Join(const std::string& address, MembershipSource source = MembershipSource::kOperator);
+  absl::Status Leave(const std::string& address, MembershipSource source = MembershipSource::kOperator);
   struct Membership {
     std::vector<std::string> workers;  // configured, in ring order
     std::vector<std::string> drained;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace ring {
@@ -157,6 +158,35 @@ TEST_F(EngineLayoutTest, WaitForLayoutHasADeadline) {
   // A generation nobody has requested never completes: the wait ends at its deadline.
   const absl::Status s = engine_->WaitForLayout(1000, absl::Now() + absl::Milliseconds(50));
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+}
+
+TEST_F(EngineLayoutTest, JoinOfAConfiguredWorkerIsIdempotentAndDoesNotReform) {
+  size_t formations;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    formations = formed_.size();
+  }
+  // A worker started with --join re-registers every 30 s: nothing may move.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(engine_->Join("b:2", Engine::MembershipSource::kWorker).ok());
+  }
+  EXPECT_TRUE(engine_->Join("a:1").ok());
+  EXPECT_EQ(engine_->membership().workers, (std::vector<std::string>{"a:1", "b:2"}));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    EXPECT_EQ(formed_.size(), formations);
+  }
+  EXPECT_TRUE(engine_->Ready().ok());
+  EXPECT_EQ(engine_->Join("no-port", Engine::MembershipSource::kWorker).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineLayoutTest, LeaveByTheWorkerReformsWithoutIt) {
+  ASSERT_TRUE(engine_->Leave("b:2", Engine::MembershipSource::kWorker).ok());
+  EXPECT_EQ(engine_->membership().workers, (std::vector<std::string>{"a:1"}));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline && LastFormed().workers.size() != 1) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(LastFormed().workers, (std::vector<std::string>{"a:1"}));
+  EXPECT_EQ(engine_->Leave("b:2", Engine::MembershipSource::kWorker).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(EngineKvCache, AStepRefusedByAWorkersKvBudgetFailsTheRequestWithoutReforming) {

@@ -27,6 +27,7 @@
 #include "ringserve/v1/coordinator.grpc.pb.h"
 #include "server/planner.h"
 #include "server/ringctl_command.h"
+#include "worker/coordinator_client.h"
 #if RING_HAVE_SERVER_CONFIG
 #include "server/server_config.h"
 #endif
@@ -50,17 +51,14 @@ void AddAdminFlags(CLI::App* cmd, AdminFlags* f) {
   cmd->add_flag("--json", f->json, "Print JSON instead of a table");
 }
 
-std::unique_ptr<pb::Coordinator::Stub> Stub(const AdminFlags& f) {
-  return pb::Coordinator::NewStub(grpc::CreateChannel(f.server, grpc::InsecureChannelCredentials()));
-}
+std::unique_ptr<pb::Coordinator::Stub> Stub(const AdminFlags& f) { return worker::NewCoordinatorStub(f.server); }
 
 void Prepare(grpc::ClientContext* ctx, const AdminFlags& f) {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(f.timeout_s)));
   std::string key = f.api_key;
   if (key.empty()) {
     if (const char* k = std::getenv("RINGSERVE_API_KEY")) key = k;
   }
-  if (!key.empty()) ctx->AddMetadata("authorization", "Bearer " + key);
+  worker::PrepareCoordinatorCall(ctx, absl::Seconds(f.timeout_s), key);
 }
 
 int Report(const grpc::Status& s, const AdminFlags& f, const char* what) {

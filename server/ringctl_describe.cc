@@ -7,7 +7,9 @@
 
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "server/planner.h"
 #include "server/ringctl_command.h"
 #include "worker/stage_client.h"
@@ -67,6 +69,20 @@ int Run(const Flags& f) {
     std::cout << "stage      none loaded\n";
   }
   std::cout << "checksums  " << d->checksum_failures() << " failures\n";
+  if (d->has_registration()) {
+    // ring-worker --join: is the coordinator hearing from it?
+    const auto& r = d->registration();
+    const int64_t now = absl::ToUnixSeconds(absl::Now());
+    std::cout << "joins      " << r.coordinator() << " as " << r.advertise() << ": "
+              << (r.last_success_unix_seconds() > 0
+                      ? absl::StrCat("registered ", now - r.last_success_unix_seconds(), "s ago")
+                      : std::string("not registered yet"))
+              << "\n";
+    if (!r.last_error().empty()) {
+      std::cout << "  last error " << now - r.last_error_unix_seconds() << "s ago (" << r.consecutive_failures()
+                << " in a row): " << r.last_error() << "\n";
+    }
+  }
   if (d->has_shadow()) {
     const auto& s = d->shadow();
     std::cout << absl::StrFormat(

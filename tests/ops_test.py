@@ -15,7 +15,10 @@ used/budget), `ringctl apply` (dry run, a split, a bad split, --config ring.toml
 and the bash/zsh completion scripts generated from the CLI (syntax and real completion in
 each shell). A second ring checks the admission gate and a worker's KV cache budget
 (--kv-cache-bytes: a request that does not fit gets a 429 naming the worker, the worker
-keeps serving). Every wait has a deadline; no check depends on how fast the machine is.
+keeps serving). A third ring checks a worker that joins by itself (`ring-worker --join`):
+it registers with the ring token, serves in the ring, and on SIGTERM leaves it while a
+stream is in flight, which replays without an error. Every wait has a deadline; no check
+depends on how fast the machine is.
 """
 import json
 import os
@@ -131,6 +134,7 @@ auth_token_file = "{token}"
         server.kill()
         admission_test(a, root, model_dir, procs)
         not_ready_test(a, model_dir, procs)
+        join_test(a, root, model_dir, procs, token)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -473,6 +477,24 @@ def zsh_complete(script, home, lines, timeout=60):
         os.close(fd)
 
 
+def stop(proc, timeout):
+    """SIGTERM (systemctl stop) and the exit code, None when it did not exit in `timeout` s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def write_ring_config(path, admin, model_dir, workers, server="", model="", ring=""):
+    """A ring.toml for ring-server on loopback over the tiny model, API key KEY; `server`,
+    `model` and `ring` are extra lines of those sections."""
+    with open(path, "w") as f:
+        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "{admin}"\napi_keys = ["{KEY}"]\n{server}\n'
+                f'[model]\nname = "tiny-glm"\npath = "tiny-glm"\nlocal_dir = "{model_dir}"\n{model}\n'
+                f'[ring]\nworkers = {json.dumps(workers)}\n{ring}\n')
+
+
 KV_BUDGET = 32768  # ring-worker --kv-cache-bytes 32KiB: a few dozen tokens of the tiny model
 
 
@@ -490,22 +512,7 @@ def admission_test(a, root, model_dir, procs):
         workers.append(addr)
     admin = ringproc.free_address()
     cfg = os.path.join(a.work, "ring-admission.toml")
-    with open(cfg, "w") as f:
-        f.write(f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "{admin}"
-api_keys = ["{KEY}"]
-[model]
-name = "tiny-glm"
-path = "tiny-glm"
-local_dir = "{model_dir}"
-[ring]
-workers = {json.dumps(workers)}
-plan = "even"
-step_timeout_s = 10
-admission_prompt_len = 6
-""")
+    write_ring_config(cfg, admin, model_dir, workers, ring='plan = "even"\nstep_timeout_s = 10\nadmission_prompt_len = 6')
     server, url = start([a.server, "--config", cfg], os.path.join(a.work, "server-admission.log"),
                         r"listening on (http://\S+)")
     procs.append(server)
@@ -555,11 +562,7 @@ admission_prompt_len = 6
         w1 = {}
     check(w1.get("state") == "serving" and "KV cache budget exceeded" in w1.get("lastError", ""),
           f"the refusing worker still serves; its last error is the budget ({w1.get('state')}, {w1.get('lastError')})")
-    server.send_signal(signal.SIGTERM)
-    try:
-        rc = server.wait(30)
-    except subprocess.TimeoutExpired:
-        rc = None
+    rc = stop(server, 30)
     check(rc == 0, f"ring-server exits 0 on SIGTERM (systemctl stop) (rc={rc})")
 
 
@@ -567,10 +570,7 @@ def not_ready_test(a, model_dir, procs):
     """`ringctl status` exits 3 while the ring is not ready (its only worker never answers)."""
     admin = ringproc.free_address()
     cfg = os.path.join(a.work, "ring-not-ready.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "{admin}"\napi_keys = ["{KEY}"]\n'
-                f'[model]\nname = "tiny-glm"\npath = "tiny-glm"\nlocal_dir = "{model_dir}"\n'
-                f'[ring]\nworkers = ["127.0.0.1:1"]\n')
+    write_ring_config(cfg, admin, model_dir, ["127.0.0.1:1"])
     server, _ = start([a.server, "--config", cfg], os.path.join(a.work, "server-not-ready.log"),
                       r"listening on (http://\S+)")
     procs.append(server)
@@ -586,6 +586,138 @@ def not_ready_test(a, model_dir, procs):
           f"ringctl status exits 3 while the ring is not ready ({r.returncode if r else None}, "
           f"{r.stdout[:120] if r else ''})")
     server.kill()
+
+
+def join_test(a, root, model_dir, procs, token):
+    """docs/operations.md "Add a machine": `ring-worker --join ADMIN` registers itself with the
+    coordinator (authenticated by the ring token), becomes a stage, and on SIGTERM leaves the
+    ring; a stream in flight at that moment replays on the re-formed ring, unchanged."""
+    p0, w0 = ringproc.start_worker(a, root, os.path.join(a.work, "join-worker0.log"),
+                                   extra=("--auth-token-file", token))
+    procs.append(p0)
+    admin = ringproc.free_address()
+    cfg = os.path.join(a.work, "ring-join.toml")
+    write_ring_config(cfg, admin, model_dir, [w0], server="max_concurrent_requests = 2", model='act_dtype = "f32"',
+                      ring=f'step_timeout_s = 10\nauth_token_file = "{token}"')
+    slog = os.path.join(a.work, "server-join.log")
+    server, url = start([a.server, "--config", cfg], slog, r"listening on (http://\S+)")
+    procs.append(server)
+    port = int(url.rsplit(":", 1)[1])
+    check(wait_ready(port), "join: the one-worker ring forms")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    prompt_ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 100]
+
+    def greedy():
+        return client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=8, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+
+    def stream(during=None):
+        s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=600, temperature=1.0,
+                                      seed=7, stream=True, extra_body={"ignore_eos": True})
+        out = []
+        for k, ch in enumerate(s):
+            if ch.choices:
+                out.append(ch.choices[0].text)
+            if k == 5 and during:
+                during()
+        return "".join(out)
+
+    def ring_workers():
+        r = subprocess.run([a.ringctl, "status", "--server", admin, "--api-key", KEY, "--json"],
+                           capture_output=True, text=True, timeout=30)
+        try:
+            return {w["address"]: w for w in json.loads(r.stdout).get("workers", [])}
+        except ValueError:
+            return {}
+
+    def describe(addr):
+        r = subprocess.run([a.ringctl, "describe", "--worker", addr, "--auth-token-file", token, "--json"],
+                           capture_output=True, text=True, timeout=30)
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            return {}
+
+    want_greedy, want_stream = greedy(), stream()
+
+    # A worker that binds every interface cannot tell the coordinator where to dial it.
+    r = subprocess.run([a.worker, "--listen", "0.0.0.0:0", "--model-root", root, "--auth-token-file", token,
+                        "--join", admin], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 2 and "--advertise" in r.stderr,
+          f"join: --listen 0.0.0.0 without --advertise is refused at start ({r.returncode}, {r.stderr.strip()})")
+
+    # A coordinator that does not answer: the worker serves anyway and reports why.
+    pd, wd = ringproc.start_worker(a, root, os.path.join(a.work, "join-worker-nocoord.log"),
+                                   extra=("--auth-token-file", token, "--join", "127.0.0.1:1"))
+    procs.append(pd)
+    deadline = time.time() + 60
+    d = {}
+    while time.time() < deadline and not d.get("registration", {}).get("last_error"):
+        d = describe(wd)
+        time.sleep(0.2)
+    reg = d.get("registration", {})
+    check(reg.get("coordinator") == "127.0.0.1:1" and reg.get("advertise") == wd and bool(reg.get("last_error")) and
+          int(reg.get("last_success_unix_seconds", 0)) == 0,
+          f"join: a worker whose coordinator is down serves Describe and reports the failed Join ({reg})")
+    rc = stop(pd, 60)
+    check(rc == 0, f"join: SIGTERM with the coordinator down still exits 0 (rc={rc})")
+
+    # The worker joins by itself, authenticated by the ring token.
+    p1, w1 = ringproc.start_worker(a, root, os.path.join(a.work, "join-worker1.log"),
+                                   extra=("--auth-token-file", token, "--join", admin))
+    procs.append(p1)
+    deadline = time.time() + 60
+    ws = {}
+    while time.time() < deadline:
+        ws = ring_workers()
+        if ws.get(w1, {}).get("state") == "serving" and ws.get(w0, {}).get("state") == "serving":
+            break
+        time.sleep(0.2)
+    check(ws.get(w1, {}).get("state") == "serving" and ws.get(w1, {}).get("stageIndex") == 1,
+          f"join: ringctl status shows the joined worker serving as stage 1 ({ws.get(w1)})")
+    check(f"worker {w1} joined by itself (ring-worker --join)" in open(slog).read(),
+          "join: the server log says the worker joined by itself")
+    reg = describe(w1).get("registration", {})
+    check(reg.get("coordinator") == admin and reg.get("advertise") == w1 and int(reg.get("last_success_unix_seconds", 0)) > 0
+          and not reg.get("last_error"), f"join: ringctl describe shows the registration ({reg})")
+    r = subprocess.run([a.ringctl, "describe", "--worker", w1, "--auth-token-file", token],
+                       capture_output=True, text=True, timeout=30)
+    check(f"joins      {admin} as {w1}: registered" in r.stdout, f"join: the describe table ({r.stdout[-300:]})")
+    check(greedy() == want_greedy, "join: the two-stage ring gives the same greedy output")
+
+    # SIGTERM mid-stream: the worker leaves, the stream replays on the one-worker ring.
+    replays0 = metric_value(port, "ring_requests_replayed_total")
+    failed0 = metric_value(port, "ring_requests_failed_total")
+    try:
+        got = stream(lambda: p1.send_signal(signal.SIGTERM))
+    except openai.APIError as e:
+        got = f"error: {e}"
+    check(got == want_stream, "join: SIGTERM of the joined worker mid-stream: no error, stream identical")
+    try:
+        rc = p1.wait(60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"join: the worker exits 0 after leaving (rc={rc})")
+    check(metric_value(port, "ring_requests_failed_total") == failed0,
+          "join: no request failed while the worker left")
+    # The stream was in flight when the ring re-formed without the worker (its stage moved).
+    check(metric_value(port, "ring_requests_replayed_total") > replays0, "join: the stream in flight was replayed")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        ws = ring_workers()
+        if list(ws) == [w0] and ws[w0].get("state") == "serving":
+            break
+        time.sleep(0.2)
+    check(list(ws) == [w0], f"join: after SIGTERM ringctl status no longer lists the worker ({list(ws)})")
+    check(f"worker {w1} left by itself" in open(slog).read(), "join: the server log says the worker left by itself")
+    check(f"ring-worker: left the ring of coordinator {admin}" in open(os.path.join(a.work, "join-worker1.log")).read(),
+          "join: the worker logs its Leave")
+    check(greedy() == want_greedy, "join: the ring serves again on its own worker")
+    server.kill()
+
+
+def metric_value(port, name):
+    return ringproc.metric(port, name, key=KEY) or 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,13 @@
 // --metrics-listen ADDR serves Prometheus text at http://ADDR/metrics (worker/worker_metrics.h);
 // a bare PORT or :PORT binds 127.0.0.1 like --listen. Off unless given. The startup line
 // then reads "ring-worker listening on ADDR (metrics http://MADDR/metrics)".
+//
+// --join ADMIN_ADDR registers this worker with the coordinator's admin service once it
+// listens (worker/coordinator_registration.h): Coordinator.Join with --advertise HOST:PORT
+// (default: the bound listen address, which must then name a host, not 0.0.0.0 or [::]),
+// retried with backoff and repeated every 30 s; on SIGTERM/SIGINT it calls Leave before the
+// server stops, so the ring re-forms without it and its requests in flight replay. The
+// admin call carries --coordinator-key-file's key, else the ring token (--auth-token-file).
 #include <csignal>
 #include <cstdlib>
 #include <limits>
@@ -29,6 +36,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "worker/coordinator_client.h"
+#include "worker/coordinator_registration.h"
 #include "worker/stage_client.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_service.h"
@@ -43,6 +52,11 @@ std::string NormalizeListen(const std::string& listen) {
   if (absl::SimpleAtoi(listen, &port)) return absl::StrCat("127.0.0.1:", port);
   if (!listen.empty() && listen[0] == ':') return "127.0.0.1" + listen;
   return listen;
+}
+
+// A host a coordinator cannot dial: the listen address binds every interface.
+bool IsWildcardHost(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "*";
 }
 
 }  // namespace
@@ -94,7 +108,26 @@ int main(int argc, char** argv) {
                  "after the weights are loaded, less a headroom of 10% of it (at least 256 MiB)")
       ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true))
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  std::string join, advertise, coordinator_key_file;
+  app.add_option("--join", join,
+                 "Register with the coordinator at this admin address (HOST:PORT, as ringctl --server) "
+                 "once listening: Coordinator.Join, retried with backoff, repeated every 30 s; Leave on "
+                 "SIGTERM");
+  app.add_option("--advertise", advertise,
+                 "HOST:PORT the coordinator dials this worker at (with --join). Default: the listen "
+                 "address, which must then name a host");
+  app.add_option("--coordinator-key-file", coordinator_key_file,
+                 "Key for the coordinator's admin service (with --join; an API key or the ring token). "
+                 "Default: the --auth-token-file token");
   CLI11_PARSE(app, argc, argv);
+  if (join.empty() && (!advertise.empty() || !coordinator_key_file.empty())) {
+    std::cerr << "ring-worker: --advertise and --coordinator-key-file need --join\n";
+    return 2;
+  }
+  if (!advertise.empty() && advertise.rfind(':') == std::string::npos) {
+    std::cerr << "ring-worker: --advertise " << advertise << ": want HOST:PORT\n";
+    return 2;
+  }
   absl::StatusOr<ring::DeviceSpec> spec = ring::ParseDevice(device);
   if (!spec.ok()) {
     std::cerr << "ring-worker: --device: " << spec.status().message() << "\n";
@@ -199,6 +232,21 @@ int main(int argc, char** argv) {
     }
     creds = grpc::SslServerCredentials(ssl);
   }
+  // Before binding: a worker the coordinator cannot dial back should not start at all.
+  if (!join.empty() && advertise.empty() && IsWildcardHost(host_part)) {
+    std::cerr << "ring-worker: --join: --listen " << address
+              << " binds every interface; give the address the coordinator dials with --advertise HOST:PORT\n";
+    return 2;
+  }
+  std::string coordinator_key = options.auth_token;
+  if (!coordinator_key_file.empty()) {
+    auto k = ring::worker::ReadSecretFile(coordinator_key_file, "--coordinator-key-file");
+    if (!k.ok()) {
+      std::cerr << "ring-worker: " << k.status().message() << "\n";
+      return 2;
+    }
+    coordinator_key = *k;
+  }
   if (!loopback && options.auth_token.empty() && tls_client_ca.empty() && !allow_insecure) {
     std::cerr << "ring-worker: refusing to listen on " << address
               << " without --auth-token-file or --tls-client-ca (or --allow-insecure)\n";
@@ -241,9 +289,25 @@ int main(int argc, char** argv) {
   }
   std::cout << "ring-worker listening on " << host << ":" << port << metrics_note << std::endl;
 
+  // Registration starts only now: the coordinator probes this worker before it accepts it.
+  std::unique_ptr<ring::worker::CoordinatorRegistration> registration;
+  if (!join.empty()) {
+    ring::worker::RegistrationOptions ro;
+    ro.coordinator = join;
+    ro.advertise = advertise.empty() ? absl::StrCat(host, ":", port) : advertise;
+    registration = std::make_unique<ring::worker::CoordinatorRegistration>(
+        ro, std::make_unique<ring::worker::GrpcCoordinatorTransport>(join, coordinator_key));
+    service->SetRegistrationSource([r = registration.get()] { return r->Snapshot(); });
+    registration->Start();
+  }
+
   int sig = 0;
   sigwait(&stop, &sig);
   std::cerr << "ring-worker: signal " << sig << ", shutting down\n";
+  // Leave while still serving: the coordinator re-forms the ring without this worker and
+  // the requests in flight replay there; their streams here keep working through the
+  // grace period below, so none fails. Best effort, with a short deadline.
+  if (registration) (void)registration->Stop();
   server->GetHealthCheckService()->Shutdown();
   server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
   server->Wait();

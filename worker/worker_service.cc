@@ -225,6 +225,11 @@ void WorkerService::SetMetricsAddress(std::string address) {
   metrics_address_ = std::move(address);
 }
 
+void WorkerService::SetRegistrationSource(std::function<pb::CoordinatorRegistration()> source) {
+  absl::MutexLock l(&mu_);
+  registration_ = std::move(source);
+}
+
 void WorkerService::SetLastError(const absl::Status& status) {
   absl::MutexLock l(&mu_);
   last_error_ = std::string(status.message());
@@ -363,6 +368,7 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
 #elif defined(__aarch64__)
   resp->add_compiled_archs("aarch64");
 #endif
+  std::function<pb::CoordinatorRegistration()> registration;
   {
     absl::MutexLock l(&mu_);
     resp->set_checksum_failures(checksum_failures_);
@@ -379,7 +385,10 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
       resp->set_kv_cache_budget_bytes(loaded_->kv_budget);
       resp->set_kv_cache_free_bytes(std::max<int64_t>(0, loaded_->kv_budget - kv_bytes_));
     }
+    registration = registration_;
   }
+  // Outside mu_: the source takes the registration's own lock.
+  if (registration) *resp->mutable_registration() = registration();
   if (!req->probe_model().empty()) {
     auto info = ProbeModel(options_.model_root, req->probe_model());
     if (!info.ok()) return ToGrpcStatus(info.status());

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <memory>
@@ -87,6 +88,9 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   void SetListenAddress(std::string address);
   // Where its /metrics is served (Describe reports it; "" when not served).
   void SetMetricsAddress(std::string address);
+  // Describe's `registration` (ring-worker --join): called on every Describe, so it must
+  // be cheap and thread-safe (CoordinatorRegistration::Snapshot).
+  void SetRegistrationSource(std::function<ringserve::v1::CoordinatorRegistration()> source);
   WorkerService(const WorkerService&) = delete;
   WorkerService& operator=(const WorkerService&) = delete;
 
@@ -154,6 +158,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   int64_t last_error_unix_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::string metrics_address_ ABSL_GUARDED_BY(mu_);
+  std::function<ringserve::v1::CoordinatorRegistration()> registration_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
   std::string degraded_ ABSL_GUARDED_BY(mu_);  // from a replaced stage's shadow checker
   std::map<std::string, std::shared_ptr<SequenceState>> sequences_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,42 @@
+#include "worker/coordinator_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/grpc_status.h"
+
+namespace ring::worker {
+
+namespace pb = ringserve::v1;
+
+std::unique_ptr<pb::Coordinator::Stub> NewCoordinatorStub(const std::string& address) {
+  return pb::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+void PrepareCoordinatorCall(grpc::ClientContext* ctx, absl::Duration timeout, const std::string& key) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!key.empty()) ctx->AddMetadata("authorization", "Bearer " + key);
+}
+
+GrpcCoordinatorTransport::GrpcCoordinatorTransport(std::string coordinator, std::string key)
+    : coordinator_(std::move(coordinator)), key_(std::move(key)), stub_(NewCoordinatorStub(coordinator_)) {}
+
+absl::Status GrpcCoordinatorTransport::Call(MembershipCall call, const char* what, const std::string& address,
+                                            absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  PrepareCoordinatorCall(&ctx, timeout, key_);
+  pb::JoinRequest req;
+  req.set_address(address);
+  req.set_from_worker(true);
+  pb::JoinResponse resp;
+  return FromGrpcStatus(((*stub_).*call)(&ctx, req, &resp), absl::StrCat(what, " at coordinator ", coordinator_));
+}
+
+absl::Status GrpcCoordinatorTransport::Join(const std::string& address, absl::Duration timeout) {
+  return Call(&pb::Coordinator::Stub::Join, "Join", address, timeout);
+}
+
+absl::Status GrpcCoordinatorTransport::Leave(const std::string& address, absl::Duration timeout) {
+  return Call(&pb::Coordinator::Stub::Leave, "Leave", address, timeout);
+}
+
+}  // namespace ring::worker
