@@ -154,15 +154,18 @@ def main():
     _, clean_sh = start_worker(args, root, extra=("--shadow-rate", "1"))
     _, bad_sh = start_worker(args, root, {"RING_TEST_FAULT": "scale:layers.3.self_attn.q_b_proj"},
                              extra=("--shadow-rate", "1", "--shadow-degrade", "--metrics-listen", "0"))
-    r = ringctl(args, ["logits", "--workers", f"{clean_sh},{bad_sh}", "--model", "glm", *COMMON,
-                       "--act", "f32"], timeout=60)
+    # A layer is judged from its 8th check on (worker/shadow_checker.h min_checks): 3 prefill
+    # chunks + 8 decode steps.
+    shadow_run = ["--tokens", PROMPT, "--prefill-chunk", "10", "--decode", "8", "--act", "f32"]
+    r = ringctl(args, ["logits", "--workers", f"{clean_sh},{bad_sh}", "--model", "glm", *shadow_run],
+                timeout=60)
     check("shadow: the ring serves while shadow checks run", r.returncode == 0, r.stderr.strip())
 
     def describe(addr):
         d = ringctl(args, ["describe", "--worker", addr, "--json"], timeout=30)
         return json.loads(d.stdout) if d.returncode == 0 else {}
 
-    want_steps = 7  # 24 prompt tokens in chunks of 10, then 4 decode steps
+    want_steps = 11  # 24 prompt tokens in chunks of 10, then 8 decode steps
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         dc, db = describe(clean_sh), describe(bad_sh)
@@ -181,8 +184,8 @@ def main():
           and layers.get(3, {}).get("max_relative_difference", 0) > 0.01
           and "layer 3" in sb.get("last_divergence", "") and "layer 3" in db.get("degraded_reason", ""),
           f"{sb} degraded: {db.get('degraded_reason')!r}")
-    r = ringctl(args, ["logits", "--workers", f"{clean_sh},{bad_sh}", "--model", "glm", *COMMON,
-                       "--act", "f32"], timeout=60)
+    r = ringctl(args, ["logits", "--workers", f"{clean_sh},{bad_sh}", "--model", "glm", *shadow_run],
+                timeout=60)
     check("shadow: a degraded worker refuses new sequences, naming why",
           r.returncode != 0 and "degraded" in r.stderr and "layer 3" in r.stderr, r.stderr.strip(), show=True)
     try:
