@@ -1,5 +1,8 @@
 #include "server/server_config.h"
 
+#include <fstream>
+#include <sstream>
+
 #include "gtest/gtest.h"
 
 namespace ring {
@@ -30,6 +33,23 @@ split = [3, 1]
   ASSERT_TRUE(o.act_dtype.has_value());
   auto hp = c->ListenHostPort();
   EXPECT_EQ(hp->second, 9000);
+}
+
+// The example operators copy (docs/operations.md) must stay a valid config.
+TEST(ServerConfigTest, ShippedExampleParses) {
+  std::ifstream f(std::string(RING_SOURCE_DIR) + "/deploy/ring.toml.example");
+  ASSERT_TRUE(f.good());
+  std::stringstream text;
+  text << f.rdbuf();
+  auto c = ParseServerConfig(text.str(), "ring.toml.example");
+  ASSERT_TRUE(c.ok()) << c.status();
+  RingOptions o = c->ToRingOptions();
+  EXPECT_EQ(o.workers.size(), 3u);
+  int64_t layers = 0;
+  for (int64_t n : o.split) layers += n;
+  EXPECT_EQ(layers, 78);  // GLM-5.2
+  EXPECT_EQ(c->admission_prompt_len, 8);
+  EXPECT_EQ(c->auth_token_file, "/etc/ringserve/ring.token");
 }
 
 TEST(ServerConfigTest, UnknownKeyIsNamed) {
