@@ -10,7 +10,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libboost-dev prometheus-cpp-dev nlohmann-json3-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libtomlplusplus-dev libxxhash-dev libspdlog-dev libgtest-dev libgmock-dev
-  libbenchmark-dev prometheus python3-venv python3-dev patchelf zsh
+  libbenchmark-dev prometheus python3-venv python3-dev patchelf zsh systemd
 )
 
 missing=()

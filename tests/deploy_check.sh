@@ -2,7 +2,8 @@
 # Checks the deploy/ artefacts: Prometheus alert rules and scrape config (promtool), the
 # Grafana dashboard (valid JSON, every ring_* metric it queries exists in ring-server's or
 # ring-worker's metrics list), and the relocatable bundle: built from ring-worker/ring-server/ringctl,
-# copied to another directory, run from there with an empty LD_LIBRARY_PATH.
+# copied to another directory, run from there with an empty LD_LIBRARY_PATH; the systemd
+# units (systemd-analyze verify) with ExecStart pointing into that relocated bundle.
 #   tests/deploy_check.sh SOURCE_DIR RINGCTL RING_WORKER RING_SERVER WORK_DIR
 set -euo pipefail
 src=$1 ringctl=$2 worker=$3 server=$4 work=$5
@@ -35,4 +36,12 @@ env -u LD_LIBRARY_PATH "$work/elsewhere/ringserve/bin/ringctl" synth --arch qwen
 env -u LD_LIBRARY_PATH "$work/elsewhere/ringserve/bin/ringctl" logits --model "$work/m" --tokens 1,2,3 \
   --out "$work/l.npy" 2> "$work/logits.txt"
 grep -q "logits: 3 rows" "$work/logits.txt"
-echo "deploy checks passed (bundle runs from $work/elsewhere/ringserve)"
+mkdir -p "$work/units"
+for u in ring-worker ring-server; do
+  sed "s|/opt/ringserve|$work/elsewhere/ringserve|g" "$src/deploy/systemd/$u.service" > "$work/units/$u.service"
+done
+# verify exits 0 on a directive it cannot parse (it only warns, naming file:line): fail on that too.
+units_out=$(systemd-analyze verify "$work/units/ring-worker.service" "$work/units/ring-server.service" 2>&1) ||
+  { echo "$units_out"; exit 1; }
+if grep -q "$work/units/" <<< "$units_out"; then echo "$units_out"; exit 1; fi
+echo "deploy checks passed (bundle runs from $work/elsewhere/ringserve; systemd units verify)"
