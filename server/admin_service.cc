@@ -101,6 +101,14 @@ grpc::Status AdminService::Status(grpc::ServerContext* ctx, const pb::StatusRequ
     w->set_degraded_reason(d->degraded_reason());
     w->set_backend(d->backend());
     for (const auto& dev : d->devices()) w->add_devices(dev);
+    if (d->has_attestation() && d->attestation().compute_capability() > 0) {
+      w->set_arch(absl::StrCat("sm_", d->attestation().compute_capability()));
+      w->set_device_name(d->attestation().device_name());
+    } else {
+      for (const auto& a : d->compiled_archs()) {
+        if (a == "x86_64" || a == "aarch64") w->set_arch(a);
+      }
+    }
     w->set_memory_free_bytes(d->memory_free_bytes());
     w->set_build_version(d->build_version());
     w->set_checksum_failures(d->checksum_failures());

@@ -95,9 +95,9 @@ int Status(const AdminFlags& f) {
             << "  replayed " << static_cast<int64_t>(r.requests_replayed_total())
             << "  reforms " << static_cast<int64_t>(r.ring_reforms_total())
             << "  up " << r.uptime_seconds() << "s  build " << r.build_version() << "\n\n";
-  std::cout << absl::StrFormat("%-22s %-5s %-11s %-8s %-7s %-10s %-4s %-21s %-7s %-5s %-5s %s\n", "WORKER",
-                               "STAGE", "STATE", "LAYERS", "BACKEND", "MEM FREE", "SEQS", "KV USED/BUDGET",
-                               "TOK/S", "EPOCH", "CKSUM", "NOW / ERROR");
+  std::cout << absl::StrFormat("%-22s %-5s %-11s %-8s %-14s %-21s %-4s %-21s %-7s %-5s %-5s %s\n", "WORKER",
+                               "STAGE", "STATE", "LAYERS", "DEVICE", "MEM USED/FREE", "SEQS",
+                               "KV USED/BUDGET", "TOK/S", "EPOCH", "CKSUM", "NOW / ERROR");
   for (const auto& w : r.workers()) {
     const std::string layers = w.layer_end() > w.layer_begin()
                                    ? absl::StrCat(w.layer_begin(), "-", w.layer_end() - 1)
@@ -107,10 +107,18 @@ int Status(const AdminFlags& f) {
     const std::string kv = w.layer_end() > w.layer_begin()
                                ? absl::StrCat(Bytes(w.cache_bytes()), "/", Bytes(w.kv_cache_budget_bytes()))
                                : "-";
+    // "cuda:0 sm_90" / "cpu x86_64": which device and which machine code runs the stage.
+    std::string device = w.devices().empty() ? w.backend() : w.devices(0);
+    if (!w.arch().empty()) absl::StrAppend(&device, " ", w.arch());
+    // Used: the stage's weights and the KV cache its sequences hold; free: the device's.
+    const std::string mem =
+        unreachable ? "-"
+                    : absl::StrCat(Bytes(w.weight_bytes() + w.cache_bytes()), "/",
+                                   w.memory_free_bytes() ? Bytes(w.memory_free_bytes()) : "-");
     std::cout << absl::StrFormat(
-        "%-22s %-5s %-11s %-8s %-7s %-10s %-4d %-21s %-7s %-5d %-5d %s\n", w.address(),
+        "%-22s %-5s %-11s %-8s %-14s %-21s %-4d %-21s %-7s %-5d %-5d %s\n", w.address(),
         w.stage_index() >= 0 ? std::to_string(w.stage_index()) : "-", w.state(), layers,
-        w.backend().empty() ? "-" : w.backend(), w.memory_free_bytes() ? Bytes(w.memory_free_bytes()) : "-",
+        device.empty() ? "-" : device, mem,
         w.live_sequences(), kv, unreachable ? "-" : absl::StrFormat("%.1f", w.tokens_per_second()),
         w.epoch(), w.checksum_failures(), unreachable ? w.last_error() : w.waiting_on());
     // A reachable worker's latest failure, on its own line: it explains a replay or a

@@ -253,6 +253,10 @@ def run_tests(a, port, admin, workers, metrics, model_dir, root, procs, token):
     check("KV USED/BUDGET" in seen.get("table", "") and len(rows) == 2 and
           all(re.search(r" \d+(\.\d+)? [KMGT]?i?B/\d+(\.\d+)? [KMGT]?i?B ", row) for row in rows),
           f"ringctl status table shows KV used/budget per worker ({rows})")
+    arch = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(os.uname().machine, os.uname().machine)
+    check(all(w.get("arch") == arch for w in ws) and "DEVICE" in seen.get("table", "") and
+          all(f"cpu {arch}" in row for row in rows) and "MEM USED/FREE" in seen.get("table", ""),
+          f"ringctl status: device and arch per worker, memory used/free ({[w.get('arch') for w in ws]}, {rows})")
 
     # --- ringctl plan and describe with the documented flags (the workers want the token). ---
     r = subprocess.run([a.ringctl, "plan", "--workers", ",".join(workers), "--model", "tiny-glm", "--context", "8192",
