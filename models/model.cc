@@ -158,6 +158,11 @@ absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
   RING_RETURN_IF_ERROR(b.Linear(head_, normed.f(), n, ctx_.act, logits.f()));
   out.argmax.resize(n);
   RING_RETURN_IF_ERROR(b.ArgMax(logits.f(), n, c.vocab_size, out.argmax.data()));
+  if (in.argmax_only) {
+    out.hidden.resize(n * hidden);
+    RING_RETURN_IF_ERROR(b.Download(normed.data(), n * hidden * 4, out.hidden.data()));
+    return out;
+  }
   out.logits.resize(n * c.vocab_size);
   RING_RETURN_IF_ERROR(b.Download(logits.data(), n * c.vocab_size * 4, out.logits.data()));
   return out;

@@ -53,6 +53,11 @@ struct StageInput {
   TopkCarry topk;                // later stages: from the previous stage
   // Also return every layer's output (StageOutput::layer_hidden), for shadow checks.
   bool capture_layers = false;
+  // Last stage: only the greedy token of each row is wanted (StageOutput::argmax); the
+  // logits stay where they were computed (on the GPU for a CUDA stage) and `hidden` returns
+  // the final-normed rows the head read instead, [rows, hidden_size], so the caller can
+  // still fingerprint them (NaN/Inf). Ignored by other stages.
+  bool argmax_only = false;
 };
 
 struct StageOutput {

@@ -524,6 +524,12 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
 
   GenerateResult result;
   Sampler sampler(req.sampling);
+  // Greedy with nothing that needs the distribution: the last stage picks the token where
+  // its logits are and only the token crosses back (RingSequence::StepGreedy).
+  const SamplingParams& sp = req.sampling;
+  const bool greedy_token = sp.temperature == 0.0f && !sp.logprobs && sp.top_logprobs == 0 &&
+                            sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+  int32_t greedy = -1;
   // Prompt + every token handed to the sink: what a replay must feed to get back here.
   std::vector<int32_t> history = req.prompt;
   std::vector<float> logits;
@@ -531,6 +537,15 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
   int attempt = 0;
   auto last = std::chrono::steady_clock::now();
 
+  // One step: the next token's logits, or with greedy_token only the token.
+  auto step = [&](RingSequence& seq, const std::vector<int32_t>& tokens) -> absl::Status {
+    if (greedy_token) {
+      RING_ASSIGN_OR_RETURN(greedy, seq.StepGreedy(tokens));
+    } else {
+      RING_ASSIGN_OR_RETURN(logits, seq.Step(tokens));
+    }
+    return absl::OkStatus();
+  };
   // One attempt on `ring`: feeds history[fed..] (all of it on a fresh sequence), then
   // decodes. Returns OK when the generation is finished, or the step error.
   auto run = [&](Ring& ring) -> absl::Status {
@@ -544,15 +559,23 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
       }
       std::vector<int32_t> part(history.begin() + b, history.begin() + std::min(history.size(), b + chunk));
       const auto s0 = std::chrono::steady_clock::now();
-      RING_ASSIGN_OR_RETURN(logits, seq->Step(part));
+      RING_RETURN_IF_ERROR(step(*seq, part));
       metrics_->prefill_step_seconds.Observe(Seconds(s0, std::chrono::steady_clock::now()));
     }
     if (attempt == 0) metrics_->prompt_tokens.Increment(static_cast<double>(req.prompt.size()));
     while (true) {
-      if (static_cast<int64_t>(logits.size()) != vocab) {
-        return absl::InternalError(absl::StrCat("last stage returned ", logits.size(), " logits, expected ", vocab));
+      SampledToken tok;
+      if (greedy_token) {
+        if (greedy < 0 || greedy >= vocab) {
+          return absl::InternalError(absl::StrCat("last stage returned token ", greedy, ", vocabulary ", vocab));
+        }
+        tok.id = greedy;
+      } else {
+        if (static_cast<int64_t>(logits.size()) != vocab) {
+          return absl::InternalError(absl::StrCat("last stage returned ", logits.size(), " logits, expected ", vocab));
+        }
+        tok = sampler.Sample(logits);
       }
-      const SampledToken tok = sampler.Sample(logits);
       const auto now = std::chrono::steady_clock::now();
       (result.completion_tokens == 0 ? metrics_->ttft_seconds : metrics_->inter_token_seconds)
           .Observe(Seconds(result.completion_tokens == 0 ? t0 : last, now));
@@ -577,7 +600,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
         return absl::OkStatus();
       }
       const auto s0 = std::chrono::steady_clock::now();
-      RING_ASSIGN_OR_RETURN(logits, seq->Step({tok.id}));
+      RING_RETURN_IF_ERROR(step(*seq, {tok.id}));
       metrics_->decode_step_seconds.Observe(Seconds(s0, std::chrono::steady_clock::now()));
     }
   };

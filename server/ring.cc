@@ -1,5 +1,6 @@
 #include "server/ring.h"
 
+#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <utility>
@@ -17,19 +18,27 @@ namespace {
 
 namespace pb = ringserve::v1;
 
-// Runs `tokens` through runners in order; the last one's logits come back.
-absl::StatusOr<std::vector<float>> StepThrough(std::vector<std::unique_ptr<StageRunner>>& runners,
-                                               const std::vector<int32_t>& tokens) {
+// Runs `tokens` through runners in order; the last one's output comes back (logits, or
+// with argmax_only the greedy tokens).
+absl::StatusOr<StageOutput> StepThrough(std::vector<std::unique_ptr<StageRunner>>& runners,
+                                        const std::vector<int32_t>& tokens, bool argmax_only) {
   StageInput in;
   in.tokens = tokens;
   for (size_t i = 0; i < runners.size(); ++i) {
+    in.argmax_only = argmax_only && i + 1 == runners.size();
     RING_ASSIGN_OR_RETURN(StageOutput out, runners[i]->Forward(in));
-    if (i + 1 == runners.size()) return std::move(out.logits);
+    if (i + 1 == runners.size()) return out;
     in = StageInput{};
     in.hidden = std::move(out.hidden);
     in.topk = std::move(out.topk);
   }
   return absl::InternalError("ring without stages");
+}
+
+// The greedy token of the last row of a last stage's argmax_only output.
+absl::StatusOr<int32_t> LastToken(const StageOutput& out) {
+  if (out.argmax.empty()) return absl::InternalError("last stage returned no greedy token");
+  return out.argmax.back();
 }
 
 // A Stage shared by many sequences: Stage::Forward is const and safe across sequences.
@@ -51,9 +60,14 @@ class LocalSequence final : public RingSequence {
   explicit LocalSequence(std::vector<std::unique_ptr<StageRunner>> runners)
       : runners_(std::move(runners)) {}
   absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>& tokens) override {
-    RING_ASSIGN_OR_RETURN(std::vector<float> logits, StepThrough(runners_, tokens));
+    RING_ASSIGN_OR_RETURN(StageOutput out, StepThrough(runners_, tokens, false));
     position_ += static_cast<int64_t>(tokens.size());
-    return logits;
+    return std::move(out.logits);
+  }
+  absl::StatusOr<int32_t> StepGreedy(const std::vector<int32_t>& tokens) override {
+    RING_ASSIGN_OR_RETURN(StageOutput out, StepThrough(runners_, tokens, true));
+    position_ += static_cast<int64_t>(tokens.size());
+    return LastToken(out);
   }
   int64_t position() const override { return position_; }
 
@@ -112,10 +126,19 @@ class RemoteSequence final : public RingSequence {
                  std::vector<std::unique_ptr<worker::RemoteStageRunner>> runners)
       : ring_(ring), id_(std::move(id)), runners_(std::move(runners)) {}
   ~RemoteSequence() override;
-  absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>& tokens) override;
+  absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>& tokens) override {
+    RING_ASSIGN_OR_RETURN(StageOutput out, Run(tokens, false));
+    return std::move(out.logits);
+  }
+  absl::StatusOr<int32_t> StepGreedy(const std::vector<int32_t>& tokens) override {
+    RING_ASSIGN_OR_RETURN(StageOutput out, Run(tokens, true));
+    return LastToken(out);
+  }
   int64_t position() const override { return position_; }
 
  private:
+  absl::StatusOr<StageOutput> Run(const std::vector<int32_t>& tokens, bool argmax_only);
+
   RemoteRing* ring_;
   const std::string id_;
   std::vector<std::unique_ptr<worker::RemoteStageRunner>> runners_;
@@ -285,10 +308,11 @@ RemoteSequence::~RemoteSequence() {
   ring_->Release(id_);
 }
 
-absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_t>& tokens) {
+absl::StatusOr<StageOutput> RemoteSequence::Run(const std::vector<int32_t>& tokens, bool argmax_only) {
   StageInput in;
   in.tokens = tokens;
   for (size_t i = 0; i < runners_.size(); ++i) {
+    in.argmax_only = argmax_only && i + 1 == runners_.size();
     const uint64_t before = runners_[i]->checksum_failures();
     const absl::Time t0 = absl::Now();
     auto out = runners_[i]->Forward(in);
@@ -304,7 +328,7 @@ absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_
     ring_->NoteActivation(i, runners_[i]->last_rms(), runners_[i]->last_absmax());
     if (i + 1 == runners_.size()) {
       position_ += static_cast<int64_t>(tokens.size());
-      return std::move(out->logits);
+      return std::move(*out);
     }
     in = StageInput{};
     in.hidden = std::move(out->hidden);
@@ -314,6 +338,12 @@ absl::StatusOr<std::vector<float>> RemoteSequence::Step(const std::vector<int32_
 }
 
 }  // namespace
+
+absl::StatusOr<int32_t> RingSequence::StepGreedy(const std::vector<int32_t>& tokens) {
+  RING_ASSIGN_OR_RETURN(std::vector<float> logits, Step(tokens));
+  if (logits.empty()) return absl::InternalError("last stage returned no logits");
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
 
 absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_t>& split,
                                                         int64_t num_layers, int stages) {

@@ -123,6 +123,11 @@ class RingSequence {
   // the last stage's logits: [rows, vocab] with all_logits, else [vocab] for the last row.
   // A failure leaves the sequence unusable (positions on the stages may disagree).
   virtual absl::StatusOr<std::vector<float>> Step(const std::vector<int32_t>& tokens) = 0;
+  // The same step when only the greedy token of the last row is wanted (temperature 0, no
+  // log-probabilities, no penalties): the last stage picks it where its logits are (on
+  // its GPU) and sends back the token instead of [vocab] floats. Lowest id on ties. The
+  // default takes the argmax of Step's logits.
+  virtual absl::StatusOr<int32_t> StepGreedy(const std::vector<int32_t>& tokens);
   virtual int64_t position() const = 0;
 };
 

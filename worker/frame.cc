@@ -236,6 +236,7 @@ absl::Status EncodeStageInput(const StageInput& in, int64_t rows, DType dtype,
                               ActivationFrame* frame) {
   frame->mutable_token_ids()->Assign(in.tokens.begin(), in.tokens.end());
   EncodeTopk(in.topk, frame->mutable_topk());
+  frame->set_token_only(in.argmax_only);
   if (in.hidden.empty()) {
     frame->set_kind(ringserve::v1::PAYLOAD_KIND_NONE);
     frame->set_rows(rows);
@@ -252,6 +253,7 @@ absl::StatusOr<StageInput> DecodeStageInput(const ActivationFrame& frame) {
   StageInput in;
   in.tokens.assign(frame.token_ids().begin(), frame.token_ids().end());
   in.topk = DecodeTopk(frame.topk());
+  in.argmax_only = frame.token_only();
   if (frame.kind() == ringserve::v1::PAYLOAD_KIND_HIDDEN) {
     RING_ASSIGN_OR_RETURN(in.hidden, DecodeFloats(frame));
   } else if (frame.kind() == ringserve::v1::PAYLOAD_KIND_NONE) {
@@ -274,6 +276,23 @@ absl::Status EncodeStageOutput(const StageOutput& out, DType dtype, bool all_log
     frame->set_rows(out.rows);
     return absl::OkStatus();
   }
+  if (!out.argmax.empty()) {  // the last stage, asked for tokens only (argmax_only)
+    const int64_t n = static_cast<int64_t>(out.argmax.size());
+    if (out.hidden.empty() || out.hidden.size() % n != 0) {
+      return absl::InvalidArgumentError("frame: token-only output without its hidden rows");
+    }
+    frame->set_kind(ringserve::v1::PAYLOAD_KIND_TOKEN);
+    frame->mutable_token_ids()->Assign(out.argmax.begin(), out.argmax.end());
+    frame->set_rows(out.rows);
+    frame->clear_payload();
+    frame->clear_shape();
+    frame->add_shape(n);
+    frame->add_shape(static_cast<int64_t>(out.hidden.size()) / n);
+    frame->set_dtype(ringserve::v1::DTYPE_F32);
+    frame->set_checksum(PayloadChecksum(""));
+    *frame->mutable_fingerprint() = ComputeFingerprint(out.hidden);
+    return absl::OkStatus();
+  }
   frame->set_kind(ringserve::v1::PAYLOAD_KIND_HIDDEN);
   RING_RETURN_IF_ERROR(EncodeFloats(out.hidden, out.rows, dtype, frame));
   return absl::OkStatus();
@@ -283,6 +302,14 @@ absl::StatusOr<StageOutput> DecodeStageOutput(const ActivationFrame& frame) {
   StageOutput out;
   out.rows = frame.rows();
   out.topk = DecodeTopk(frame.topk());
+  if (frame.kind() == ringserve::v1::PAYLOAD_KIND_TOKEN) {
+    if (PayloadChecksum(frame.payload()) != frame.checksum() || !frame.payload().empty()) {
+      return absl::DataLossError("payload checksum mismatch on a token reply");
+    }
+    if (frame.token_ids().empty()) return absl::InvalidArgumentError("frame: token reply without tokens");
+    out.argmax.assign(frame.token_ids().begin(), frame.token_ids().end());
+    return out;
+  }
   RING_ASSIGN_OR_RETURN(std::vector<float> v, DecodeFloats(frame));
   if (frame.kind() == ringserve::v1::PAYLOAD_KIND_LOGITS) {
     out.logits = std::move(v);

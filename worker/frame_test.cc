@@ -88,6 +88,38 @@ TEST(Frame, StageInputCarriesTopkAndTokens) {
   EXPECT_TRUE(back->hidden.empty());
 }
 
+// A last stage asked for tokens only: the greedy tokens travel, the logits do not; the
+// fingerprint of the hidden rows the head read still carries NaN/Inf.
+TEST(Frame, TokenOnlyReplyCarriesTokensAndTheFingerprint) {
+  StageInput in;
+  in.hidden = {1, 2, 3, 4};
+  in.argmax_only = true;
+  ActivationFrame req;
+  ASSERT_TRUE(EncodeStageInput(in, 1, ringserve::v1::DTYPE_F32, &req).ok());
+  EXPECT_TRUE(req.token_only());
+  auto in2 = DecodeStageInput(req);
+  ASSERT_TRUE(in2.ok());
+  EXPECT_TRUE(in2->argmax_only);
+
+  StageOutput out;
+  out.rows = 3;
+  out.argmax = {42};
+  out.hidden = {0.5f, NAN, 1.0f, 2.0f};  // the last row's final-normed hidden state
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeStageOutput(out, ringserve::v1::DTYPE_BF16, false, &f).ok());
+  EXPECT_EQ(f.kind(), ringserve::v1::PAYLOAD_KIND_TOKEN);
+  EXPECT_TRUE(f.payload().empty());
+  EXPECT_EQ(f.fingerprint().nan_count(), 1);
+  EXPECT_EQ(f.shape_size(), 2);
+  auto back = DecodeStageOutput(f);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->argmax, std::vector<int32_t>{42});
+  EXPECT_TRUE(back->logits.empty());
+  EXPECT_EQ(back->rows, 3);
+  f.set_payload("x");  // a token reply has no payload: anything there was not sent
+  EXPECT_TRUE(absl::IsDataLoss(DecodeStageOutput(f).status()));
+}
+
 TEST(Frame, StageOutputLogitsAreF32EvenOnABf16Ring) {
   StageOutput out;
   out.rows = 2;

@@ -34,7 +34,7 @@ WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& versi
       frames_(BuildCounter().Name("ring_worker_frames_total")
                   .Help("Activation frames received from / sent to a peer").Register(*registry_)),
       frame_bytes_(BuildCounter().Name("ring_worker_frame_bytes_total")
-                       .Help("Payload bytes of activation frames received from / sent to a peer")
+                       .Help("Bytes of activation frames (serialized: payload, token ids, header) received from / sent to a peer")
                        .Register(*registry_)),
       checksum_failures_(BuildCounter().Name("ring_worker_checksum_failures_total")
                              .Help("Received frames whose XXH3 checksum did not match")

@@ -745,7 +745,7 @@ grpc::Status WorkerService::Forward(
     const auto received = std::chrono::steady_clock::now();
     Record(/*sent=*/false, in, peer);
     const std::string peer_label = PeerLabel(in);
-    metrics_->CountFrame(/*sent=*/false, peer_label, static_cast<int64_t>(in.payload().size()));
+    metrics_->CountFrame(/*sent=*/false, peer_label, static_cast<int64_t>(in.ByteSizeLong()));
     if (ctx->IsCancelled()) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "Forward cancelled or past its deadline");
     }
@@ -764,7 +764,7 @@ grpc::Status WorkerService::Forward(
     Record(/*sent=*/true, *reply, peer);
     reply->set_worker_seconds(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
-    metrics_->CountFrame(/*sent=*/true, peer_label, static_cast<int64_t>(reply->payload().size()));
+    metrics_->CountFrame(/*sent=*/true, peer_label, static_cast<int64_t>(reply->ByteSizeLong()));
     if (!stream->Write(*reply)) break;  // the client went away; its status says why
   }
   return grpc::Status::OK;

@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -242,6 +243,32 @@ TEST_F(WorkerServiceTest, PersistentStreamMatchesTheStageInProcess) {
     ASSERT_TRUE(want.ok() && got.ok()) << got.status();
     ASSERT_EQ(want->logits.size(), got->logits.size());
     EXPECT_EQ(0, std::memcmp(want->logits.data(), got->logits.data(), want->logits.size() * 4));
+  }
+}
+
+// Token-only steps (RingSequence::StepGreedy): the last stage's reply is the argmax of
+// exactly the logits a full step returns, on the same persistent stream.
+TEST_F(WorkerServiceTest, TokenOnlyStepsReturnTheArgmaxOfTheLogits) {
+  Start();
+  StageClient c0(address_, 0, {});
+  const uint64_t epoch = Load(c0, 0, 4);
+  RemoteStageRunner full(&c0, "full", epoch, 128, pb::DTYPE_F32);
+  RemoteStageRunner greedy(&c0, "greedy", epoch, 128, pb::DTYPE_F32);
+  for (std::vector<int32_t> tokens : {std::vector<int32_t>{5, 6, 7, 8}, {9}, {10}, {11}}) {
+    StageInput in;
+    in.tokens = tokens;
+    auto want = full.Forward(in);
+    in.argmax_only = true;
+    auto got = greedy.Forward(in);
+    ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+    ASSERT_FALSE(want->logits.empty());
+    EXPECT_TRUE(got->logits.empty());
+    const auto best = std::max_element(want->logits.begin(), want->logits.end()) - want->logits.begin();
+    ASSERT_EQ(got->argmax.size(), 1u);
+    EXPECT_EQ(got->argmax[0], best);
+    // What crossed back: a token and a fingerprint, not [vocab] floats.
+    EXPECT_LT(greedy.last_exchange().bytes_received, 200);
+    EXPECT_GT(full.last_exchange().bytes_received, static_cast<int64_t>(want->logits.size()) * 4);
   }
 }
 
