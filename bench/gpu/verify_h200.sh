@@ -82,27 +82,32 @@ start_worker() {  # start_worker LOGNAME ARGS... -> sets WPID, WADDR
     --out /tmp/dec.npy | tail -3
   fi
 
+  # with_shadow_worker RATE LOG DESCRIBE_GREP CMD...: one CUDA worker at that shadow rate,
+  # CMD run against it (its address in the environment as WADDR), then its shadow statistics.
+  with_shadow_worker() {
+    local rate=$1 name=$2 pick=$3
+    shift 3
+    start_worker "$name" --shadow-rate "$rate"
+    export WADDR
+    timeout 240 "$@" | tail -3
+    echo "rc=${PIPESTATUS[0]} (shadow rate $rate)"
+    "$R" describe --worker "$WADDR" | grep -E "$pick" || true
+    kill $WPID; wait $WPID 2>/dev/null
+  }
   if want 5; then
   echo "== 5. shadow checks: hot-path cost (slice decode through one CUDA worker)"
   for rate in 0 1; do
-    start_worker shadow$rate --shadow-rate $rate
-    timeout 180 "$R" logits --workers "$WADDR" --model ring_glm52x4 --tokens "$(toks 16 5)" \
-      --decode 32 --timing --out /tmp/sh$rate.npy | tail -3
-    echo "rc=$? (shadow rate $rate)"
-    "$R" describe --worker "$WADDR" | grep -E "shadow|health" || true
-    kill $WPID; wait $WPID 2>/dev/null
+    with_shadow_worker $rate shadow$rate "shadow|health" bash -c '"$0" logits --workers "$WADDR" \
+      --model ring_glm52x4 --tokens "$1" --decode 32 --timing --out /tmp/sh.npy' "$R" "$(toks 16 5)"
   done
   fi
 
   if want 6; then
   echo "== 6. shadow checks under load (ring_bench: 8 sequences x ${ROUNDS:-40} rounds, 16-token prompt, 32 decode steps)"
   for rate in ${RATES:-0 0.01 0 0.01 0 0.01 0.1}; do
-    start_worker load$rate --shadow-rate $rate
-    timeout 240 "$bundle/bin/ring_bench" --workers "$WADDR" --model ring_glm52x4 --sequences 8 \
-      --rounds "${ROUNDS:-40}" --decode 32 --prompt 16
-    echo "rc=$? (shadow rate $rate)"
-    "$R" describe --worker "$WADDR" | grep -E "^shadow|^  layer|divergence|^kv" || true
-    kill $WPID; wait $WPID 2>/dev/null
+    with_shadow_worker $rate load$rate "^shadow|^  layer|divergence|^kv" bash -c '"$0" --workers "$WADDR" \
+      --model ring_glm52x4 --sequences 8 --rounds "$1" --decode 32 --prompt 16' \
+      "$bundle/bin/ring_bench" "${ROUNDS:-40}"
   done
   fi
 
