@@ -29,13 +29,7 @@ import ringproc
 from ringproc import start, wait_ready
 
 KEY = "sk-ringserve-test-key"
-FAILS = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILS.append(what)
+check = ringproc.check
 
 
 def raw(port, method, path, body=b"", headers=None, timeout=10):
@@ -87,14 +81,8 @@ step_timeout_s = 5
         a.admin = admin
         run_tests(a, port, model_dir, workers, procs, server)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if FAILS:
-        print(f"{len(FAILS)} failure(s):\n  " + "\n  ".join(FAILS))
-        return 1
-    print("all openai API checks passed")
-    return 0
+        ringproc.kill_all(procs)
+    return ringproc.report("openai API")
 
 
 def run_tests(a, port, model_dir, workers, procs, server):

@@ -36,13 +36,7 @@ import ringproc
 from ringproc import start, wait_ready
 
 KEY = "sk-ringserve-ops-key"
-FAILS = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILS.append(what)
+check = ringproc.check
 
 
 def scrape(addr):
@@ -136,14 +130,8 @@ auth_token_file = "{token}"
         not_ready_test(a, model_dir, procs)
         join_test(a, root, model_dir, procs, token)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if FAILS:
-        print(f"{len(FAILS)} failure(s):\n  " + "\n  ".join(FAILS))
-        return 1
-    print("all operations checks passed")
-    return 0
+        ringproc.kill_all(procs)
+    return ringproc.report("operations")
 
 
 def run_tests(a, port, admin, workers, metrics, model_dir, root, procs, token):

@@ -106,3 +106,29 @@ def start_worker(args, root, log, env=None, extra=()):
     """Starts a loopback ring-worker over `root` (plus `extra` flags); returns (Popen, its address)."""
     return start([args.worker, "--listen", "127.0.0.1:0", "--model-root", root, *extra], log,
                  r"listening on (\S+)", env=env)
+
+
+# Checks of a test script: each prints ok/FAIL as it runs; report() ends the script.
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+
+
+def kill_all(procs):
+    """Kills whatever of `procs` (Popen) is still running."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+
+
+def report(what):
+    """Prints the failed checks, or that all `what` checks passed; the exit status."""
+    if FAILS:
+        print(f"{len(FAILS)} failure(s):\n  " + "\n  ".join(FAILS))
+        return 1
+    print(f"all {what} checks passed")
+    return 0
