@@ -35,7 +35,7 @@
 #include "absl/time/time.h"
 #include "server/metrics.h"
 #include "server/ring.h"
-#include "server/sampler.h"
+#include "kernels/cpu/sampling.h"
 
 namespace ring {
 

@@ -1,4 +1,4 @@
-// File: server/sampler.h
+// File: kernels/cpu/sampling.h
 //
 // Picks the next token from one row of logits, the way OpenAI-style parameters ask:
 // frequency/presence penalties over the tokens generated so far, temperature, top-k,
@@ -11,8 +11,8 @@
 //
 //   Sampler s(params);
 //   SampledToken t = s.Sample(logits);   // also remembers t.id for the penalties
-#ifndef RINGSERVE_SERVER_SAMPLER_H_
-#define RINGSERVE_SERVER_SAMPLER_H_
+#ifndef RINGSERVE_KERNELS_CPU_SAMPLING_H_
+#define RINGSERVE_KERNELS_CPU_SAMPLING_H_
 
 #include <cstdint>
 #include <random>
@@ -62,4 +62,4 @@ class Sampler {
 
 }  // namespace ring
 
-#endif  // RINGSERVE_SERVER_SAMPLER_H_
+#endif  // RINGSERVE_KERNELS_CPU_SAMPLING_H_

@@ -1,4 +1,4 @@
-#include "server/sampler.h"
+#include "kernels/cpu/sampling.h"
 
 #include <algorithm>
 #include <cmath>
