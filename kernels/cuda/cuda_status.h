@@ -8,8 +8,9 @@
 //   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());   // after a kernel launch
 //
 // The macro is generic over the library: RING_GPU_RETURN_IF_ERROR_ takes the success code,
-// a code -> absl::StatusCode classifier and a code -> text function, so NCCL gets its own
-// one-line macro (ncclSuccess, NcclCodeToStatusCode, ncclGetErrorString) when it lands.
+// a code -> absl::StatusCode classifier and code -> name / text functions, so NCCL has its
+// own one-line macro, RING_NCCL_RETURN_IF_ERROR, in nccl_status.h (kept apart so that only
+// code that talks to NCCL needs nccl.h).
 #ifndef RINGSERVE_KERNELS_CUDA_CUDA_STATUS_H_
 #define RINGSERVE_KERNELS_CUDA_CUDA_STATUS_H_
 
@@ -54,9 +55,11 @@ inline absl::string_view ShortPath(absl::string_view file) {
   return file;
 }
 
-template <typename Code>
+// `Text` returns anything absl::StrCat takes: CUDA's text is a static string, NCCL's is
+// assembled (error string + the library's last-error detail).
+template <typename Code, typename Text>
 absl::Status GpuCallStatus(Code code, absl::StatusCode (*classify)(Code),
-                           const char* (*name)(Code), const char* (*text)(Code),
+                           const char* (*name)(Code), Text (*text)(Code),
                            const char* expr, const char* file, int line) {
   return absl::Status(classify(code),
                       absl::StrCat(name(code), " (", text(code), ") at ", ShortPath(file), ":",
