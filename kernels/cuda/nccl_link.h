@@ -24,6 +24,14 @@
 // waited on, since destroy can block forever on unfinished work) and every later call
 // returns the first error at once. A peer's pending transfer does not necessarily learn of
 // the abort (over P2P/NVLink NCCL has no channel to tell it): it ends at its own deadline.
+// The abort itself is synchronous (the caller's buffers must be out of NCCL's hands when
+// the call returns), so a timed-out call returns after its deadline plus the abort: up to
+// ~1.5 s on 2x H200 with NCCL 2.28.9 when the peer had aborted first.
+//
+// Cost of non-blocking: NCCL 2.28 runs every operation of a non-blocking communicator
+// through a helper thread (each ncclSend returns ncclInProgress), measured on 2x H200 at
+// ~55 us one-way for a 12 KiB ping-pong against ~18 us with a blocking communicator and
+// cudaStreamSynchronize (bench/nccl_hop_bench.cc has the figures).
 //
 // Full duplex: a link is two communicators, one per direction (rank 0 -> 1 and 1 -> 0),
 // each with its own stream. NCCL runs one communicator's operations in issue order, so on
