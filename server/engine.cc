@@ -72,6 +72,12 @@ Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics
       m->ObserveHop(st.stage, st.TransportSeconds(), st.bytes_sent, st.bytes_received);
     };
   }
+  if (!ring_options_.on_closed_step) {
+    ring_options_.on_closed_step = [m = metrics_](double seconds,
+                                                  const std::vector<std::pair<size_t, double>>& stages) {
+      m->ObserveClosedStep(seconds, stages);
+    };
+  }
   for (int i = 0; i < std::max(1, options_.max_concurrent); ++i) {
     pool_.emplace_back([this] {
       while (true) {
@@ -527,8 +533,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
   // Greedy with nothing that needs the distribution: the last stage picks the token where
   // its logits are and only the token crosses back (RingSequence::StepGreedy).
   const SamplingParams& sp = req.sampling;
-  const bool greedy_token = sp.temperature == 0.0f && !sp.logprobs && sp.top_logprobs == 0 &&
-                            sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+  const bool greedy_token = sp.ArgmaxOnly();
   int32_t greedy = -1;
   // Prompt + every token handed to the sink: what a replay must feed to get back here.
   std::vector<int32_t> history = req.prompt;
@@ -546,11 +551,66 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
     }
     return absl::OkStatus();
   };
+  // A sampled token: metrics, stop tokens, the sink, the length limit. False when the
+  // generation is finished (result.finish says why).
+  auto accept = [&](const SampledToken& tok) -> bool {
+    const auto now = std::chrono::steady_clock::now();
+    (result.completion_tokens == 0 ? metrics_->ttft_seconds : metrics_->inter_token_seconds)
+        .Observe(Seconds(result.completion_tokens == 0 ? t0 : last, now));
+    last = now;
+    if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok.id) != req.stop_token_ids.end()) {
+      result.finish = FinishReason::kStop;
+      return false;
+    }
+    ++result.completion_tokens;
+    metrics_->generated_tokens.Increment();
+    history.push_back(tok.id);
+    if (!sink(tok)) {
+      result.finish = FinishReason::kStop;
+      return false;
+    }
+    if (result.completion_tokens >= req.max_tokens) {
+      result.finish = FinishReason::kLength;
+      return false;
+    }
+    if (is_cancelled()) {
+      result.finish = FinishReason::kCancelled;
+      return false;
+    }
+    return true;
+  };
   // One attempt on `ring`: feeds history[fed..] (all of it on a fresh sequence), then
   // decodes. Returns OK when the generation is finished, or the step error.
   auto run = [&](Ring& ring) -> absl::Status {
     RING_ASSIGN_OR_RETURN(std::unique_ptr<RingSequence> seq,
                           ring.NewSequence(attempt == 0 ? req.id : absl::StrCat(req.id, "-replay", attempt)));
+    if (seq->closed_loop()) {
+      // The ring runs the generation itself; the coordinator streams and stops it.
+      ClosedLoopRequest cl;
+      cl.tokens = history;
+      cl.prefill_chunk = options_.prefill_chunk;
+      cl.sampling = req.sampling;
+      cl.generated.assign(history.begin() + static_cast<int64_t>(req.prompt.size()), history.end());
+      cl.max_new_tokens = static_cast<int32_t>(req.max_tokens - result.completion_tokens);
+      cl.stop_token_ids = req.stop_token_ids;
+      if (is_cancelled()) {
+        result.finish = FinishReason::kCancelled;
+        return absl::OkStatus();
+      }
+      bool finished = false;
+      RING_RETURN_IF_ERROR(seq->Generate(cl, [&](const SampledToken& tok) {
+        finished = !accept(tok);
+        return !finished;
+      }));
+      if (attempt == 0) metrics_->prompt_tokens.Increment(static_cast<double>(req.prompt.size()));
+      if (!finished) {
+        // Stage 0 ends the stream at a stop token or max_new_tokens, both of which
+        // finished us first; anything else is a stage 0 that broke the protocol.
+        return absl::InternalError(absl::StrCat("stage 0 ended generation ", req.id, " after ",
+                                                result.completion_tokens, " tokens without a reason"));
+      }
+      return absl::OkStatus();
+    }
     const size_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : history.size();
     for (size_t b = 0; b < history.size(); b += chunk) {
       if (is_cancelled()) {
@@ -576,29 +636,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req, cons
         }
         tok = sampler.Sample(logits);
       }
-      const auto now = std::chrono::steady_clock::now();
-      (result.completion_tokens == 0 ? metrics_->ttft_seconds : metrics_->inter_token_seconds)
-          .Observe(Seconds(result.completion_tokens == 0 ? t0 : last, now));
-      last = now;
-      if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok.id) != req.stop_token_ids.end()) {
-        result.finish = FinishReason::kStop;
-        return absl::OkStatus();
-      }
-      ++result.completion_tokens;
-      metrics_->generated_tokens.Increment();
-      history.push_back(tok.id);
-      if (!sink(tok)) {
-        result.finish = FinishReason::kStop;
-        return absl::OkStatus();
-      }
-      if (result.completion_tokens >= req.max_tokens) {
-        result.finish = FinishReason::kLength;
-        return absl::OkStatus();
-      }
-      if (is_cancelled()) {
-        result.finish = FinishReason::kCancelled;
-        return absl::OkStatus();
-      }
+      if (!accept(tok)) return absl::OkStatus();
       const auto s0 = std::chrono::steady_clock::now();
       RING_RETURN_IF_ERROR(step(*seq, {tok.id}));
       metrics_->decode_step_seconds.Observe(Seconds(s0, std::chrono::steady_clock::now()));

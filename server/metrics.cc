@@ -92,6 +92,18 @@ ServerMetrics::ServerMetrics()
                       .Help("Time a step's frames spent in transport between the coordinator and a "
                             "stage, both directions: Forward round trip minus the worker's own time")
                       .Register(*registry_);
+  stage_compute_ = &BuildHistogram().Name("ring_stage_compute_seconds")
+                       .Help("Closed ring: one stage's own time on a step (frame in to frame out), "
+                             "reported round the ring to the coordinator")
+                       .Register(*registry_);
+  closed_step_ = &BuildHistogram().Name("ring_closed_step_seconds")
+                      .Help("Closed ring: one step round the whole ring, from stage 0 starting it to "
+                            "the sampled token coming back")
+                      .Register(*registry_).Add({}, HopBuckets());
+  closed_transport_ = &BuildHistogram().Name("ring_closed_transport_seconds")
+                           .Help("Closed ring: the part of a step spent on the hops (all together): the "
+                                 "step minus every stage's own time")
+                           .Register(*registry_).Add({}, HopBuckets());
   hop_bytes_ = &BuildCounter().Name("ring_hop_bytes_total")
                     .Help("Activation frame bytes (serialized) the coordinator sent to "
                           "(direction=sent) or received from (direction=received) a stage")
@@ -145,6 +157,17 @@ void ServerMetrics::ObserveHop(size_t stage, std::optional<double> transport_sec
   if (transport_seconds) hop_latency_->Add({{"hop", hop}}, HopBuckets()).Observe(*transport_seconds);
   hop_bytes_->Add({{"hop", hop}, {"direction", "sent"}}).Increment(static_cast<double>(bytes_sent));
   hop_bytes_->Add({{"hop", hop}, {"direction", "received"}}).Increment(static_cast<double>(bytes_received));
+}
+
+void ServerMetrics::ObserveClosedStep(double seconds,
+                                      const std::vector<std::pair<size_t, double>>& stage_seconds) {
+  double compute = 0;
+  for (const auto& [stage, t] : stage_seconds) {
+    stage_compute_->Add({{"stage", std::to_string(stage)}}, HopBuckets()).Observe(t);
+    compute += t;
+  }
+  closed_step_->Observe(seconds);
+  closed_transport_->Observe(std::max(0.0, seconds - compute));
 }
 
 void ServerMetrics::CountStageError(const std::string& stage) {

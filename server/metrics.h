@@ -45,6 +45,12 @@ class ServerMetrics {
   // ring_hop_bytes_total{hop,direction} the frame bytes sent to / received from it.
   void ObserveHop(size_t stage, std::optional<double> transport_seconds, int64_t bytes_sent,
                   int64_t bytes_received);
+  // One step round a closed ring (RingOptions::closed_loop), from stage 0's view: the
+  // whole step (ring_closed_step_seconds), each stage's own time on it
+  // (ring_stage_compute_seconds{stage}) and the rest, the time on all hops of the ring
+  // together (ring_closed_transport_seconds). Per hop needs synchronized clocks; the
+  // workers count each hop's frames and bytes (ring_worker_frames_total{peer}).
+  void ObserveClosedStep(double seconds, const std::vector<std::pair<size_t, double>>& stage_seconds);
 
   prometheus::Counter& prompt_tokens;
   prometheus::Counter& generated_tokens;
@@ -78,6 +84,9 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* worker_up_;
   prometheus::Family<prometheus::Histogram>* stage_round_trip_;
   prometheus::Family<prometheus::Histogram>* hop_latency_;
+  prometheus::Family<prometheus::Histogram>* stage_compute_;
+  prometheus::Histogram* closed_step_;
+  prometheus::Histogram* closed_transport_;
   prometheus::Family<prometheus::Counter>* hop_bytes_;
 };
 

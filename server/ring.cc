@@ -135,6 +135,9 @@ class RemoteSequence final : public RingSequence {
     return LastToken(out);
   }
   int64_t position() const override { return position_; }
+  bool closed_loop() const override;
+  absl::Status Generate(const ClosedLoopRequest& req,
+                        const std::function<bool(const SampledToken&)>& on_token) override;
 
  private:
   absl::StatusOr<StageOutput> Run(const std::vector<int32_t>& tokens, bool argmax_only);
@@ -200,8 +203,35 @@ class RemoteRing final : public Ring {
     }
     ring->info_ = {info.model_type(), info.num_layers(), info.hidden_size(), info.vocab_size(),
                    info.max_position_embeddings()};
+    ring->step_timeout_ = o.step_timeout;
+    ring->on_closed_step_ = o.on_closed_step;
+    if (o.closed_loop) RING_RETURN_IF_ERROR(ring->Close(o));
     return ring;
   }
+
+  // Links every stage to the next (the last to stage 0): the second half of the formation
+  // barrier, under the same formation number.
+  absl::Status Close(const RingOptions& o) {
+    const int n = static_cast<int>(clients_.size());
+    for (int i = 0; i < n; ++i) {
+      pb::LinkRequest req;
+      req.set_formation(o.formation);
+      req.set_coordinator_id(o.coordinator_id);
+      req.set_epoch(epochs_[i]);
+      req.set_stage_index(i);
+      req.set_ring_size(n);
+      req.set_next_address(clients_[(i + 1) % n]->address());
+      req.set_next_epoch(epochs_[(i + 1) % n]);
+      RING_RETURN_IF_ERROR(clients_[i]->Link(req));
+    }
+    closed_ = true;
+    return absl::OkStatus();
+  }
+  bool closed() const { return closed_; }
+  worker::StageClient& first() { return *clients_.front(); }
+  uint64_t first_epoch() const { return epochs_.front(); }
+  pb::DType wire() const { return wire_; }
+  absl::Duration step_timeout() const { return step_timeout_; }
 
   // The admission gate (RingOptions::admission_tokens): golden inputs through every stage in
   // ring order, each verified on its worker's device against the CPU reference.
@@ -290,14 +320,27 @@ class RemoteRing final : public Ring {
   void NoteStageStep(const StageStep& step) const {
     if (on_stage_step_) on_stage_step_(step);
   }
+  // A closed-ring step's trace (GenerateEvent): activation stats and timing per stage.
+  void NoteClosedStep(const pb::GenerateEvent& e) {
+    std::vector<std::pair<size_t, double>> per_stage;
+    for (const pb::StageTrace& t : e.trace()) {
+      if (t.stage() < 0 || static_cast<size_t>(t.stage()) >= clients_.size()) continue;
+      NoteActivation(static_cast<size_t>(t.stage()), t.rms(), t.absmax());
+      per_stage.emplace_back(static_cast<size_t>(t.stage()), t.worker_seconds());
+    }
+    if (on_closed_step_) on_closed_step_(e.step_seconds(), per_stage);
+  }
 
  private:
   std::function<void(const StageStep&)> on_stage_step_;
+  std::function<void(double, const std::vector<std::pair<size_t, double>>&)> on_closed_step_;
   std::vector<std::unique_ptr<worker::StageClient>> clients_;
   std::vector<uint64_t> epochs_;
   std::vector<RingStageInfo> stages_info_;
   RingModelInfo info_;
   pb::DType wire_ = pb::DTYPE_F32;
+  bool closed_ = false;
+  absl::Duration step_timeout_ = absl::Seconds(30);
   std::atomic<uint64_t> checksum_failures_{0};
   mutable absl::Mutex stats_mu_;
   std::vector<ActivationStats> stats_;
@@ -306,6 +349,53 @@ class RemoteRing final : public Ring {
 RemoteSequence::~RemoteSequence() {
   runners_.clear();  // closes the Forward streams before their sequence's caches go
   ring_->Release(id_);
+}
+
+bool RemoteSequence::closed_loop() const { return ring_->closed(); }
+
+absl::Status RemoteSequence::Generate(const ClosedLoopRequest& req,
+                                      const std::function<bool(const SampledToken&)>& on_token) {
+  if (!ring_->closed()) return absl::FailedPreconditionError("the ring is not closed (closed_loop off)");
+  pb::GenerateRequest g;
+  g.set_sequence_id(id_);
+  g.set_epoch(ring_->first_epoch());
+  g.mutable_tokens()->Assign(req.tokens.begin(), req.tokens.end());
+  g.set_prefill_chunk(req.prefill_chunk);
+  *g.mutable_sampling() = worker::ToSamplingSpec(req.sampling);
+  g.mutable_sampling()->mutable_generated()->Assign(req.generated.begin(), req.generated.end());
+  g.set_max_new_tokens(req.max_new_tokens);
+  g.mutable_stop_token_ids()->Assign(req.stop_token_ids.begin(), req.stop_token_ids.end());
+  g.set_step_timeout_ms(absl::ToInt64Milliseconds(ring_->step_timeout()));
+  g.set_wire_dtype(ring_->wire());
+  std::unique_ptr<worker::GenerateCall> call = ring_->first().Generate(g);
+  // Stage 0 gives up on a step after step_timeout and says so; wait a little longer so its
+  // own error (naming where the step was lost) arrives rather than ours.
+  const absl::Duration wait = ring_->step_timeout() + absl::Seconds(2);
+  // The prompt is one long step (or a few chunks) before the first token.
+  const int64_t prefill_steps =
+      req.prefill_chunk > 0 ? (static_cast<int64_t>(req.tokens.size()) + req.prefill_chunk - 1) / req.prefill_chunk : 1;
+  bool first = true;
+  while (true) {
+    absl::StatusOr<std::optional<pb::GenerateEvent>> e = call->Next(first ? wait * prefill_steps : wait);
+    first = false;
+    if (!e.ok()) return e.status();
+    if (!e->has_value()) break;
+    ring_->NoteClosedStep(**e);
+    const pb::TokenChoice& c = (*e)->token();
+    SampledToken t;
+    t.id = c.id();
+    t.logprob = c.logprob();
+    for (int i = 0; i < c.top_ids_size() && i < c.top_logprobs_size(); ++i) {
+      t.top_logprobs.emplace_back(c.top_ids(i), c.top_logprobs(i));
+    }
+    position_ = static_cast<int64_t>(req.tokens.size()) + static_cast<int64_t>((*e)->step()) + 1 -
+                prefill_steps;
+    if (!on_token(t)) {
+      call->Cancel();
+      break;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StageOutput> RemoteSequence::Run(const std::vector<int32_t>& tokens, bool argmax_only) {
@@ -338,6 +428,11 @@ absl::StatusOr<StageOutput> RemoteSequence::Run(const std::vector<int32_t>& toke
 }
 
 }  // namespace
+
+absl::Status RingSequence::Generate(const ClosedLoopRequest&,
+                                    const std::function<bool(const SampledToken&)>&) {
+  return absl::FailedPreconditionError("this ring is not closed: the coordinator drives its steps");
+}
 
 absl::StatusOr<int32_t> RingSequence::StepGreedy(const std::vector<int32_t>& tokens) {
   RING_ASSIGN_OR_RETURN(std::vector<float> logits, Step(tokens));

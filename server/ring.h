@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/sampling.h"
 #include "models/model.h"
 #include "server/planner.h"
 #include "worker/stage_client.h"
@@ -95,6 +96,24 @@ struct RingOptions {
   // refuses a LoadStage that arrives after a later formation's. 0: unnumbered.
   uint64_t formation = 0;
   std::string coordinator_id;
+  // Remote ring: close it (Worker.Link) so that generations run round it on their own
+  // (RingSequence::Generate): each stage pushes to the next, the last samples and sends
+  // the token straight to stage 0. Off: the coordinator drives every step (a star).
+  bool closed_loop = false;
+  // Closed ring: called for every step with its time round the ring (seen at stage 0) and
+  // each stage's own time on it (ring_closed_step_seconds, ring_stage_compute_seconds).
+  std::function<void(double seconds, const std::vector<std::pair<size_t, double>>& stage_seconds)>
+      on_closed_step;
+};
+
+// One generation round a closed ring (RingSequence::Generate).
+struct ClosedLoopRequest {
+  std::vector<int32_t> tokens;     // fed first: the prompt, on a replay + tokens so far
+  int64_t prefill_chunk = 0;       // rows per prefill step; 0: one step
+  SamplingParams sampling;
+  std::vector<int32_t> generated;  // already generated (a replay): the sampler resumes
+  int32_t max_new_tokens = 1;
+  std::vector<int32_t> stop_token_ids;
 };
 
 // The admission gate's golden prompt of `n` tokens: fixed ids below 1000 (every vocabulary
@@ -129,6 +148,13 @@ class RingSequence {
   // default takes the argmax of Step's logits.
   virtual absl::StatusOr<int32_t> StepGreedy(const std::vector<int32_t>& tokens);
   virtual int64_t position() const = 0;
+  // Closed ring only (closed_loop()): the whole generation runs round the ring; each token
+  // is handed to `on_token` as it reaches stage 0, which returns false to stop. Returns
+  // when max_new_tokens are out, a stop token came, on_token said stop, or a step failed
+  // (the status names the stage). A fresh sequence only (no Step before).
+  virtual bool closed_loop() const { return false; }
+  virtual absl::Status Generate(const ClosedLoopRequest& req,
+                                const std::function<bool(const SampledToken&)>& on_token);
 };
 
 class Ring {

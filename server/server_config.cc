@@ -135,6 +135,7 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const st
   RING_CFG(ring, "load_timeout_s", load_timeout_s);
   RING_CFG(ring, "failover_timeout_s", failover_timeout_s);
   RING_CFG(ring, "plan", plan);
+  RING_CFG(ring, "topology", topology);
   RING_CFG(ring, "admission_prompt_len", admission_prompt_len);
   RING_CFG(ring, "admission_tolerance", admission_tolerance);
   RING_CFG(ring, "auth_token_file", auth_token_file);
@@ -196,6 +197,9 @@ absl::Status ServerConfig::Finalize() {
   if (max_body_bytes < 1024) return absl::InvalidArgumentError("server.max_body_bytes must be >= 1024");
   if (default_max_tokens < 1) return absl::InvalidArgumentError("model.default_max_tokens must be >= 1");
   if (plan != "auto" && plan != "even") return absl::InvalidArgumentError("ring.plan must be \"auto\" or \"even\"");
+  if (topology != "closed" && topology != "star") {
+    return absl::InvalidArgumentError("ring.topology must be \"closed\" or \"star\"");
+  }
   if (failover_timeout_s < 0) return absl::InvalidArgumentError("ring.failover_timeout_s must be >= 0");
   if (admission_prompt_len < 0 || admission_prompt_len > 4096) {
     return absl::InvalidArgumentError("ring.admission_prompt_len must be in [0, 4096]");
@@ -243,6 +247,7 @@ RingOptions ServerConfig::ToRingOptions() const {
   o.step_timeout = absl::Seconds(step_timeout_s);
   o.load_timeout = absl::Seconds(load_timeout_s);
   o.auto_plan = plan == "auto";
+  o.closed_loop = topology == "closed";
   o.plan_context_tokens = max_context > 0 ? max_context : 4096;
   o.plan_sequences = max_concurrent_requests;
   o.admission_tokens = AdmissionTokens(admission_prompt_len);

@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
   app.add_option("--api-key", api_keys, "Accepted API key (repeatable)");
   app.add_flag("--no-auth", no_auth, "Serve without API keys (explicit opt-out)");
   app.add_option("--max-concurrent", max_concurrent, "Generations in flight before 429");
+  std::string topology;
+  app.add_option("--topology", topology, "closed (workers pass steps on; default) or star (ring.topology)")
+      ->check(CLI::IsMember({"closed", "star"}));
   CLI11_PARSE(app, argc, argv);
 
   ring::ServerConfig cfg;
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
   if (no_auth) cfg.auth_disabled = true;
   if (max_concurrent > 0) cfg.max_concurrent_requests = max_concurrent;
   if (local_stages > 0) cfg.local_stages = local_stages;
+  if (!topology.empty()) cfg.topology = topology;
   if (!workers.empty()) {
     cfg.workers.clear();
     for (absl::string_view w : absl::StrSplit(workers, ',', absl::SkipWhitespace())) cfg.workers.emplace_back(w);

@@ -23,6 +23,17 @@ if(TARGET ring-server AND TARGET ring-worker AND TARGET ringctl AND EXISTS ${RIN
   set_tests_properties(openai_api PROPERTIES TIMEOUT 400 LABELS "python;api")
 endif()
 
+# The closed ring (ring.topology = "closed"): 1-4 stages of two families generate what the
+# in-process engine does (greedy and seeded sampling, logprobs), star = closed, and faults
+# inside the ring (corrupt frame between workers, NaN, a stalled stage) name the stage.
+if(TARGET ring-server AND TARGET ring-worker AND TARGET ringctl AND EXISTS ${RING_VENV_PYTHON})
+  add_test(NAME closed_ring
+           COMMAND ${RING_VENV_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/closed_ring_test.py
+                   --ringctl $<TARGET_FILE:ringctl> --worker $<TARGET_FILE:ring-worker>
+                   --server $<TARGET_FILE:ring-server> --work ${CMAKE_CURRENT_BINARY_DIR}/closed_ring)
+  set_tests_properties(closed_ring PROPERTIES TIMEOUT 400 LABELS "python;ring")
+endif()
+
 # Operations: worker metrics ports (promtool), ring_worker_up, ringctl status tokens/s,
 # ringctl apply / rebalance (mid-stream, nothing fails), shell completion.
 if(TARGET ring-server AND TARGET ring-worker AND TARGET ringctl AND EXISTS ${RING_VENV_PYTHON})

@@ -321,4 +321,103 @@ absl::StatusOr<StageOutput> DecodeStageOutput(const ActivationFrame& frame) {
   return out;
 }
 
+absl::Status EncodeSampled(const std::optional<SampledToken>& token,
+                           const std::vector<float>& checked, int64_t rows,
+                           ActivationFrame* frame) {
+  ringserve::v1::TokenChoice choice;
+  if (token) {
+    choice.set_id(token->id);
+    choice.set_logprob(token->logprob);
+    for (const auto& [id, lp] : token->top_logprobs) {
+      choice.add_top_ids(id);
+      choice.add_top_logprobs(lp);
+    }
+  }
+  if (rows < 1 || checked.size() % rows != 0) {
+    return absl::InvalidArgumentError("frame: sampled output with ragged checked rows");
+  }
+  frame->set_kind(ringserve::v1::PAYLOAD_KIND_SAMPLED);
+  // The action says which: token 0 with no log-probabilities serializes to nothing.
+  frame->set_relay(token ? ringserve::v1::RELAY_ACTION_SAMPLE : ringserve::v1::RELAY_ACTION_ACK);
+  frame->set_payload(token ? choice.SerializeAsString() : std::string());
+  frame->set_checksum(PayloadChecksum(frame->payload()));
+  frame->clear_token_ids();
+  frame->clear_shape();
+  frame->add_shape(rows);
+  frame->add_shape(static_cast<int64_t>(checked.size()) / rows);
+  frame->set_dtype(ringserve::v1::DTYPE_F32);
+  *frame->mutable_fingerprint() = ComputeFingerprint(checked);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<SampledToken>> DecodeSampled(const ActivationFrame& frame) {
+  if (frame.kind() != ringserve::v1::PAYLOAD_KIND_SAMPLED) {
+    return absl::InvalidArgumentError("frame: expected a sampled token");
+  }
+  if (PayloadChecksum(frame.payload()) != frame.checksum()) {
+    return absl::DataLossError(absl::StrCat("payload checksum mismatch on the sampled token of sequence ",
+                                            frame.sequence_id(), " step ", frame.step()));
+  }
+  if (frame.relay() == ringserve::v1::RELAY_ACTION_ACK) return std::optional<SampledToken>();
+  ringserve::v1::TokenChoice choice;
+  if (!choice.ParseFromString(frame.payload()) || choice.top_ids_size() != choice.top_logprobs_size()) {
+    return absl::DataLossError("frame: unreadable sampled token");
+  }
+  SampledToken t;
+  t.id = choice.id();
+  t.logprob = choice.logprob();
+  for (int i = 0; i < choice.top_ids_size(); ++i) t.top_logprobs.emplace_back(choice.top_ids(i), choice.top_logprobs(i));
+  return std::optional<SampledToken>(std::move(t));
+}
+
+void EncodeStepError(const absl::Status& error, ActivationFrame* frame) {
+  ringserve::v1::StepError e;
+  e.set_code(static_cast<int32_t>(error.code()));
+  e.set_message(std::string(error.message()));
+  frame->set_kind(ringserve::v1::PAYLOAD_KIND_ERROR);
+  frame->set_payload(e.SerializeAsString());
+  frame->set_checksum(PayloadChecksum(frame->payload()));
+  frame->clear_shape();
+  frame->clear_token_ids();
+  frame->clear_fingerprint();
+}
+
+absl::Status DecodeStepError(const ActivationFrame& frame) {
+  ringserve::v1::StepError e;
+  if (PayloadChecksum(frame.payload()) != frame.checksum() || !e.ParseFromString(frame.payload())) {
+    return absl::DataLossError(absl::StrCat("payload checksum mismatch on the error frame of sequence ",
+                                            frame.sequence_id(), " from ", frame.sender()));
+  }
+  if (e.code() == 0) return absl::InternalError(absl::StrCat(frame.sender(), ": error frame without an error"));
+  return absl::Status(static_cast<absl::StatusCode>(e.code()), e.message());
+}
+
+ringserve::v1::SamplingSpec ToSamplingSpec(const SamplingParams& p) {
+  ringserve::v1::SamplingSpec s;
+  s.set_temperature(p.temperature);
+  s.set_top_p(p.top_p);
+  s.set_top_k(p.top_k);
+  s.set_min_p(p.min_p);
+  s.set_presence_penalty(p.presence_penalty);
+  s.set_frequency_penalty(p.frequency_penalty);
+  s.set_seed(p.seed);
+  s.set_top_logprobs(p.top_logprobs);
+  s.set_logprobs(p.logprobs);
+  return s;
+}
+
+SamplingParams FromSamplingSpec(const ringserve::v1::SamplingSpec& s) {
+  SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_p = s.top_p();
+  p.top_k = s.top_k();
+  p.min_p = s.min_p();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.seed = s.seed();
+  p.top_logprobs = s.top_logprobs();
+  p.logprobs = s.logprobs();
+  return p;
+}
+
 }  // namespace ring::worker

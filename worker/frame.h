@@ -15,11 +15,13 @@
 #define RINGSERVE_WORKER_FRAME_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cpu/sampling.h"
 #include "models/model.h"
 #include "ringserve/v1/worker.pb.h"
 
@@ -51,6 +53,24 @@ absl::StatusOr<StageInput> DecodeStageInput(const ringserve::v1::ActivationFrame
 absl::Status EncodeStageOutput(const StageOutput& out, ringserve::v1::DType dtype,
                                bool all_logits, ringserve::v1::ActivationFrame* frame);
 absl::StatusOr<StageOutput> DecodeStageOutput(const ringserve::v1::ActivationFrame& frame);
+
+// Closed ring (Worker.Relay), last stage -> stage 0: the sampled token (none for the ack
+// of a prefill chunk) as a checksummed payload, with the shape and fingerprint of
+// `checked` (the logits or final-normed rows the token came from, [rows, n]) so NaN/Inf
+// are still seen at the stage.
+absl::Status EncodeSampled(const std::optional<SampledToken>& token,
+                           const std::vector<float>& checked, int64_t rows,
+                           ringserve::v1::ActivationFrame* frame);
+// DataLoss on a checksum mismatch; nullopt for an ack.
+absl::StatusOr<std::optional<SampledToken>> DecodeSampled(const ringserve::v1::ActivationFrame& frame);
+
+// A failed step travelling round a closed ring to stage 0: the status (code and message).
+void EncodeStepError(const absl::Status& error, ringserve::v1::ActivationFrame* frame);
+// The carried error; DataLoss when the frame itself is damaged.
+absl::Status DecodeStepError(const ringserve::v1::ActivationFrame& frame);
+
+ringserve::v1::SamplingSpec ToSamplingSpec(const SamplingParams& p);
+SamplingParams FromSamplingSpec(const ringserve::v1::SamplingSpec& s);
 
 }  // namespace ring::worker
 

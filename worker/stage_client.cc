@@ -248,6 +248,114 @@ absl::StatusOr<pb::FlightRecorderResponse> StageClient::FlightRecorder() {
   return resp;
 }
 
+absl::Status StageClient::Link(const pb::LinkRequest& req) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  pb::LinkResponse resp;
+  return FromGrpcStatus(stub_->Link(&ctx, req, &resp), "Link " + name());
+}
+
+std::unique_ptr<RelayStream> StageClient::OpenRelay() {
+  return std::unique_ptr<RelayStream>(
+      new RelayStream("Relay to " + name(), stub_.get(), options_.auth_token));
+}
+
+std::unique_ptr<GenerateCall> StageClient::Generate(const pb::GenerateRequest& req) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  // No call deadline: a generation lasts as long as it lasts; GenerateCall::Next bounds
+  // every wait for the next token instead.
+  if (!options_.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  auto reader = stub_->Generate(ctx.get(), req);
+  return std::unique_ptr<GenerateCall>(new GenerateCall(name(), std::move(ctx), std::move(reader)));
+}
+
+RelayStream::~RelayStream() {
+  absl::MutexLock l(&mu_);
+  FinishLocked();
+}
+
+void RelayStream::FinishLocked() {
+  if (writer_ == nullptr) return;
+  CallWatchdog& watchdog = CallWatchdog::Get();
+  const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + kCloseTimeout);
+  writer_->WritesDone();
+  (void)writer_->Finish();
+  watchdog.Disarm(alarm);
+  writer_.reset();
+  ctx_.reset();
+}
+
+absl::Status RelayStream::Push(const pb::ActivationFrame& f, absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  if (writer_ == nullptr) {
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    if (!auth_token_.empty()) ctx_->AddMetadata("authorization", "Bearer " + auth_token_);
+    ctx_->set_initial_metadata_corked(true);
+    summary_.Clear();
+    writer_ = stub_->Relay(ctx_.get(), &summary_);
+  }
+  CallWatchdog& watchdog = CallWatchdog::Get();
+  const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + timeout);
+  const bool wrote = writer_->Write(f);
+  const bool fired = watchdog.Disarm(alarm);
+  if (wrote && !fired) return absl::OkStatus();
+  // The write failed: the peer's status (it refused the stream, e.g. a wrong token) says
+  // why, unless the deadline did.
+  const uint64_t close_alarm = watchdog.Arm(ctx_.get(), absl::Now() + kCloseTimeout);
+  grpc::Status s = writer_->Finish();
+  watchdog.Disarm(close_alarm);
+  writer_.reset();
+  ctx_.reset();
+  if (fired) {
+    return absl::DeadlineExceededError(absl::StrCat(what_, ": frame not taken within ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  if (!s.ok()) return FromGrpcStatus(s, what_);
+  return absl::UnavailableError(absl::StrCat(what_, ": stream closed by the peer"));
+}
+
+GenerateCall::~GenerateCall() {
+  if (!finished_) {
+    ctx_->TryCancel();
+    (void)Finish(false, kCloseTimeout);
+  }
+}
+
+void GenerateCall::Cancel() { ctx_->TryCancel(); }
+
+absl::Status GenerateCall::Finish(bool deadline_fired, absl::Duration timeout) {
+  if (finished_) return status_;
+  CallWatchdog& watchdog = CallWatchdog::Get();
+  const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + kCloseTimeout);
+  grpc::Status s = reader_->Finish();
+  watchdog.Disarm(alarm);
+  finished_ = true;
+  if (deadline_fired) {
+    status_ = absl::DeadlineExceededError(absl::StrCat(
+        "Generate ", what_, ": no token within ", absl::FormatDuration(timeout), " (stage 0 is not answering)"));
+  } else {
+    // The worker's message names the stage where the step failed (it may have come round
+    // the ring to stage 0), so this prefix must not name a stage of its own.
+    status_ = FromGrpcStatus(s, "Generate via stage 0");
+  }
+  return status_;
+}
+
+absl::StatusOr<std::optional<pb::GenerateEvent>> GenerateCall::Next(absl::Duration timeout) {
+  if (finished_) {
+    if (!status_.ok()) return status_;
+    return std::optional<pb::GenerateEvent>();
+  }
+  CallWatchdog& watchdog = CallWatchdog::Get();
+  const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + timeout);
+  pb::GenerateEvent e;
+  const bool got = reader_->Read(&e);
+  const bool fired = watchdog.Disarm(alarm);
+  if (got && !fired) return std::optional<pb::GenerateEvent>(std::move(e));
+  RING_RETURN_IF_ERROR(Finish(fired, timeout));
+  return std::optional<pb::GenerateEvent>();
+}
+
 absl::StatusOr<StageOutput> RemoteStageRunner::Forward(const StageInput& in) {
   if (!failed_.ok()) return failed_;
   const int64_t rows = in.hidden.empty() ? static_cast<int64_t>(in.tokens.size())

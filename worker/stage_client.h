@@ -110,6 +110,62 @@ class ForwardStream {
   bool finished_ = false;
 };
 
+// The sending end of a closed ring's hop (Worker.Relay): one long-lived stream from a
+// worker to the next stage, shared by every sequence, frames one way. Each write has a
+// deadline; a failed write finishes the stream and the next Push opens a new one (the
+// peer may have restarted). Thread-safe: pushes are serialized, so frames keep their
+// order on the hop.
+class RelayStream {
+ public:
+  ~RelayStream();
+  RelayStream(const RelayStream&) = delete;
+  RelayStream& operator=(const RelayStream&) = delete;
+  // Errors keep the gRPC code and name the hop ("Relay to stage 1 (addr): ...").
+  absl::Status Push(const ringserve::v1::ActivationFrame& f, absl::Duration timeout);
+
+ private:
+  friend class StageClient;
+  RelayStream(std::string what, ringserve::v1::Worker::Stub* stub, std::string auth_token)
+      : what_(std::move(what)), stub_(stub), auth_token_(std::move(auth_token)) {}
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string what_;
+  ringserve::v1::Worker::Stub* const stub_;  // owned by the StageClient, which outlives this
+  const std::string auth_token_;
+  absl::Mutex mu_;
+  std::unique_ptr<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_);
+  ringserve::v1::RelaySummary summary_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::ClientWriter<ringserve::v1::ActivationFrame>> writer_ ABSL_GUARDED_BY(mu_);
+};
+
+// A Worker.Generate call to stage 0 of a closed ring: the coordinator's side of one
+// generation. Each Next waits at most its timeout, so a ring that stops sending tokens
+// (a stalled stage 0) cannot hang the caller. Thread-compatible.
+class GenerateCall {
+ public:
+  ~GenerateCall();  // cancels the call if it is still running
+  GenerateCall(const GenerateCall&) = delete;
+  GenerateCall& operator=(const GenerateCall&) = delete;
+  // The next token; nullopt when stage 0 finished the generation (max tokens or a stop
+  // token). A deadline is DeadlineExceeded naming stage 0.
+  absl::StatusOr<std::optional<ringserve::v1::GenerateEvent>> Next(absl::Duration timeout);
+  // Stops the generation (the client went away or a stop string matched).
+  void Cancel();
+
+ private:
+  friend class StageClient;
+  GenerateCall(std::string what, std::unique_ptr<grpc::ClientContext> ctx,
+               std::unique_ptr<grpc::ClientReader<ringserve::v1::GenerateEvent>> reader)
+      : what_(std::move(what)), ctx_(std::move(ctx)), reader_(std::move(reader)) {}
+  absl::Status Finish(bool deadline_fired, absl::Duration timeout);
+
+  const std::string what_;  // "stage 0 (addr)"
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReader<ringserve::v1::GenerateEvent>> reader_;
+  bool finished_ = false;
+  absl::Status status_;
+};
+
 // Thread-safe (gRPC stubs are); one client per worker, shared by all sequences.
 class StageClient {
  public:
@@ -130,6 +186,12 @@ class StageClient {
   absl::StatusOr<ringserve::v1::ReleaseResponse> Release(const std::string& sequence_id,
                                                          absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<ringserve::v1::FlightRecorderResponse> FlightRecorder();
+  // Closes the ring at this worker (Worker.Link), under call_timeout.
+  absl::Status Link(const ringserve::v1::LinkRequest& req);
+  // The closed ring's hop to this worker (see RelayStream); opens its stream lazily.
+  std::unique_ptr<RelayStream> OpenRelay();
+  // Starts a generation on this worker as stage 0 of a closed ring. Does not block.
+  std::unique_ptr<GenerateCall> Generate(const ringserve::v1::GenerateRequest& req);
 
   const std::string& address() const { return address_; }
   const StageClientOptions& options() const { return options_; }

@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
                  "Shared ring token: callers must send it (same file as the coordinator's)");
   app.add_option("--tls-cert", tls_cert, "Serve TLS with this certificate (PEM)");
   app.add_option("--tls-key", tls_key, "Private key of --tls-cert (PEM)");
+  std::string peer_ca;
+  app.add_option("--peer-ca", peer_ca,
+                 "CA that signed the other workers' --tls-cert, to verify the next stage of a closed "
+                 "ring (default: --tls-client-ca)");
   app.add_option("--tls-client-ca", tls_client_ca,
                  "Require client certificates signed by this CA (mutual TLS)");
   app.add_flag("--allow-insecure", allow_insecure,
@@ -231,6 +235,20 @@ int main(int argc, char** argv) {
       ssl.pem_root_certs = *ca;
     }
     creds = grpc::SslServerCredentials(ssl);
+    // Closed ring: this worker dials the next stage, which serves TLS too; it verifies it
+    // with --peer-ca (default: --tls-client-ca: one CA for the ring) and shows its own
+    // certificate.
+    const std::string& peer_ca_file = peer_ca.empty() ? tls_client_ca : peer_ca;
+    if (!peer_ca_file.empty()) {
+      auto ca = ring::worker::ReadSecretFile(peer_ca_file, "--peer-ca");
+      if (!ca.ok()) {
+        std::cerr << "ring-worker: " << ca.status().message() << "\n";
+        return 2;
+      }
+      options.peer_tls_ca = *ca;
+      options.peer_tls_cert = *cert;
+      options.peer_tls_key = *key;
+    }
   }
   // Before binding: a worker the coordinator cannot dial back should not start at all.
   if (!join.empty() && advertise.empty() && IsWildcardHost(host_part)) {

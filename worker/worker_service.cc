@@ -25,6 +25,7 @@
 #include "models/verify.h"
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
+#include "worker/stage_client.h"
 
 #ifdef RING_HAVE_CUDA
 #include "kernels/cuda/device.h"
@@ -320,6 +321,10 @@ void WorkerService::SetListenAddress(std::string address) {
 
 std::string WorkerService::HopName() const {
   absl::MutexLock l(&mu_);
+  return HopNameLocked();
+}
+
+std::string WorkerService::HopNameLocked() const {
   const int idx = loaded_ ? loaded_->request.stage_index() : -1;
   return absl::StrCat("stage ", idx, " (", listen_address_, ")");
 }
@@ -327,6 +332,16 @@ std::string WorkerService::HopName() const {
 void WorkerService::SetWaitingOn(std::string what) {
   absl::MutexLock l(&mu_);
   waiting_on_ = std::move(what);
+}
+
+void WorkerService::MaybeCorrupt(pb::ActivationFrame* f) {
+  bool corrupt = false;
+  {
+    absl::MutexLock l(&mu_);
+    corrupt = ++frames_sent_ == options_.TEST_corrupt_frame;
+  }
+  // Flip a bit after the checksum was computed, as a bad NIC or memory would.
+  if (corrupt && !f->payload().empty()) (*f->mutable_payload())[0] ^= 0x01;
 }
 
 void WorkerService::Record(bool sent, const pb::ActivationFrame& f, const std::string& peer) {
@@ -559,6 +574,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   if (loaded_ && loaded_->shadow && degraded_.empty()) degraded_ = loaded_->shadow->degraded_reason();
   loaded->epoch = next_epoch_++;
   loaded_ = loaded;
+  link_.reset();  // a closed ring is re-linked for the new epoch
   sequences_.clear();  // caches of the old stage are meaningless for the new one
   kv_bytes_ = 0;
   waiting_on_ = "idle: waiting for Forward frames";
@@ -639,6 +655,7 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
 
 absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFrame& in,
                                                         const std::string& peer) {
+  const absl::Time received = absl::Now();
   const std::string hop = absl::StrCat(HopName(), " <- ", in.sender().empty() ? peer : in.sender());
   std::shared_ptr<const Loaded> loaded;
   std::shared_ptr<SequenceState> state;
@@ -650,7 +667,14 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
       return absl::FailedPreconditionError(absl::StrCat(
           hop, ": frame is for epoch ", in.epoch(), " but the loaded stage is epoch ", loaded->epoch));
     }
-    auto& slot = sequences_[in.sequence_id()];
+    auto it = sequences_.find(in.sequence_id());
+    if (it == sequences_.end() && in.relay() != pb::RELAY_ACTION_UNSPECIFIED && in.step() != 0) {
+      // A closed-ring frame still going round for a sequence that was released (cancelled
+      // or finished): nothing to compute it for.
+      return absl::NotFoundError(absl::StrCat(hop, ": sequence ", in.sequence_id(), " step ",
+                                              in.step(), " is not live here (released)"));
+    }
+    auto& slot = it != sequences_.end() ? it->second : sequences_[in.sequence_id()];
     if (!slot) slot = std::make_shared<SequenceState>();
     state = slot;
   }
@@ -682,6 +706,20 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   // the budget before it runs, rather than fail an allocation (or the machine) mid-step.
   RING_RETURN_IF_ERROR(ReserveCache(loaded.get(), state.get(),
                                     rows * state->seq->cache_bytes_per_token(), hop, in));
+  // The last stage of a closed ring samples (RELAY_ACTION_SAMPLE) with the sequence's
+  // sampler, made from the first frame that carried the request's sampling.
+  const bool relay_last = in.relay() != pb::RELAY_ACTION_UNSPECIFIED && loaded->stage->is_last();
+  if (relay_last) {
+    if (in.has_sampling()) {
+      state->sampler = std::make_unique<Sampler>(FromSamplingSpec(in.sampling()));
+      state->sampler->Restore({in.sampling().generated().begin(), in.sampling().generated().end()});
+    }
+    if (state->sampler == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          hop, ": sequence ", in.sequence_id(), " has no sampling (its first frame carried none)"));
+    }
+    input->argmax_only = in.relay() == pb::RELAY_ACTION_ACK || state->sampler->params().ArgmaxOnly();
+  }
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
   input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
   const absl::Time step_start = absl::Now();
@@ -714,7 +752,35 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   reply.set_first_position(in.first_position());
   reply.set_sender(HopName());
   const pb::DType wire = in.reply_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : in.reply_dtype();
-  RING_RETURN_IF_ERROR(EncodeStageOutput(*out, wire, loaded->request.all_logits(), &reply));
+  if (relay_last) {
+    std::optional<SampledToken> token;
+    const std::vector<float>& checked = input->argmax_only ? out->hidden : out->logits;
+    const int64_t vocab = loaded->stage->config().vocab_size;
+    const int64_t checked_rows = input->argmax_only ? static_cast<int64_t>(out->argmax.size())
+                                                    : static_cast<int64_t>(checked.size()) / vocab;
+    if (in.relay() == pb::RELAY_ACTION_SAMPLE) {
+      if (input->argmax_only) {
+        if (out->argmax.empty()) return absl::InternalError(absl::StrCat(hop, ": no token from the head"));
+        token.emplace();
+        token->id = out->argmax.back();
+        state->sampler->Accept(token->id);
+      } else {
+        if (checked.size() < static_cast<size_t>(vocab)) {
+          return absl::InternalError(absl::StrCat(hop, ": ", checked.size(), " logits for vocabulary ", vocab));
+        }
+        token = state->sampler->Sample(absl::MakeConstSpan(checked).subspan(checked.size() - vocab));
+      }
+    }
+    RING_RETURN_IF_ERROR(EncodeSampled(token, checked, std::max<int64_t>(1, checked_rows), &reply));
+  } else {
+    RING_RETURN_IF_ERROR(EncodeStageOutput(*out, wire, loaded->request.all_logits(), &reply));
+    if (in.relay() != pb::RELAY_ACTION_UNSPECIFIED) {
+      // Passed on round the ring: the last stage needs both.
+      reply.set_relay(in.relay());
+      if (in.has_sampling()) *reply.mutable_sampling() = in.sampling();
+      reply.set_reply_dtype(in.reply_dtype());
+    }
+  }
   // NaN/Inf never leave the stage that made them: the step fails here, naming the stage and
   // its layers, instead of turning into "!!!!" three machines later.
   const pb::Fingerprint& fp = reply.fingerprint();
@@ -729,6 +795,14 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
         ") produced ", fp.nan_count(), " NaN and ", fp.inf_count(), " Inf values in its ",
         out->logits.empty() ? "hidden-state" : "logits", " output (sequence ", in.sequence_id(),
         " step ", in.step(), ")"));
+  }
+  if (in.relay() != pb::RELAY_ACTION_UNSPECIFIED) {
+    *reply.mutable_trace() = in.trace();
+    pb::StageTrace* t = reply.add_trace();
+    t->set_stage(loaded->request.stage_index());
+    t->set_worker_seconds(absl::ToDoubleSeconds(absl::Now() - received));
+    t->set_rms(finite > 0 ? fp.l2() / std::sqrt(static_cast<double>(finite)) : 0);
+    t->set_absmax(fp.absmax());
   }
   return reply;
 }
@@ -754,13 +828,7 @@ grpc::Status WorkerService::Forward(
       SetLastError(reply.status());
       return ToGrpcStatus(reply.status());
     }
-    bool corrupt = false;
-    {
-      absl::MutexLock l(&mu_);
-      corrupt = ++frames_sent_ == options_.TEST_corrupt_frame;
-    }
-    // Flip a bit after the checksum was computed, as a bad NIC or memory would.
-    if (corrupt && !reply->payload().empty()) (*reply->mutable_payload())[0] ^= 0x01;
+    MaybeCorrupt(&*reply);
     Record(/*sent=*/true, *reply, peer);
     reply->set_worker_seconds(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
@@ -817,6 +885,286 @@ grpc::Status WorkerService::FlightRecorder(grpc::ServerContext* ctx, const pb::F
     }
   }
   return grpc::Status::OK;
+}
+
+WorkerService::LinkState::~LinkState() = default;
+
+std::shared_ptr<WorkerService::LinkState> WorkerService::CurrentLink() const {
+  absl::MutexLock l(&mu_);
+  return link_;
+}
+
+grpc::Status WorkerService::Link(grpc::ServerContext* ctx, const pb::LinkRequest* req,
+                                 pb::LinkResponse*) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  absl::MutexLock load_lock(&load_mu_);
+  // Link is the second half of the formation barrier: the same numbering as LoadStage.
+  if (req->formation() != 0 && req->coordinator_id() == formation_coordinator_ &&
+      req->formation() < formation_) {
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrCat("Link of formation ", req->formation(), " arrived after formation ",
+                                     formation_, ": a late message of an abandoned formation is refused"));
+  }
+  if (req->ring_size() < 1 || req->stage_index() < 0 || req->stage_index() >= req->ring_size()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("Link: stage ", req->stage_index(), " of a ring of ", req->ring_size()));
+  }
+  if (req->ring_size() > 1 && req->next_address().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Link: no next_address");
+  }
+  auto link = std::make_shared<LinkState>();
+  link->epoch = req->epoch();
+  link->stage_index = req->stage_index();
+  link->ring_size = req->ring_size();
+  link->next_epoch = req->next_epoch();
+  if (req->ring_size() > 1) {
+    StageClientOptions co;
+    co.call_timeout = options_.relay_timeout;
+    co.auth_token = options_.auth_token;
+    co.tls_ca = options_.peer_tls_ca;
+    co.tls_cert = options_.peer_tls_cert;
+    co.tls_key = options_.peer_tls_key;
+    const int next_index = (req->stage_index() + 1) % req->ring_size();
+    link->next_client = std::make_unique<StageClient>(req->next_address(), next_index, co);
+    link->next_name = link->next_client->name();
+    link->next = link->next_client->OpenRelay();
+  }
+  absl::MutexLock l(&mu_);
+  if (!loaded_ || loaded_->epoch != req->epoch()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat(HopNameLocked(), ": Link for epoch ", req->epoch(), " but the loaded stage is ",
+                                     loaded_ ? absl::StrCat("epoch ", loaded_->epoch) : "none"));
+  }
+  link_.swap(link);  // the old link (its Relay stream) closes after the lock is released
+  return grpc::Status::OK;
+}
+
+absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame f, absl::Duration timeout) {
+  if (link.next == nullptr) return absl::InternalError("closed ring of one stage has no next hop");
+  f.set_epoch(link.next_epoch);
+  f.set_sender(HopName());
+  MaybeCorrupt(&f);
+  Record(/*sent=*/true, f, link.next_name);
+  metrics_->CountFrame(/*sent=*/true, link.next_name, static_cast<int64_t>(f.ByteSizeLong()));
+  SetWaitingOn(absl::StrCat("pushing sequence ", f.sequence_id(), " step ", f.step(), " to ", link.next_name));
+  absl::Status s = link.next->Push(f, std::min(timeout, options_.relay_timeout));
+  SetWaitingOn("idle: waiting for Relay frames");
+  if (!s.ok()) SetLastError(s);
+  return s;
+}
+
+void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& peer) {
+  std::shared_ptr<LinkState> link = CurrentLink();
+  if (link == nullptr) {
+    SetLastError(absl::FailedPreconditionError(absl::StrCat(
+        HopName(), ": relayed frame of sequence ", in.sequence_id(), " dropped: this worker is not linked into a ring")));
+    return;
+  }
+  if (link->stage_index == 0) {
+    // Round the ring: a token (or an error) for one of this worker's generations.
+    std::shared_ptr<Generation> gen;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = generations_.find(in.sequence_id());
+      if (it != generations_.end()) gen = it->second;
+    }
+    if (gen == nullptr) return;  // the generation ended (cancelled): a late frame
+    absl::MutexLock l(&gen->mu);
+    gen->arrived.push_back(std::move(in));
+    return;
+  }
+  if (in.kind() == pb::PAYLOAD_KIND_ERROR) {
+    (void)PushNext(*link, std::move(in), options_.relay_timeout);  // on towards stage 0, untouched
+    return;
+  }
+  absl::StatusOr<pb::ActivationFrame> reply = Step(in, peer);
+  if (!reply.ok()) {
+    if (absl::IsNotFound(reply.status())) return;  // released: nobody waits for it
+    SetLastError(reply.status());
+    pb::ActivationFrame err;
+    err.set_sequence_id(in.sequence_id());
+    err.set_step(in.step());
+    err.set_relay(in.relay());
+    EncodeStepError(reply.status(), &err);
+    reply = std::move(err);
+  }
+  (void)PushNext(*link, *std::move(reply), options_.relay_timeout);
+}
+
+grpc::Status WorkerService::Relay(grpc::ServerContext* ctx, grpc::ServerReader<pb::ActivationFrame>* reader,
+                                  pb::RelaySummary* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  const std::string peer = ctx->peer();
+  pb::ActivationFrame in;
+  int64_t frames = 0;
+  while (reader->Read(&in)) {
+    ++frames;
+    Record(/*sent=*/false, in, peer);
+    metrics_->CountFrame(/*sent=*/false, PeerLabel(in), static_cast<int64_t>(in.ByteSizeLong()));
+    HandleRelayed(std::move(in), peer);
+    in.Clear();
+  }
+  resp->set_frames(frames);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
+                                     grpc::ServerWriter<pb::GenerateEvent>* writer) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  const std::string hop = HopName();
+  std::shared_ptr<LinkState> link = CurrentLink();
+  auto fail = [&](absl::Status s) {
+    SetLastError(s);
+    return ToGrpcStatus(s);
+  };
+  absl::Status stale;
+  {
+    absl::MutexLock l(&mu_);
+    if (!loaded_ || loaded_->epoch != req->epoch()) {
+      stale = absl::FailedPreconditionError(absl::StrCat(
+          HopNameLocked(), ": Generate for epoch ", req->epoch(), " but the loaded stage is ",
+          loaded_ ? absl::StrCat("epoch ", loaded_->epoch) : "none"));
+    }
+  }
+  if (!stale.ok()) return fail(stale);
+  if (link == nullptr || link->stage_index != 0) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat(hop, ": Generate needs stage 0 of a linked ring")));
+  }
+  if (req->tokens().empty() || req->max_new_tokens() < 1) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(hop, ": Generate needs tokens and max_new_tokens >= 1")));
+  }
+  auto gen = std::make_shared<Generation>();
+  {
+    absl::MutexLock l(&mu_);
+    if (sequences_.count(req->sequence_id()) > 0 || generations_.count(req->sequence_id()) > 0) {
+      stale = absl::AlreadyExistsError(
+          absl::StrCat(hop, ": sequence ", req->sequence_id(), " already exists; Generate starts a new one"));
+    } else {
+      generations_[req->sequence_id()] = gen;
+    }
+  }
+  if (!stale.ok()) return fail(stale);
+  struct Unregister {
+    WorkerService* self;
+    const std::string& id;
+    ~Unregister() {
+      absl::MutexLock l(&self->mu_);
+      self->generations_.erase(id);
+    }
+  } unregister{this, req->sequence_id()};
+  const absl::Duration step_timeout =
+      absl::Milliseconds(req->step_timeout_ms() > 0 ? req->step_timeout_ms() : 30000);
+  const pb::DType wire = req->wire_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : req->wire_dtype();
+  std::vector<int32_t> feed(req->tokens().begin(), req->tokens().end());
+  const size_t chunk = req->prefill_chunk() > 0 ? static_cast<size_t>(req->prefill_chunk()) : feed.size();
+  uint64_t step = 0;
+  int64_t position = 0;
+  int32_t emitted = 0;
+  bool first = true;
+  while (true) {
+    for (size_t b = 0; b < feed.size(); b += chunk) {
+      const size_t e = std::min(feed.size(), b + chunk);
+      pb::ActivationFrame f;
+      f.set_sequence_id(req->sequence_id());
+      f.set_step(step);
+      f.set_epoch(link->epoch);
+      f.set_first_position(position);
+      f.set_sender("coordinator");
+      f.set_reply_dtype(wire);
+      f.set_relay(e == feed.size() ? pb::RELAY_ACTION_SAMPLE : pb::RELAY_ACTION_ACK);
+      if (first) *f.mutable_sampling() = req->sampling();
+      first = false;
+      StageInput in;
+      in.tokens.assign(feed.begin() + b, feed.begin() + e);
+      if (absl::Status s = EncodeStageInput(in, static_cast<int64_t>(in.tokens.size()), wire, &f); !s.ok()) {
+        return fail(s);
+      }
+      const absl::Time started = absl::Now();
+      absl::StatusOr<pb::ActivationFrame> out = Step(f, ctx->peer());
+      if (!out.ok()) return fail(out.status());
+      pb::ActivationFrame back;
+      if (link->ring_size == 1) {
+        back = *std::move(out);  // this stage is also the last: it sampled
+      } else {
+        // Within the step's deadline: a next stage that takes nothing (stalled) must not
+        // hold this past the time the coordinator waits for the token.
+        if (absl::Status s = PushNext(*link, *std::move(out), step_timeout); !s.ok()) {
+          return fail(absl::Status(s.code(), absl::StrCat(hop, ": sequence ", req->sequence_id(), " step ",
+                                                          step, ": ", s.message())));
+        }
+        // Wait for the step to come round, in short slices so a cancelled call ends soon.
+        const absl::Time deadline = started + step_timeout;
+        SetWaitingOn(absl::StrCat("waiting for sequence ", req->sequence_id(), " step ", step,
+                                  " to come round the ring from ", link->next_name));
+        bool got = false;
+        while (!got) {
+          {
+            absl::MutexLock l(&gen->mu);
+            auto ready = [&gen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gen->mu) { return !gen->arrived.empty(); };
+            gen->mu.AwaitWithDeadline(absl::Condition(&ready),
+                                      std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+            while (!gen->arrived.empty() && !got) {
+              pb::ActivationFrame a = std::move(gen->arrived.front());
+              gen->arrived.pop_front();
+              if (a.step() == step || a.kind() == pb::PAYLOAD_KIND_ERROR) {
+                back = std::move(a);
+                got = true;
+              }  // else: a stale frame of an earlier step; dropped
+            }
+          }
+          if (got) break;
+          if (ctx->IsCancelled()) {
+            return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": Generate cancelled"));
+          }
+          if (absl::Now() >= deadline) {
+            SetWaitingOn("idle: waiting for Relay frames");
+            return fail(absl::DeadlineExceededError(absl::StrCat(
+                hop, ": sequence ", req->sequence_id(), " step ", step, " did not come round the ring within ",
+                absl::FormatDuration(step_timeout), " (pushed to ", link->next_name, ")")));
+          }
+        }
+        SetWaitingOn("idle: waiting for Relay frames");
+      }
+      if (back.kind() == pb::PAYLOAD_KIND_ERROR) return fail(DecodeStepError(back));
+      absl::StatusOr<std::optional<SampledToken>> token = DecodeSampled(back);
+      if (!token.ok()) {
+        if (absl::IsDataLoss(token.status())) {
+          metrics_->CountChecksumFailure(PeerLabel(back));
+          absl::MutexLock l(&mu_);
+          ++checksum_failures_;
+        }
+        return fail(absl::Status(token.status().code(),
+                                 absl::StrCat(hop, " <- ", back.sender(), ": ", token.status().message())));
+      }
+      position += static_cast<int64_t>(e - b);
+      ++step;
+      if (e < feed.size()) continue;  // a prefill chunk's ack
+      if (!token->has_value()) {
+        return fail(absl::InternalError(absl::StrCat(hop, " <- ", back.sender(), ": no token for step ", step - 1)));
+      }
+      const SampledToken& t = **token;
+      pb::GenerateEvent ev;
+      ev.set_step(step - 1);
+      ev.set_step_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+      *ev.mutable_trace() = back.trace();
+      ev.mutable_token()->set_id(t.id);
+      ev.mutable_token()->set_logprob(t.logprob);
+      for (const auto& [id, lp] : t.top_logprobs) {
+        ev.mutable_token()->add_top_ids(id);
+        ev.mutable_token()->add_top_logprobs(lp);
+      }
+      if (!writer->Write(ev)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": the coordinator went away"));
+      }
+      ++emitted;
+      const bool stop = std::find(req->stop_token_ids().begin(), req->stop_token_ids().end(), t.id) !=
+                        req->stop_token_ids().end();
+      if (stop || emitted >= req->max_new_tokens()) return grpc::Status::OK;
+      feed.assign(1, t.id);
+      break;  // next decode step
+    }
+  }
 }
 
 }  // namespace ring::worker

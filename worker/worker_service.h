@@ -21,12 +21,17 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/cpu/sampling.h"
 #include "models/model.h"
 #include "worker/shadow_checker.h"
 #include "ringserve/v1/worker.grpc.pb.h"
 #include "worker/worker_metrics.h"
 
 namespace ring::worker {
+
+class RelayStream;
+class StageClient;
 
 // Largest message either end accepts: gRPC's 4 MiB default is smaller than one prefill
 // frame of a real model (e.g. 2048 rows x 6144 hidden x 4 bytes = 48 MiB).
@@ -60,6 +65,11 @@ struct WorkerOptions {
   // 0: derived at each stage load by DefaultKvCacheBudget from the device's free memory
   // once the weights are loaded.
   int64_t kv_cache_bytes = 0;
+  // Closed ring: how long a frame may take to be taken by the next stage (Relay).
+  absl::Duration relay_timeout = absl::Seconds(30);
+  // Closed ring: credentials this worker presents to the next stage (the ring token is
+  // auth_token; TLS PEM contents, empty tls_ca: plaintext).
+  std::string peer_tls_ca, peer_tls_cert, peer_tls_key;
 };
 
 // The KV budget a worker without --kv-cache-bytes gives a stage: free memory after the
@@ -108,6 +118,13 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   grpc::Status FlightRecorder(grpc::ServerContext* ctx,
                               const ringserve::v1::FlightRecorderRequest* req,
                               ringserve::v1::FlightRecorderResponse* resp) override;
+  grpc::Status Link(grpc::ServerContext* ctx, const ringserve::v1::LinkRequest* req,
+                    ringserve::v1::LinkResponse* resp) override;
+  grpc::Status Relay(grpc::ServerContext* ctx,
+                     grpc::ServerReader<ringserve::v1::ActivationFrame>* reader,
+                     ringserve::v1::RelaySummary* resp) override;
+  grpc::Status Generate(grpc::ServerContext* ctx, const ringserve::v1::GenerateRequest* req,
+                        grpc::ServerWriter<ringserve::v1::GenerateEvent>* writer) override;
 
  private:
   struct SequenceState {
@@ -117,6 +134,24 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     // Cache bytes of this sequence already counted in WorkerService::kv_bytes_; guarded by
     // WorkerService::mu_ (not `mu`), like kv_bytes_ itself.
     int64_t accounted_bytes = 0;
+    // Last stage of a closed ring: the sequence's sampler (from its first relayed frame).
+    std::unique_ptr<Sampler> sampler ABSL_GUARDED_BY(mu);
+  };
+  // Where a closed ring goes on from this stage (Worker.Link).
+  struct LinkState {
+    uint64_t epoch = 0;  // the loaded epoch it was made for
+    int stage_index = 0;
+    int ring_size = 1;
+    std::string next_name;  // "stage i (addr)"
+    uint64_t next_epoch = 0;
+    std::unique_ptr<StageClient> next_client;
+    std::unique_ptr<RelayStream> next;  // null in a ring of one stage
+    ~LinkState();
+  };
+  // Stage 0 of a closed ring: frames that came round for one running Generate.
+  struct Generation {
+    absl::Mutex mu;
+    std::deque<ringserve::v1::ActivationFrame> arrived ABSL_GUARDED_BY(mu);
   };
   struct Loaded {
     std::shared_ptr<const Stage> stage;
@@ -137,6 +172,14 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   absl::StatusOr<ringserve::v1::ActivationFrame> Step(const ringserve::v1::ActivationFrame& in,
                                                       const std::string& peer);
   void Record(bool sent, const ringserve::v1::ActivationFrame& f, const std::string& peer);
+  // WorkerOptions::TEST_corrupt_frame: damages the payload of the N-th frame sent.
+  void MaybeCorrupt(ringserve::v1::ActivationFrame* f);
+  // Closed ring: what a stage does with a frame from Relay (compute and push on, or at
+  // stage 0 hand it to its Generate).
+  void HandleRelayed(ringserve::v1::ActivationFrame in, const std::string& peer);
+  // Sends `f` (a reply of Step or an error) to the next stage under its epoch.
+  absl::Status PushNext(const LinkState& link, ringserve::v1::ActivationFrame f, absl::Duration timeout);
+  std::shared_ptr<LinkState> CurrentLink() const;
   void SetWaitingOn(std::string what);
   // Keeps the latest failure for Describe (`ringctl status` shows it).
   void SetLastError(const absl::Status& status);
@@ -148,6 +191,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   absl::Status ReserveCache(const Loaded* loaded, SequenceState* state, int64_t bytes,
                             const std::string& hop, const ringserve::v1::ActivationFrame& in);
   std::string HopName() const;
+  std::string HopNameLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerOptions options_;
   std::unique_ptr<WorkerMetrics> owned_metrics_;  // when options_.metrics is null
@@ -169,6 +213,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::deque<ringserve::v1::FrameEvent> events_ ABSL_GUARDED_BY(mu_);
   std::string listen_address_ ABSL_GUARDED_BY(mu_);
   std::string waiting_on_ ABSL_GUARDED_BY(mu_) = "idle: no stage loaded";
+  std::shared_ptr<LinkState> link_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Generation>> generations_ ABSL_GUARDED_BY(mu_);
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;

@@ -71,6 +71,15 @@ SampledToken Sampler::Sample(absl::Span<const float> logits) {
   return out;
 }
 
+void Sampler::Restore(const std::vector<int32_t>& generated) {
+  for (int32_t id : generated) {
+    // Draw takes exactly one 64-bit word per token (generate_canonical<double, 53> from
+    // mt19937_64), and only when not greedy.
+    if (params_.temperature != 0.0f) rng_.discard(1);
+    ++counts_[id];
+  }
+}
+
 int32_t Sampler::Draw(const std::vector<float>& adjusted) {
   const int32_t vocab = static_cast<int32_t>(adjusted.size());
   const float inv_t = 1.0f / params_.temperature;

@@ -38,6 +38,12 @@ struct SamplingParams {
 
   // InvalidArgument naming the parameter when out of range.
   absl::Status Validate() const;
+  // Greedy with nothing that needs the distribution: the argmax of the logits is the
+  // token, so it can be picked where the logits are and nothing else need leave.
+  bool ArgmaxOnly() const {
+    return temperature == 0.0f && !logprobs && top_logprobs == 0 && presence_penalty == 0.0f &&
+           frequency_penalty == 0.0f;
+  }
 };
 
 struct SampledToken {
@@ -51,6 +57,14 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   // `logits`: one row [vocab]. Not thread-safe.
   SampledToken Sample(absl::Span<const float> logits);
+  // Counts `id` as generated (for the penalties) when it was picked elsewhere (the argmax
+  // of a greedy request taken where the logits are).
+  void Accept(int32_t id) { ++counts_[id]; }
+  // Puts a fresh sampler in the state it would be in after sampling `generated`: their
+  // penalty counts and one random draw each (a replay of a request on another ring
+  // continues the same random stream).
+  void Restore(const std::vector<int32_t>& generated);
+  const SamplingParams& params() const { return params_; }
 
  private:
   int32_t Draw(const std::vector<float>& adjusted);

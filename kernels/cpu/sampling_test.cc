@@ -125,3 +125,33 @@ TEST(SamplerTest, ValidateNamesTheParameter) {
 
 }  // namespace
 }  // namespace ring
+
+namespace ring {
+namespace {
+
+// A replay resumes the random stream and the penalties: a sampler restored with the tokens
+// another one generated picks the same next tokens.
+TEST(SamplerRestore, ContinuesTheSameStream) {
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.frequency_penalty = 0.5f;
+  p.seed = 42;
+  std::vector<std::vector<float>> rows;
+  for (int s = 0; s < 12; ++s) {
+    std::vector<float> r(64);
+    for (int i = 0; i < 64; ++i) r[i] = std::sin(0.37f * i * (s + 1)) * 2.0f;
+    rows.push_back(r);
+  }
+  Sampler a(p);
+  std::vector<int32_t> got;
+  for (const auto& r : rows) got.push_back(a.Sample(r).id);
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{5}, size_t{11}}) {
+    Sampler b(p);
+    b.Restore(std::vector<int32_t>(got.begin(), got.begin() + cut));
+    for (size_t i = cut; i < rows.size(); ++i) EXPECT_EQ(b.Sample(rows[i]).id, got[i]) << "cut " << cut << " token " << i;
+  }
+}
+
+}  // namespace
+}  // namespace ring

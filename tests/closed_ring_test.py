@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""The closed ring (ring.topology = "closed"), end to end with real processes on loopback.
+
+Each stage pushes its output straight to the next worker (Worker.Relay), the last stage
+samples and sends the token to stage 0, which starts the next step itself; ring-server
+only listens (Worker.Generate). Checks:
+  - 1, 2, 3 and 4 stages of tiny GLM-5.2-style (a boundary right before the shared-indexer
+    layer included) and Qwen3-MoE checkpoints generate exactly what the in-process engine
+    generates: greedy, and seeded sampling with penalties, top-k/top-p and logprobs (token
+    ids and log-probabilities equal);
+  - the star topology (coordinator drives each step) gives the same as the closed one;
+  - faults inside the ring reach the client naming the stage: a corrupted frame between
+    two workers (checksum, counted by the receiving worker), NaN produced by a stage, a
+    stalled stage (SIGSTOP: the step deadline fires at stage 0, the error and the worker
+    flight recorders name the stalled worker, and the request replays on the survivors
+    with the identical stream).
+Every wait has a deadline; CTest bounds the whole script.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import ringproc
+from ringproc import check, start, wait_ready
+
+
+def post(port, body, timeout=60):
+    status, _, data = ringproc.raw(port, "POST", "/v1/completions", body=json.dumps(body).encode(), timeout=timeout)
+    return status, json.loads(data)
+
+
+def completion(port, prompt, **kw):
+    body = {"model": "m", "prompt": prompt, "max_tokens": 12, "ignore_eos": True, "logprobs": 3, **kw}
+    status, d = post(port, body)
+    if status != 200:
+        return status, d
+    lp = d["choices"][0]["logprobs"]
+    # Token text + logprob + alternatives: equal only if the same ids came out.
+    return status, (d["choices"][0]["text"], lp["token_logprobs"], lp["top_logprobs"])
+
+
+def start_server(a, work, name, model_dir, model_path, workers=None, split=None, topology="closed", extra=""):
+    cfg = os.path.join(work, f"{name}.toml")
+    ring = ""
+    if workers:
+        ring = f'workers = {json.dumps(workers)}\nplan = "even"\ntopology = "{topology}"\nstep_timeout_s = 4\n'
+        if split:
+            ring += f"split = {json.dumps(split)}\n"
+    with open(cfg, "w") as f:
+        f.write(f"""
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "off"
+auth = "disabled"
+max_concurrent_requests = 4
+[model]
+name = "m"
+path = "{model_path}"
+local_dir = "{model_dir}"
+prefill_chunk = 5
+[ring]
+failover_timeout_s = 30
+{ring}{extra}""")
+    p, url = start([a.server, "--config", cfg], os.path.join(work, f"{name}.log"), r"listening on (http://\S+)")
+    port = int(url.rsplit(":", 1)[1])
+    if not wait_ready(port, timeout=60):
+        p.kill()
+        raise SystemExit(f"{name}: not ready; see {work}/{name}.log")
+    return p, port
+
+
+def main():
+    a, root, glm_dir = ringproc.setup_tiny_ring_test()
+    work = a.work
+    qwen_dir = os.path.join(root, "tiny-qwen-moe")
+    if not os.path.exists(os.path.join(qwen_dir, "config.json")):
+        subprocess.run([a.ringctl, "synth", "--arch", "qwen3_moe", "--preset", "tiny", "--quant", "affine",
+                        "--bits", "4", "--seed", "2", "--out", qwen_dir], check=True, timeout=120)
+    procs = []
+    try:
+        workers = []
+        for i in range(4):
+            p, addr = ringproc.start_worker(a, root, os.path.join(work, f"worker{i}.log"))
+            procs.append(p)
+            workers.append(addr)
+
+        prompt = [11, 22, 33, 44, 55, 66, 77, 88, 99, 100, 101, 102, 103]  # 13 > index_topk: sparse DSA
+        requests = {
+            "greedy": dict(temperature=0),
+            "sampled": dict(temperature=0.9, top_p=0.9, seed=7, frequency_penalty=0.4, presence_penalty=0.2),
+            "top-k": dict(temperature=1.2, top_k=5, seed=3),
+        }
+        for family, model_dir, model_path, splits in [
+                ("glm", glm_dir, "tiny-glm", [None, None, None, None, [2, 2], [1, 1, 1, 1], [1, 2, 1]]),
+                ("qwen3-moe", qwen_dir, "tiny-qwen-moe", [None, None, None, None])]:
+            local, lport = start_server(a, work, f"{family}-local", model_dir, model_path)
+            procs.append(local)
+            want = {k: completion(lport, prompt, **r) for k, r in requests.items()}
+            local.kill()
+            check(all(s == 200 for s, _ in want.values()), f"{family}: in-process reference answers")
+            n_default = 0
+            for split in splits:
+                n = len(split) if split else (n_default := n_default + 1)
+                label = f"{family} closed ring, {n} stage(s)" + (f" split {split}" if split else "")
+                srv, port = start_server(a, work, f"{family}-{n}-{split}", model_dir, model_path,
+                                         workers=workers[:n], split=split)
+                procs.append(srv)
+                for k, r in requests.items():
+                    got = completion(port, prompt, **r)
+                    check(got == want[k], f"{label}: {k} tokens and logprobs identical to the in-process engine")
+                if n == 3 and not split:
+                    srv.kill()
+                    star, sport = start_server(a, work, f"{family}-star", model_dir, model_path,
+                                               workers=workers[:3], topology="star")
+                    procs.append(star)
+                    for k, r in requests.items():
+                        check(completion(sport, prompt, **r) == want[k], f"{family} star ring, 3 stages: {k} identical")
+                    star.kill()
+                else:
+                    srv.kill()
+
+        fault_tests(a, root, glm_dir, work, procs, prompt)
+    finally:
+        ringproc.kill_all(procs)
+    return ringproc.report("closed ring")
+
+
+def fault_tests(a, root, model_dir, work, procs, prompt):
+    # A worker that damages the 3rd frame it pushes on (after the checksum, like a bad NIC):
+    # the next worker refuses it, the error comes round to stage 0 and to the client.
+    env = dict(os.environ, RING_TEST_CORRUPT_FRAME="3")
+    p0, w0 = ringproc.start_worker(a, root, os.path.join(work, "f0.log"))
+    pc, wc = ringproc.start_worker(a, root, os.path.join(work, "fc.log"), env=env,
+                                   extra=["--metrics-listen", "127.0.0.1:0"])
+    p2, w2 = ringproc.start_worker(a, root, os.path.join(work, "f2.log"), extra=["--metrics-listen", "127.0.0.1:0"])
+    procs += [p0, pc, p2]
+    srv, port = start_server(a, work, "corrupt", model_dir, "tiny-glm", workers=[w0, wc, w2], split=[2, 1, 1])
+    procs.append(srv)
+    status, d = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    msg = json.dumps(d)
+    check(status >= 500 and "checksum" in msg and f"stage 2 ({w2}) <- stage 1 ({wc})" in msg,
+          f"corrupted frame between workers: {status}, the error names the hop ({msg[:300]})")
+    status, d = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    check(status == 200, "the next request is served (one bad frame does not break the ring)")
+    srv.kill()
+
+    # NaN out of a stage: refused there, named with its layers.
+    env = dict(os.environ, RING_TEST_NAN_AT_STEP="2")
+    pn, wn = ringproc.start_worker(a, root, os.path.join(work, "fn.log"), env=env)
+    procs.append(pn)
+    srv, port = start_server(a, work, "nan", model_dir, "tiny-glm", workers=[w0, wn, w2], split=[2, 1, 1])
+    procs.append(srv)
+    status, d = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    msg = json.dumps(d)
+    check(status >= 500 and "NaN" in msg and f"stage 1 ({wn}) (layers 2..3)" in msg,
+          f"NaN produced by stage 1: {status}, named with its layers ({msg[:300]})")
+    srv.kill()
+    pn.kill()
+
+    # A stalled middle stage: stage 0's step deadline (4 s) fires; the error names where the
+    # step was pushed, the flight recorders show the stalled worker not answering, and the
+    # request is replayed on a ring re-formed without it: the stream is unchanged.
+    ps, ws = ringproc.start_worker(a, root, os.path.join(work, "fs.log"))
+    procs.append(ps)
+    srv, port = start_server(a, work, "stall", model_dir, "tiny-glm", workers=[w0, ws, w2], split=[2, 1, 1])
+    procs.append(srv)
+    body = {"model": "m", "prompt": prompt, "max_tokens": 40, "temperature": 0.8, "seed": 11, "ignore_eos": True}
+    status, want = post(port, body)
+    check(status == 200, "stall test: reference generation")
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
+    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text, chunks, t0, stalled_at = [], 0, time.time(), None
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        if ev.get("choices"):
+            text.append(ev["choices"][0]["text"])
+        chunks += 1
+        if chunks == 5:
+            ps.send_signal(signal.SIGSTOP)
+            stalled_at = time.time()
+    took = time.time() - (stalled_at or t0)
+    ps.send_signal(signal.SIGCONT)
+    check("".join(text) == want["choices"][0]["text"] and took < 40,
+          f"SIGSTOPped middle stage of a closed ring: replayed, stream identical ({took:.1f}s)")
+    log = open(os.path.join(work, "stall.log")).read()
+    check(f"did not come round the ring" in log and f"pushed to stage 1 ({ws})" in log and
+          f"stage 1 ({ws}): no answer" in log,
+          "the deadline error names the hop the step was pushed to, and the flight recorders the stalled worker")
+    srv.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
