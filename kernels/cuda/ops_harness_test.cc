@@ -1264,29 +1264,22 @@ TEST_F(GpuTest, SampleRowMatchesCpu) {
     SamplingParams p;
     bool penalties = false;
   };
-  auto make = [](float t, int32_t k, float top_p, float min_p, bool lp, int32_t top_lp) {
-    SamplingParams p;
-    p.temperature = t;
-    p.top_k = k;
-    p.top_p = top_p;
-    p.min_p = min_p;
-    p.logprobs = lp;
-    p.top_logprobs = top_lp;
-    return p;
-  };
   std::vector<Case> cases = {
-      {"greedy lp top5", make(0.f, 0, 1.f, 0.f, true, 5)},
-      {"greedy penalties", make(0.f, 0, 1.f, 0.f, false, 0), true},
-      {"T0.7", make(0.7f, 0, 1.f, 0.f, false, 0)},
-      {"T1 lp top20", make(1.f, 0, 1.f, 0.f, true, 20)},
-      {"T1.9 penalties", make(1.9f, 0, 1.f, 0.f, false, 0), true},
-      {"top-k 1", make(1.f, 1, 1.f, 0.f, false, 0)},
-      {"top-k 50", make(0.9f, 50, 1.f, 0.f, true, 3)},
-      {"top-k 10000 top-p 0.9", make(1.f, 10000, 0.9f, 0.f, false, 0)},  // full-sort path
-      {"top-p 0.9", make(1.f, 0, 0.9f, 0.f, false, 0)},
-      {"top-p 0.999 T2", make(2.f, 0, 0.999f, 0.f, false, 0)},  // wide: full sort
-      {"min-p 0.05", make(1.f, 0, 1.f, 0.05f, false, 0)},
-      {"k40 p0.8 minp0.02 pen", make(0.8f, 40, 0.8f, 0.02f, true, 2), true},
+      {"greedy lp top5", {.temperature = 0.f, .top_logprobs = 5, .logprobs = true}},
+      {"greedy penalties", {.temperature = 0.f}, true},
+      {"T0.7", {.temperature = 0.7f}},
+      {"T1 lp top20", {.top_logprobs = 20, .logprobs = true}},
+      {"T1.9 penalties", {.temperature = 1.9f}, true},
+      {"top-k 1", {.top_k = 1}},
+      {"top-k 50", {.temperature = 0.9f, .top_k = 50, .top_logprobs = 3, .logprobs = true}},
+      {"top-k 10000 top-p 0.9", {.top_p = 0.9f, .top_k = 10000}},  // full-sort path
+      {"top-p 0.9", {.top_p = 0.9f}},
+      {"top-p 0.999 T2", {.temperature = 2.f, .top_p = 0.999f}},  // wide: full sort
+      {"min-p 0.05", {.min_p = 0.05f}},
+      {"k40 p0.8 minp0.02 pen",
+       {.temperature = 0.8f, .top_p = 0.8f, .top_k = 40, .min_p = 0.02f, .top_logprobs = 2,
+        .logprobs = true},
+       true},
   };
   for (Case& c : cases) {
     if (c.penalties) {

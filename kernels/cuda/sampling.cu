@@ -138,8 +138,8 @@ __global__ void PenalizeKernel(float* adj, const int2* counts, int n, float freq
 }
 
 __global__ void __launch_bounds__(kBlock)
-    StatsKernel(const float* logits, const float* adj, int n, float inv_t, RowStats* st,
-                DeviceResult* res) {
+    StatsKernel(const float* logits, const float* adj, int n, float inv_t, bool want_lse,
+                bool want_total, RowStats* st, DeviceResult* res) {
   using MaxReduce = cub::BlockReduce<MaxAt, kBlock>;
   using SumReduce = cub::BlockReduce<double, kBlock>;
   __shared__ union {
@@ -165,10 +165,13 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();
   const float m_raw = s_raw;
   const Weight w{s_adj.v, inv_t};
+  // Double exps are the expensive part of a single block's pass: only those asked for.
   double se = 0, sw = 0;
-  for (int i = threadIdx.x; i < n; i += kBlock) {
-    se += exp(static_cast<double>(logits[i]) - m_raw);
-    sw += w(adj[i]);
+  if (want_lse) {
+    for (int i = threadIdx.x; i < n; i += kBlock) se += exp(static_cast<double>(logits[i]) - m_raw);
+  }
+  if (want_total) {
+    for (int i = threadIdx.x; i < n; i += kBlock) sw += w(adj[i]);
   }
   const double sum_e = SumReduce(tmp.sum).Sum(se);
   __syncthreads();
@@ -353,7 +356,10 @@ __global__ void __launch_bounds__(kBlock)
     const double min_w = static_cast<double>(a.min_p) * w_at(0);
     double e = pre;
     int mine = lim;
-    for (int p = begin; p < end; ++p) {
+    // Only a chunk that can hold the cut walks: top-p's prefix reaches p_mass inside it, or
+    // its last weight is below min-p's (weights fall along the order).
+    const bool walk = begin < end && (p_mass <= pre + sum || (a.min_p > 0 && w_at(end - 1) < min_w));
+    for (int p = begin; walk && p < end; ++p) {
       const double wp = w_at(p);
       if ((a.min_p > 0 && wp < min_w) || (p > 0 && e >= p_mass)) {
         mine = p;
@@ -379,7 +385,10 @@ __global__ void __launch_bounds__(kBlock)
   if (threadIdx.x == 0) s_stop = stop;
   __syncthreads();
   double rr = r - pre;
-  for (int p = begin; p < min(end, stop); ++p) {
+  // Chunks wholly before the draw's position skip (rr >= their sum); those after it stop at
+  // their first position; the block minimum is the draw.
+  const bool walk = rr < sum;
+  for (int p = begin; walk && p < min(end, stop); ++p) {
     if ((rr -= w_at(p)) < 0) {
       atomicMin(&s_stop, p);
       break;
@@ -489,7 +498,8 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
     adj = adj_buf;
   }
   const float inv_t = sample ? 1.0f / p.temperature : 1.0f;
-  StatsKernel<<<1, kBlock, 0, stream>>>(logits, adj, n, inv_t, st, res);
+  StatsKernel<<<1, kBlock, 0, stream>>>(logits, adj, n, inv_t, want_logprobs,
+                                        sample && truncate && p.top_k == 0, st, res);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   WalkArgs walk{adj, nullptr, nullptr, n, universe, truncate, p.top_k > 0, inv_t, p.top_p,
