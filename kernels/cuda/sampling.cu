@@ -430,6 +430,35 @@ T* Carve(char* base, size_t& off, size_t count) {
   return p;
 }
 
+// The ids of the whole row in candidate order, in `*buf`: a stable radix sort of the order
+// keys, so equal logits stay in id order.
+absl::StatusOr<const int32_t*> SortRow(const float* adj, int n, cudaStream_t stream,
+                                       StreamBuffer* buf) {
+  size_t sort_bytes = 0;
+  RING_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, 32, stream));
+  uint32_t *k_in, *k_out;
+  int32_t *i_in, *i_out;
+  void* temp;
+  auto layout = [&](char* base) {
+    size_t off = 0;
+    k_in = Carve<uint32_t>(base, off, n);
+    k_out = Carve<uint32_t>(base, off, n);
+    i_in = Carve<int32_t>(base, off, n);
+    i_out = Carve<int32_t>(base, off, n);
+    temp = Carve<char>(base, off, sort_bytes);
+    return off;
+  };
+  RING_ASSIGN_OR_RETURN(*buf, StreamBuffer::Allocate(layout(nullptr), stream));
+  layout(buf->as<char>());
+  SortKeysKernel<<<(n + 255) / 256, 256, 0, stream>>>(adj, n, k_in, i_in);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(temp, sort_bytes, k_in, k_out, i_in,
+                                                            i_out, n, 0, 32, stream));
+  return i_out;
+}
+
 }  // namespace
 
 absl::Status ArgMaxRows(const float* x, int64_t rows, int64_t n, int32_t* out,
@@ -460,28 +489,26 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
   const int universe = p.top_k > 0 ? std::min(p.top_k, n) : n;
 
   // One scratch allocation, carved twice: with a null base to measure, then for real.
-  auto layout = [&](char* base, RowStats** st, DeviceResult** res, int2** counts, float** adj,
-                    int32_t** cand, int** n_cand, int32_t** top, int** n_top_dev) {
-    size_t off = 0;
-    *st = Carve<RowStats>(base, off, 1);
-    *res = Carve<DeviceResult>(base, off, 1);
-    *counts = Carve<int2>(base, off, penalize ? req.counts.size() : 0);
-    *adj = Carve<float>(base, off, penalize ? n : 0);
-    *cand = Carve<int32_t>(base, off, kCands);
-    *n_cand = Carve<int>(base, off, 1);
-    *top = Carve<int32_t>(base, off, kCands);
-    *n_top_dev = Carve<int>(base, off, 1);
-    return off;
-  };
   RowStats* st;
   DeviceResult* res;
   int2* counts;
   float* adj_buf;
   int32_t *cand, *top;
   int *n_cand, *n_top_dev;
-  const size_t bytes = layout(nullptr, &st, &res, &counts, &adj_buf, &cand, &n_cand, &top, &n_top_dev);
-  RING_ASSIGN_OR_RETURN(StreamBuffer scratch, StreamBuffer::Allocate(bytes, stream));
-  layout(scratch.as<char>(), &st, &res, &counts, &adj_buf, &cand, &n_cand, &top, &n_top_dev);
+  auto layout = [&](char* base) {
+    size_t off = 0;
+    st = Carve<RowStats>(base, off, 1);
+    res = Carve<DeviceResult>(base, off, 1);
+    counts = Carve<int2>(base, off, penalize ? req.counts.size() : 0);
+    adj_buf = Carve<float>(base, off, penalize ? n : 0);
+    cand = Carve<int32_t>(base, off, kCands);
+    n_cand = Carve<int>(base, off, 1);
+    top = Carve<int32_t>(base, off, kCands);
+    n_top_dev = Carve<int>(base, off, 1);
+    return off;
+  };
+  RING_ASSIGN_OR_RETURN(StreamBuffer scratch, StreamBuffer::Allocate(layout(nullptr), stream));
+  layout(scratch.as<char>());
 
   const float* adj = logits;
   if (penalize) {
@@ -505,7 +532,7 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
   WalkArgs walk{adj, nullptr, nullptr, n, universe, truncate, p.top_k > 0, inv_t, p.top_p,
                 p.min_p, req.uniform};
   // Top-k above the on-chip list goes straight to the full sort.
-  const bool full_sort_first = sample && truncate && p.top_k > kCands;
+  const bool full_sort_first = sample && truncate && p.top_k > 0 && universe > kCands;
   if (sample && !full_sort_first) {
     if (truncate) {
       SelectTopKernel<<<1, kBlock, 0, stream>>>(adj, n, std::min(universe, kCands), cand, n_cand);
@@ -539,32 +566,8 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
   if (r.fallback) {
     // The kept set is wider than the candidate list: sort the whole row (stable, so equal
     // logits stay in id order) and walk it.
-    size_t sort_bytes = 0;
-    RING_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-        nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, 32, stream));
-    size_t off = 0;
-    auto sized = [&](char* base, uint32_t** k_in, uint32_t** k_out, int32_t** i_in,
-                     int32_t** i_out, void** temp) {
-      off = 0;
-      *k_in = Carve<uint32_t>(base, off, n);
-      *k_out = Carve<uint32_t>(base, off, n);
-      *i_in = Carve<int32_t>(base, off, n);
-      *i_out = Carve<int32_t>(base, off, n);
-      *temp = Carve<char>(base, off, sort_bytes);
-      return off;
-    };
-    uint32_t *k_in, *k_out;
-    int32_t *i_in, *i_out;
-    void* temp;
-    RING_ASSIGN_OR_RETURN(StreamBuffer sort_buf,
-                          StreamBuffer::Allocate(sized(nullptr, &k_in, &k_out, &i_in, &i_out, &temp), stream));
-    sized(sort_buf.as<char>(), &k_in, &k_out, &i_in, &i_out, &temp);
-    SortKeysKernel<<<(n + 255) / 256, 256, 0, stream>>>(adj, n, k_in, i_in);
-    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    RING_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(temp, sort_bytes, k_in, k_out, i_in,
-                                                              i_out, n, 0, 32, stream));
-    walk.order = i_out;
+    StreamBuffer sorted;
+    RING_ASSIGN_OR_RETURN(walk.order, SortRow(adj, n, stream, &sorted));
     walk.n_order = nullptr;
     WalkKernel<<<1, kBlock, 0, stream>>>(walk, st, res);
     RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
