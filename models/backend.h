@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/model_ops.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/quant.h"
 #include "kernels/tensor.h"
 
@@ -155,6 +156,11 @@ class Backend {
                                   ActDType t, float* out) = 0;
   // host_out[r] = argmax of row r of x [rows, n] (lowest index on ties).
   virtual absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) = 0;
+  // *host_out = cpu::SampleToken of one row of logits [vocab] for `req`, computed where the
+  // row is: only the token (and its logprobs) crosses to the host. InvalidArgument when `req`
+  // does not Validate(vocab).
+  virtual absl::Status Sample(const float* logits_row, int64_t vocab, const SampleRequest& req,
+                              SampledToken* host_out) = 0;
 };
 
 // jitter: LoadOptions::TEST_jitter.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/status.h"
 #include "models/backend.h"
 
 #ifndef RING_HAVE_CUDA
@@ -136,6 +137,12 @@ class CpuBackend final : public Backend {
   }
   absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* out) override {
     for (int64_t r = 0; r < rows; ++r) out[r] = static_cast<int32_t>(cpu::ArgMax(x + r * n, n));
+    return absl::OkStatus();
+  }
+  absl::Status Sample(const float* logits_row, int64_t vocab, const SampleRequest& req,
+                      SampledToken* out) override {
+    RING_RETURN_IF_ERROR(req.Validate(vocab));
+    *out = cpu::SampleToken(absl::MakeConstSpan(logits_row, vocab), req);
     return absl::OkStatus();
   }
 

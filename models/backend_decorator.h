@@ -110,6 +110,10 @@ class ForwardingBackend : public Backend {
   absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) override {
     return inner_->ArgMax(x, rows, n, host_out);
   }
+  absl::Status Sample(const float* logits_row, int64_t vocab, const SampleRequest& req,
+                      SampledToken* host_out) override {
+    return inner_->Sample(logits_row, vocab, req, host_out);
+  }
 
  protected:
   Backend& inner() const { return *inner_; }

@@ -158,7 +158,12 @@ absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
   RING_RETURN_IF_ERROR(b.Linear(head_, normed.f(), n, ctx_.act, logits.f()));
   out.argmax.resize(n);
   RING_RETURN_IF_ERROR(b.ArgMax(logits.f(), n, c.vocab_size, out.argmax.data()));
-  if (in.argmax_only) {
+  if (in.sample.has_value()) {
+    out.sampled.emplace();
+    RING_RETURN_IF_ERROR(b.Sample(logits.f() + (n - 1) * c.vocab_size, c.vocab_size,
+                                  *in.sample, &*out.sampled));
+  }
+  if (in.argmax_only || in.sample.has_value()) {
     out.hidden.resize(n * hidden);
     RING_RETURN_IF_ERROR(b.Download(normed.data(), n * hidden * 4, out.hidden.data()));
     return out;

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/sampling.h"
 #include "models/config.h"
 
 namespace ring {
@@ -58,6 +59,11 @@ struct StageInput {
   // the final-normed rows the head read instead, [rows, hidden_size], so the caller can
   // still fingerprint them (NaN/Inf). Ignored by other stages.
   bool argmax_only = false;
+  // Last stage: sample the next token of the LAST row where the logits are
+  // (StageOutput::sampled, cpu::SampleToken semantics; the request carries the draw, so the
+  // RNG stays with the caller). As with argmax_only the logits stay on the device and
+  // `hidden` returns the final-normed rows. Ignored by other stages.
+  std::optional<SampleRequest> sample;
 };
 
 struct StageOutput {
@@ -66,6 +72,7 @@ struct StageOutput {
   std::vector<float> logits;  // last stage: [rows, vocab] (or [1, vocab], see options)
   std::vector<int32_t> argmax;  // last stage: greedy token of each logits row, computed
                                 // where the logits are (on the GPU for a CUDA stage)
+  std::optional<SampledToken> sampled;  // last stage, with StageInput::sample
   TopkCarry topk;
   // With StageInput::capture_layers: the hidden state after each layer of the stage,
   // [layers][rows * hidden_size].

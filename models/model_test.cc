@@ -308,6 +308,72 @@ TEST(Devices, CudaStageWithoutDeviceIsAClearError) {
   EXPECT_TRUE(LoadStage(dir, lo).ok());
 }
 
+// StageInput::sample: the last stage samples the last row's next token where the logits are,
+// and that token is cpu::SampleToken of the step's full logits row (from a twin sequence that
+// returns them). The logits stay put: `hidden` carries the final-normed rows instead. On the
+// CPU stage, and on cuda:0 when one is visible (there the GPU sampler must agree with the CPU
+// oracle up to a draw within ~1e-10 of a bucket boundary, kernels/cuda/sampling.cuh, which
+// these few random draws never hit in practice).
+void CheckStageSamples(DeviceSpec device) {
+  const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
+  LoadOptions lo;
+  lo.device = device;
+  auto stage = LoadStage(dir, lo);
+  if (!stage.ok() && device.kind == DeviceSpec::Kind::kCuda) {
+    GTEST_SKIP() << "no usable CUDA device: " << stage.status();
+  }
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  const int64_t vocab = (*stage)->config().vocab_size;
+  const int64_t hidden = (*stage)->config().hidden_size;
+  const std::vector<SamplingParams> params = {
+      {.temperature = 0, .logprobs = true},
+      {.seed = 1},
+      {.top_k = 20, .seed = 2, .top_logprobs = 3},
+      {.temperature = 1.3f, .top_p = 0.8f, .seed = 3},
+      {.min_p = 0.1f, .presence_penalty = 0.5f, .frequency_penalty = 1.0f, .seed = 4},
+      {.top_p = 0.9f, .top_k = 50, .presence_penalty = 2.0f, .seed = 5},
+  };
+  for (const SamplingParams& p : params) {
+    auto full = (*stage)->NewSequence();
+    auto sampled = (*stage)->NewSequence();
+    Sampler sampler(p);
+    std::vector<int32_t> toks = Prompt(6);
+    for (int step = 0; step < 6; ++step) {
+      StageInput in;
+      in.tokens = toks;
+      auto ref = (*stage)->Forward(*full, in);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      ASSERT_GE(static_cast<int64_t>(ref->logits.size()), vocab);
+      in.sample = sampler.NextRequest();
+      auto out = (*stage)->Forward(*sampled, in);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_TRUE(out->sampled.has_value());
+      EXPECT_TRUE(out->logits.empty());
+      // The final-normed rows, one per logits row the twin returned.
+      EXPECT_EQ(static_cast<int64_t>(out->hidden.size()),
+                static_cast<int64_t>(ref->logits.size()) / vocab * hidden);
+      const SampledToken want = cpu::SampleToken(
+          absl::MakeConstSpan(ref->logits.data() + ref->logits.size() - vocab, vocab), *in.sample);
+      EXPECT_EQ(out->sampled->id, want.id) << "seed " << p.seed << " step " << step;
+      EXPECT_NEAR(out->sampled->logprob, want.logprob, 1e-5);
+      ASSERT_EQ(out->sampled->top_logprobs.size(), want.top_logprobs.size());
+      for (size_t j = 0; j < want.top_logprobs.size(); ++j) {
+        EXPECT_EQ(out->sampled->top_logprobs[j].first, want.top_logprobs[j].first);
+      }
+      sampler.Accept(out->sampled->id);
+      toks = {out->sampled->id};
+    }
+  }
+}
+
+TEST(StageSample, CpuStageSamplesLikeTheOracle) { CheckStageSamples(DeviceSpec{}); }
+
+TEST(StageSample, CudaStageSamplesLikeTheOracle) {
+  DeviceSpec d;
+  d.kind = DeviceSpec::Kind::kCuda;
+  CheckStageSamples(d);
+}
+
 // max_context bounds a sequence; a refused step leaves the caches and position as they
 // were, so the sequence continues exactly as if it had not been tried.
 TEST(StageErrors, MaxContextAndAFailedStepChangeNothing) {

@@ -26,8 +26,10 @@ double VerifyOpTolerance(const std::string& op, cpu::ActDType act) {
   // weights. The tolerances sit above those with margin and far below what a real defect
   // does (one mxfp4 group with a wrong scale in a 6144-wide row: NMSE ~ 32/6144 = 5e-3).
   const bool f32 = act == cpu::ActDType::kF32;
-  if (op == "IndexerTopK" || op == "ArgMax" || op == "RouteSigmoid" || op == "RouteSoftmax") {
-    // Index outputs: near-ties may flip between summation orders; 1% of entries.
+  if (op == "IndexerTopK" || op == "ArgMax" || op == "RouteSigmoid" || op == "RouteSoftmax" ||
+      op == "Sample") {
+    // Index outputs: near-ties may flip between summation orders; 1% of entries. (Sample is
+    // one id per call: a draw within ~1e-10 of a bucket boundary, kernels/cuda/sampling.cuh.)
     return 0.01;
   }
   if (op == "Linear" || op == "ExpertsSwiGlu" || op == "MlaAttention" || op == "Attention") {
@@ -353,21 +355,24 @@ class LockstepBackend final : public Backend {
               });
   }
   absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) override {
-    // The output is host memory: run the three calls by hand.
-    std::vector<int32_t> c(rows), iso(rows);
-    RING_ASSIGN_OR_RETURN(void* rx, Ref(x));
-    RING_RETURN_IF_ERROR(ref_->ArgMax(static_cast<float*>(rx), rows, n, c.data()));
-    RING_RETURN_IF_ERROR(dev_->ArgMax(x, rows, n, host_out));
-    std::vector<float> hx(rows * n);
-    RING_RETURN_IF_ERROR(ref_->Download(rx, rows * n * 4, hx.data()));
-    RING_ASSIGN_OR_RETURN(Buffer s, dev_->AllocF(rows * n));
-    RING_RETURN_IF_ERROR(dev_->Upload(hx.data(), rows * n * 4, s.data()));
-    RING_RETURN_IF_ERROR(dev_->ArgMax(s.f(), rows, n, iso.data()));
-    OpCheck oc = NewCheck("ArgMax", absl::StrCat(rows, "x", n));
-    oc.composed = DiffInts(std::vector<int32_t>(host_out, host_out + rows), c);
-    oc.isolated = DiffInts(iso, c);
-    Judge(oc);
-    return absl::OkStatus();
+    return HostIdsOp("ArgMax", absl::StrCat(rows, "x", n), x, rows * n,
+                     [&](Backend& b, const float* in, Run run, std::vector<int32_t>* ids) {
+                       ids->resize(rows);
+                       RING_RETURN_IF_ERROR(b.ArgMax(in, rows, n, ids->data()));
+                       if (run == Run::kComposed) std::copy(ids->begin(), ids->end(), host_out);
+                       return absl::OkStatus();
+                     });
+  }
+  absl::Status Sample(const float* logits_row, int64_t vocab, const SampleRequest& req,
+                      SampledToken* host_out) override {
+    return HostIdsOp("Sample", absl::StrCat("1x", vocab), logits_row, vocab,
+                     [&](Backend& b, const float* in, Run run, std::vector<int32_t>* ids) {
+                       SampledToken t;
+                       RING_RETURN_IF_ERROR(b.Sample(in, vocab, req, &t));
+                       *ids = {t.id};
+                       if (run == Run::kComposed) *host_out = std::move(t);
+                       return absl::OkStatus();
+                     });
   }
 
  private:
@@ -421,6 +426,30 @@ class LockstepBackend final : public Backend {
     for (size_t i = 0; i < c.size() && i < d.size(); ++i) bad += d[i] != c[i];
     t.mismatch = t.n > 0 ? static_cast<double>(bad) / t.n : 0;
     return t;
+  }
+
+  enum class Run { kReference, kComposed, kIsolated };
+  using IdsCall =
+      std::function<absl::Status(Backend&, const float*, Run, std::vector<int32_t>*)>;
+  // An op whose output is ids in host memory (not a Region): `call` runs on the reference,
+  // on the device (composed: its result is the caller's) and on the device over a copy of
+  // the reference's input `x` (n floats, isolated); records the id mismatches.
+  absl::Status HostIdsOp(const std::string& op, const std::string& detail, const float* x,
+                         int64_t n, const IdsCall& call) {
+    std::vector<int32_t> c, d, iso;
+    RING_ASSIGN_OR_RETURN(void* rx, Ref(x));
+    RING_RETURN_IF_ERROR(call(*ref_, static_cast<float*>(rx), Run::kReference, &c));
+    RING_RETURN_IF_ERROR(call(*dev_, x, Run::kComposed, &d));
+    std::vector<float> hx(n);
+    RING_RETURN_IF_ERROR(ref_->Download(rx, n * 4, hx.data()));
+    RING_ASSIGN_OR_RETURN(Buffer s, dev_->AllocF(n));
+    RING_RETURN_IF_ERROR(dev_->Upload(hx.data(), n * 4, s.data()));
+    RING_RETURN_IF_ERROR(call(*dev_, s.f(), Run::kIsolated, &iso));
+    OpCheck oc = NewCheck(op, detail);
+    oc.composed = DiffInts(d, c);
+    oc.isolated = DiffInts(iso, c);
+    Judge(oc);
+    return absl::OkStatus();
   }
 
   // Runs `call` on the reference, on the device (composed), and on the device over copies

@@ -712,13 +712,20 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   if (relay_last) {
     if (in.has_sampling()) {
       state->sampler = std::make_unique<Sampler>(FromSamplingSpec(in.sampling()));
-      state->sampler->Restore({in.sampling().generated().begin(), in.sampling().generated().end()});
+      RING_RETURN_IF_ERROR(
+          state->sampler->Restore({in.sampling().generated().begin(), in.sampling().generated().end()}));
     }
     if (state->sampler == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           hop, ": sequence ", in.sequence_id(), " has no sampling (its first frame carried none)"));
     }
-    input->argmax_only = in.relay() == pb::RELAY_ACTION_ACK || state->sampler->params().ArgmaxOnly();
+    // Where the logits are (the GPU of a CUDA stage): the argmax, or the whole sampling
+    // with the uniform drawn here; only the token leaves the device.
+    if (in.relay() == pb::RELAY_ACTION_ACK || state->sampler->params().ArgmaxOnly()) {
+      input->argmax_only = true;
+    } else {
+      input->sample = state->sampler->NextRequest();
+    }
   }
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
   input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
@@ -754,22 +761,19 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   const pb::DType wire = in.reply_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : in.reply_dtype();
   if (relay_last) {
     std::optional<SampledToken> token;
-    const std::vector<float>& checked = input->argmax_only ? out->hidden : out->logits;
-    const int64_t vocab = loaded->stage->config().vocab_size;
-    const int64_t checked_rows = input->argmax_only ? static_cast<int64_t>(out->argmax.size())
-                                                    : static_cast<int64_t>(checked.size()) / vocab;
+    // The final-normed rows the head read: fingerprinted so NaN/Inf still fail here.
+    const std::vector<float>& checked = out->hidden;
+    const int64_t checked_rows = static_cast<int64_t>(checked.size()) / loaded->stage->config().hidden_size;
     if (in.relay() == pb::RELAY_ACTION_SAMPLE) {
-      if (input->argmax_only) {
+      if (input->sample) {
+        if (!out->sampled) return absl::InternalError(absl::StrCat(hop, ": no sampled token from the head"));
+        token = std::move(out->sampled);
+      } else {
         if (out->argmax.empty()) return absl::InternalError(absl::StrCat(hop, ": no token from the head"));
         token.emplace();
         token->id = out->argmax.back();
-        state->sampler->Accept(token->id);
-      } else {
-        if (checked.size() < static_cast<size_t>(vocab)) {
-          return absl::InternalError(absl::StrCat(hop, ": ", checked.size(), " logits for vocabulary ", vocab));
-        }
-        token = state->sampler->Sample(absl::MakeConstSpan(checked).subspan(checked.size() - vocab));
       }
+      state->sampler->Accept(token->id);
     }
     RING_RETURN_IF_ERROR(EncodeSampled(token, checked, std::max<int64_t>(1, checked_rows), &reply));
   } else {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status.h"
 
 namespace ring {
 namespace {
@@ -36,58 +37,39 @@ absl::Status SamplingParams::Validate() const {
   return absl::OkStatus();
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
-
-SampledToken Sampler::Sample(absl::Span<const float> logits) {
-  const int32_t vocab = static_cast<int32_t>(logits.size());
-  std::vector<float> adj(logits.begin(), logits.end());
-  for (const auto& [tok, n] : counts_) {
-    if (tok >= 0 && tok < vocab) {
-      adj[tok] -= params_.frequency_penalty * static_cast<float>(n) + params_.presence_penalty;
+absl::Status SampleRequest::Validate(int64_t vocab) const {
+  RING_RETURN_IF_ERROR(params.Validate());
+  if (!(uniform >= 0.0 && uniform < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("sample uniform ", uniform, " not in [0, 1)"));
+  }
+  std::vector<int32_t> tokens;
+  tokens.reserve(counts.size());
+  for (const auto& [tok, n] : counts) {
+    if (tok < 0 || tok >= vocab || n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample count (", tok, ", ", n, ") outside vocab ", vocab, " or < 1"));
     }
+    tokens.push_back(tok);
   }
-  SampledToken out;
-  if (params_.temperature == 0.0f) {
-    out.id = static_cast<int32_t>(std::max_element(adj.begin(), adj.end()) - adj.begin());
-  } else {
-    out.id = Draw(adj);
+  std::sort(tokens.begin(), tokens.end());
+  if (std::adjacent_find(tokens.begin(), tokens.end()) != tokens.end()) {
+    return absl::InvalidArgumentError("sample counts name a token twice");
   }
-  if (params_.logprobs || params_.top_logprobs > 0) {
-    const double lse = LogSumExp(logits);
-    out.logprob = static_cast<float>(logits[out.id] - lse);
-    if (params_.top_logprobs > 0) {
-      const int32_t k = std::min(params_.top_logprobs, vocab);
-      std::vector<int32_t> idx(vocab);
-      std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-      });
-      for (int32_t i = 0; i < k; ++i) {
-        out.top_logprobs.emplace_back(idx[i], static_cast<float>(logits[idx[i]] - lse));
-      }
-    }
-  }
-  ++counts_[out.id];
-  return out;
+  return absl::OkStatus();
 }
 
-void Sampler::Restore(const std::vector<int32_t>& generated) {
-  for (int32_t id : generated) {
-    // Draw takes exactly one 64-bit word per token (generate_canonical<double, 53> from
-    // mt19937_64), and only when not greedy.
-    if (params_.temperature != 0.0f) rng_.discard(1);
-    ++counts_[id];
-  }
-}
+namespace cpu {
+namespace {
 
-int32_t Sampler::Draw(const std::vector<float>& adjusted) {
+// The draw among the penalized logits `adjusted` (temperature > 0).
+int32_t Draw(const std::vector<float>& adjusted, const SamplingParams& params, double uniform) {
   const int32_t vocab = static_cast<int32_t>(adjusted.size());
-  const float inv_t = 1.0f / params_.temperature;
+  const float inv_t = 1.0f / params.temperature;
   float m = -std::numeric_limits<float>::infinity();
   for (float v : adjusted) m = std::max(m, v);
   // Candidates sorted by probability when a truncation needs an order; the full vocabulary
   // (unsorted) otherwise.
-  const bool truncate = params_.top_k > 0 || params_.top_p < 1.0f || params_.min_p > 0.0f;
+  const bool truncate = params.top_k > 0 || params.top_p < 1.0f || params.min_p > 0.0f;
   std::vector<int32_t> cand;
   std::vector<double> w;
   auto weight = [&](int32_t i) { return std::exp(static_cast<double>(adjusted[i] - m) * inv_t); };
@@ -95,8 +77,10 @@ int32_t Sampler::Draw(const std::vector<float>& adjusted) {
     w.resize(vocab);
     double total = 0;
     for (int32_t i = 0; i < vocab; ++i) total += (w[i] = weight(i));
-    std::uniform_real_distribution<double> u(0.0, total);
-    double r = u(rng_);
+    // u * total is exactly what std::uniform_real_distribution<double>(0, total) computes
+    // from the same engine state in libstdc++ (generate_canonical<double, 53>, times b - a,
+    // plus a), so seeded outputs did not change when the draw moved out of this function.
+    double r = uniform * total;
     for (int32_t i = 0; i < vocab; ++i) {
       if ((r -= w[i]) < 0) return i;
     }
@@ -109,10 +93,10 @@ int32_t Sampler::Draw(const std::vector<float>& adjusted) {
   std::iota(cand.begin(), cand.end(), 0);
   int32_t sorted;
   double total = 0;
-  if (params_.top_k > 0) {
+  if (params.top_k > 0) {
     // top-k first; top-p then applies to the renormalized top-k distribution (as in HF
     // transformers and vLLM).
-    sorted = std::min(params_.top_k, vocab);
+    sorted = std::min(params.top_k, vocab);
     std::partial_sort(cand.begin(), cand.begin() + sorted, cand.end(), better);
     for (int32_t i = 0; i < sorted; ++i) total += weight(cand[i]);
   } else {
@@ -124,7 +108,7 @@ int32_t Sampler::Draw(const std::vector<float>& adjusted) {
       std::partial_sort(cand.begin(), cand.begin() + sorted, cand.end(), better);
       double head = 0;
       for (int32_t i = 0; i < sorted; ++i) head += weight(cand[i]);
-      if (sorted == vocab || head >= params_.top_p * total) break;
+      if (sorted == vocab || head >= params.top_p * total) break;
       sorted = std::min(vocab, sorted * 8);
     }
   }
@@ -134,17 +118,90 @@ int32_t Sampler::Draw(const std::vector<float>& adjusted) {
   double cum = 0;
   for (int32_t i = 0; i < sorted; ++i) {
     const double wi = weight(cand[i]);
-    if (params_.min_p > 0 && wi < params_.min_p * pmax) break;
-    if (i > 0 && cum >= params_.top_p * total) break;
+    if (params.min_p > 0 && wi < params.min_p * pmax) break;
+    if (i > 0 && cum >= params.top_p * total) break;
     w.push_back(wi);
     cum += wi;
   }
-  std::uniform_real_distribution<double> u(0.0, cum);
-  double r = u(rng_);
+  double r = uniform * cum;
   for (size_t i = 0; i < w.size(); ++i) {
     if ((r -= w[i]) < 0) return cand[i];
   }
   return cand[0];
+}
+
+}  // namespace
+
+SampledToken SampleToken(absl::Span<const float> logits, const SampleRequest& req) {
+  const SamplingParams& params = req.params;
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  std::vector<float> adj(logits.begin(), logits.end());
+  for (const auto& [tok, n] : req.counts) {
+    if (tok >= 0 && tok < vocab) {
+      adj[tok] -= params.frequency_penalty * static_cast<float>(n) + params.presence_penalty;
+    }
+  }
+  SampledToken out;
+  if (params.temperature == 0.0f) {
+    out.id = static_cast<int32_t>(std::max_element(adj.begin(), adj.end()) - adj.begin());
+  } else {
+    out.id = Draw(adj, params, req.uniform);
+  }
+  if (params.logprobs || params.top_logprobs > 0) {
+    const double lse = LogSumExp(logits);
+    out.logprob = static_cast<float>(logits[out.id] - lse);
+    if (params.top_logprobs > 0) {
+      const int32_t k = std::min(params.top_logprobs, vocab);
+      std::vector<int32_t> idx(vocab);
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      });
+      for (int32_t i = 0; i < k; ++i) {
+        out.top_logprobs.emplace_back(idx[i], static_cast<float>(logits[idx[i]] - lse));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace cpu
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+double Sampler::DrawUniform() {
+  used_ = true;
+  // One draw per sampled token, and none for greedy: the RNG sequence of a seed is what it
+  // was when the draw was std::uniform_real_distribution inside the sampler.
+  return params_.temperature > 0.0f ? std::generate_canonical<double, 53>(rng_) : 0.0;
+}
+
+SampleRequest Sampler::NextRequest() {
+  SampleRequest r;
+  r.params = params_;
+  r.uniform = DrawUniform();
+  r.counts.assign(counts_.begin(), counts_.end());
+  return r;
+}
+
+void Sampler::Accept(int32_t token) {
+  used_ = true;
+  ++counts_[token];
+}
+
+SampledToken Sampler::Sample(absl::Span<const float> logits) {
+  SampledToken t = cpu::SampleToken(logits, NextRequest());
+  Accept(t.id);
+  return t;
+}
+
+absl::Status Sampler::Restore(const std::vector<int32_t>& generated) {
+  if (used_) return absl::FailedPreconditionError("Sampler::Restore on a used sampler");
+  for (int32_t tok : generated) {
+    DrawUniform();
+    Accept(tok);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ring

@@ -9,8 +9,18 @@
 // softmax of the raw logits, before penalties, temperature and truncation), which is
 // what "how likely did the model find this token" means to a client.
 //
+// The choice itself is a pure function, cpu::SampleToken(logits, SampleRequest): the
+// request carries the one uniform draw and the penalty counts, so the same request gives
+// the same token wherever it runs. That makes it the oracle of the GPU sampler
+// (kernels/cuda/sampling.cuh) and lets a stage sample next to its logits while the RNG
+// stays with the request's owner. Sampler is the stateful owner: RNG and counts.
+//
 //   Sampler s(params);
 //   SampledToken t = s.Sample(logits);   // also remembers t.id for the penalties
+//   // or, with the logits elsewhere:
+//   SampleRequest r = s.NextRequest();   // draws the uniform
+//   SampledToken t = SampleSomewhere(logits, r);
+//   s.Accept(t.id);
 #ifndef RINGSERVE_KERNELS_CPU_SAMPLING_H_
 #define RINGSERVE_KERNELS_CPU_SAMPLING_H_
 
@@ -52,26 +62,56 @@ struct SampledToken {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // best first
 };
 
+// Everything that decides one token besides the logits.
+struct SampleRequest {
+  SamplingParams params;
+  // The draw, in [0, 1): the token is the first (in candidate order) whose cumulative
+  // weight exceeds uniform * (kept mass). Unused when params.temperature is 0.
+  double uniform = 0.0;
+  // Generated token -> occurrences, for the penalties; tokens distinct, order irrelevant.
+  std::vector<std::pair<int32_t, int32_t>> counts;
+
+  // InvalidArgument when the params are out of range, the uniform is outside [0, 1), or a
+  // count names a token outside [0, vocab), a token twice, or a count < 1.
+  absl::Status Validate(int64_t vocab) const;
+};
+
+namespace cpu {
+
+// The next token of one row of logits [vocab] for `req` (which must Validate). Greedy
+// (temperature 0) is the lowest id among the maxima of the penalized logits. Otherwise the
+// weights exp((l - max) / T) of the penalized logits l are truncated (top-k first, then
+// min-p and top-p, in order of decreasing logit, ties by lower id) and the draw picks
+// within what is kept; without truncation it walks the vocabulary in id order.
+SampledToken SampleToken(absl::Span<const float> logits, const SampleRequest& req);
+
+}  // namespace cpu
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
-  // `logits`: one row [vocab]. Not thread-safe.
+  // `logits`: one row [vocab]. Equivalent to Accept(cpu::SampleToken(logits,
+  // NextRequest()).id). Not thread-safe (nor is anything else here).
   SampledToken Sample(absl::Span<const float> logits);
-  // Counts `id` as generated (for the penalties) when it was picked elsewhere (the argmax
-  // of a greedy request taken where the logits are).
-  void Accept(int32_t id) { ++counts_[id]; }
-  // Puts a fresh sampler in the state it would be in after sampling `generated`: their
-  // penalty counts and one random draw each (a replay of a request on another ring
-  // continues the same random stream).
-  void Restore(const std::vector<int32_t>& generated);
   const SamplingParams& params() const { return params_; }
 
+  // The request for the next token: draws the uniform from the RNG (only when the
+  // temperature is above 0, so greedy requests consume nothing) and snapshots the counts.
+  SampleRequest NextRequest();
+  // Records the token that was chosen for the last NextRequest (for the penalties).
+  void Accept(int32_t token);
+  // Puts a freshly constructed Sampler in the state it would have after having sampled
+  // `generated` (counts and the same number of RNG draws), e.g. when a request is replayed
+  // on another ring. FailedPrecondition if this Sampler has been used already.
+  absl::Status Restore(const std::vector<int32_t>& generated);
+
  private:
-  int32_t Draw(const std::vector<float>& adjusted);
+  double DrawUniform();
 
   const SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int32_t> counts_;  // generated token -> occurrences
+  bool used_ = false;
 };
 
 }  // namespace ring

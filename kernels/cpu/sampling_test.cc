@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "gtest/gtest.h"
 
@@ -123,33 +124,129 @@ TEST(SamplerTest, ValidateNamesTheParameter) {
   EXPECT_TRUE(SamplingParams{}.Validate().ok());
 }
 
-}  // namespace
-}  // namespace ring
 
-namespace ring {
-namespace {
-
-// A replay resumes the random stream and the penalties: a sampler restored with the tokens
-// another one generated picks the same next tokens.
-TEST(SamplerRestore, ContinuesTheSameStream) {
-  SamplingParams p;
-  p.temperature = 0.9f;
-  p.top_p = 0.95f;
-  p.frequency_penalty = 0.5f;
-  p.seed = 42;
-  std::vector<std::vector<float>> rows;
-  for (int s = 0; s < 12; ++s) {
-    std::vector<float> r(64);
-    for (int i = 0; i < 64; ++i) r[i] = std::sin(0.37f * i * (s + 1)) * 2.0f;
-    rows.push_back(r);
+// The uniform moved out of Draw: u * total must be exactly the draw the sampler made with
+// std::uniform_real_distribution<double>(0, total) from the same engine state.
+TEST(SamplerTest, CanonicalTimesTotalIsTheLegacyDraw) {
+  std::mt19937_64 a(77), b(77);
+  for (double total : {1.0, 0.3, 1234.5678, 1e-30, 7.0 / 3.0}) {
+    for (int i = 0; i < 100; ++i) {
+      const double legacy = std::uniform_real_distribution<double>(0.0, total)(a);
+      const double canonical = std::generate_canonical<double, 53>(b);
+      EXPECT_EQ(legacy, canonical * total);
+    }
   }
-  Sampler a(p);
-  std::vector<int32_t> got;
-  for (const auto& r : rows) got.push_back(a.Sample(r).id);
-  for (size_t cut : {size_t{0}, size_t{1}, size_t{5}, size_t{11}}) {
-    Sampler b(p);
-    b.Restore(std::vector<int32_t>(got.begin(), got.begin() + cut));
-    for (size_t i = cut; i < rows.size(); ++i) EXPECT_EQ(b.Sample(rows[i]).id, got[i]) << "cut " << cut << " token " << i;
+}
+
+TEST(SamplerTest, SampleIsSampleTokenOfNextRequest) {
+  SamplingParams p;
+  p.seed = 21;
+  p.top_k = 3;
+  p.frequency_penalty = 0.5f;
+  p.logprobs = true;
+  Sampler a(p), b(p);
+  for (int i = 0; i < 30; ++i) {
+    const SampledToken ta = a.Sample(Logits());
+    const SampleRequest r = b.NextRequest();
+    ASSERT_TRUE(r.Validate(5).ok());
+    const SampledToken tb = cpu::SampleToken(Logits(), r);
+    EXPECT_EQ(cpu::SampleToken(Logits(), r).id, tb.id);  // pure
+    b.Accept(tb.id);
+    EXPECT_EQ(ta.id, tb.id);
+    EXPECT_EQ(ta.logprob, tb.logprob);
+  }
+}
+
+TEST(SamplerTest, GreedyRequestsDrawNothing) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  EXPECT_EQ(s.NextRequest().uniform, 0.0);
+  EXPECT_EQ(s.NextRequest().uniform, 0.0);
+}
+
+// weights of {1, 3, 2, 3, -1} at T = 1, relative to e^3: ids 1 and 3 weigh 1 each, id 2
+// e^-1, id 0 e^-2, id 4 e^-4. Sorted order: 1, 3, 2, 0, 4.
+TEST(SampleTokenTest, UniformPicksByCumulativeWeight) {
+  SampleRequest r;
+  r.params.seed = 0;
+  const double e1 = std::exp(-1.0), e2 = std::exp(-2.0), e4 = std::exp(-4.0);
+  const double total = 2 + e1 + e2 + e4;
+  // No truncation: id order 0, 1, 2, 3, 4.
+  auto id_at = [&](double u) {
+    r.uniform = u;
+    return cpu::SampleToken(Logits(), r).id;
+  };
+  EXPECT_EQ(id_at(0.0), 0);
+  EXPECT_EQ(id_at((e2 + 0.5) / total), 1);
+  EXPECT_EQ(id_at((e2 + 1 + 0.5 * e1) / total), 2);
+  EXPECT_EQ(id_at((e2 + 1 + e1 + 0.5) / total), 3);
+  EXPECT_EQ(id_at(0.999999), 4);
+  // top-k 3: sorted 1, 3, 2 with mass 2 + e^-1.
+  r.params.top_k = 3;
+  EXPECT_EQ(id_at(0.0), 1);
+  EXPECT_EQ(id_at(1.5 / (2 + e1)), 3);
+  EXPECT_EQ(id_at(0.999), 2);
+  // top-p 0.5 of the top 3: 1 alone reaches 1/(2+e^-1) = 0.42 < 0.5, so 1 and 3 are kept.
+  r.params.top_p = 0.5f;
+  EXPECT_EQ(id_at(0.49), 1);
+  EXPECT_EQ(id_at(0.51), 3);
+  EXPECT_EQ(id_at(0.999), 3);
+  // min-p 0.2 without top-k: e^-1 = 0.37 stays, e^-2 = 0.135 goes.
+  r.params.top_k = 0;
+  r.params.top_p = 1;
+  r.params.min_p = 0.2f;
+  EXPECT_EQ(id_at(0.999), 2);
+  // Penalties: id 1 twice with frequency 1 drops it to 1 below id 3.
+  r.params.min_p = 0;
+  r.params.temperature = 0;
+  r.params.frequency_penalty = 1;
+  r.counts = {{1, 2}};
+  EXPECT_EQ(id_at(0.0), 3);
+}
+
+TEST(SampleTokenTest, ValidateRejectsBadRequests) {
+  SampleRequest r;
+  EXPECT_TRUE(r.Validate(5).ok());
+  r.uniform = 1.0;
+  EXPECT_FALSE(r.Validate(5).ok());
+  r.uniform = 0.5;
+  r.counts = {{5, 1}};
+  EXPECT_FALSE(r.Validate(5).ok());
+  r.counts = {{1, 1}, {1, 2}};
+  EXPECT_FALSE(r.Validate(5).ok());
+  r.counts = {{1, 0}};
+  EXPECT_FALSE(r.Validate(5).ok());
+  r.counts = {{4, 1}, {1, 2}};
+  EXPECT_TRUE(r.Validate(5).ok());
+}
+
+// A replayed request continues exactly where the original would have.
+TEST(SamplerTest, RestoreContinuesTheSequence) {
+  for (float temperature : {0.0f, 0.8f}) {
+    SamplingParams p;
+    p.seed = 4242;
+    p.temperature = temperature;
+    p.presence_penalty = 0.7f;
+    p.frequency_penalty = 0.3f;
+    p.top_p = 0.9f;
+    const std::vector<float> l = {0.5f, 0.4f, 0.45f, 0.1f, 0.3f, 0.2f};
+    Sampler original(p);
+    std::vector<int32_t> generated;
+    for (int i = 0; i < 25; ++i) generated.push_back(original.Sample(l).id);
+    Sampler replay(p);
+    ASSERT_TRUE(replay.Restore(generated).ok());
+    for (int i = 0; i < 25; ++i) {
+      const SampleRequest a = original.NextRequest(), b = replay.NextRequest();
+      EXPECT_EQ(a.uniform, b.uniform);
+      using Counts = std::map<int32_t, int32_t>;
+      EXPECT_EQ(Counts(a.counts.begin(), a.counts.end()), Counts(b.counts.begin(), b.counts.end()));
+      const int32_t id = cpu::SampleToken(l, a).id;
+      EXPECT_EQ(cpu::SampleToken(l, b).id, id);
+      original.Accept(id);
+      replay.Accept(id);
+    }
+    EXPECT_EQ(replay.Restore({1}).code(), absl::StatusCode::kFailedPrecondition);
   }
 }
 

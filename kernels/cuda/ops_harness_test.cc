@@ -1252,6 +1252,116 @@ TEST_F(GpuTest, ArgMax) {
   }
 }
 
+// ---- sampling ---------------------------------------------------------------------------
+// SampleRow against the oracle cpu::SampleToken on the same request. Ids are exact except
+// boundary cases (sampling.cuh): a GPU id that differs must be what the CPU picks for a
+// uniform within 1e-9 of the draw; the table's mode column says how many there were.
+// Logprobs and top_logprobs values: NMSE <= 1e-10 (same float up to the last bits of the
+// double log-sum-exp). Logits are bf16-rounded, so ties are common, as in real rows.
+TEST_F(GpuTest, SampleRowMatchesCpu) {
+  struct Case {
+    const char* name;
+    SamplingParams p;
+    bool penalties = false;
+  };
+  std::vector<Case> cases = {
+      {"greedy lp top5", {.temperature = 0.f, .top_logprobs = 5, .logprobs = true}},
+      {"greedy penalties", {.temperature = 0.f}, true},
+      {"T0.7", {.temperature = 0.7f}},
+      {"T1 lp top20", {.top_logprobs = 20, .logprobs = true}},
+      {"T1.9 penalties", {.temperature = 1.9f}, true},
+      {"top-k 1", {.top_k = 1}},
+      {"top-k 50", {.temperature = 0.9f, .top_k = 50, .top_logprobs = 3, .logprobs = true}},
+      {"top-k 10000 top-p 0.9", {.top_p = 0.9f, .top_k = 10000}},  // full-sort path
+      {"top-p 0.9", {.top_p = 0.9f}},
+      {"top-p 0.999 T2", {.temperature = 2.f, .top_p = 0.999f}},  // wide: full sort
+      {"min-p 0.05", {.min_p = 0.05f}},
+      {"k40 p0.8 minp0.02 pen",
+       {.temperature = 0.8f, .top_p = 0.8f, .top_k = 40, .min_p = 0.02f, .top_logprobs = 2,
+        .logprobs = true},
+       true},
+  };
+  for (Case& c : cases) {
+    if (c.penalties) {
+      c.p.frequency_penalty = 0.4f;
+      c.p.presence_penalty = 0.6f;
+    }
+  }
+  const std::vector<double> uniforms = {0.0,  1e-12, 0.01, 0.1,  0.25, 0.333, 0.5,      0.6180339887,
+                                        0.75, 0.9,   0.99, 0.999, 0.42, 0.077, 0.999999, 0.5e-6};
+  for (int64_t vocab : {int64_t{1000}, int64_t{151936}, int64_t{154880}}) {
+    for (float sigma : {3.f, 1.f}) {
+      std::vector<float> x = RandomFloats(vocab, 2100 + vocab + static_cast<int>(sigma), sigma, true);
+      const int64_t m = cpu::ArgMax(x.data(), vocab);
+      x[(m + vocab / 3) % vocab] = x[m];  // a tie at the top
+      std::mt19937 rng(static_cast<uint32_t>(vocab));
+      std::vector<std::pair<int32_t, int32_t>> counts = {{static_cast<int32_t>(m), 3}};
+      for (int i = 0; i < 40; ++i) {
+        const int32_t tok = static_cast<int32_t>(rng() % vocab);
+        if (std::none_of(counts.begin(), counts.end(), [&](auto& e) { return e.first == tok; })) {
+          counts.emplace_back(tok, 1 + static_cast<int32_t>(rng() % 4));
+        }
+      }
+      DeviceBuffer dx = UpF(x);
+      for (const Case& c : cases) {
+        std::vector<int32_t> got, ref;
+        std::vector<float> got_lp, ref_lp;
+        int boundary = 0;
+        for (double u : uniforms) {
+          SampleRequest req;
+          req.params = c.p;
+          req.params.seed = 1;
+          req.uniform = u;
+          if (c.penalties) req.counts = counts;
+          const SampledToken want = cpu::SampleToken(x, req);
+          SampledToken have;
+          const absl::Status st = SampleRow(dx.as<float>(), vocab, req, &have, nullptr);
+          ASSERT_TRUE(st.ok()) << st;
+          int32_t expect = want.id;
+          if (have.id != want.id) {
+            for (double d : {-1e-9, 1e-9}) {
+              SampleRequest near = req;
+              near.uniform = std::clamp(u + d, 0.0, std::nextafter(1.0, 0.0));
+              if (cpu::SampleToken(x, near).id == have.id) expect = have.id;
+            }
+            boundary += expect == have.id;
+          }
+          got.push_back(have.id);
+          ref.push_back(expect);
+          if (c.p.logprobs) {
+            got_lp.push_back(have.logprob);
+            ref_lp.push_back(want.logprob);
+          }
+          ASSERT_EQ(have.top_logprobs.size(), want.top_logprobs.size());
+          for (size_t j = 0; j < want.top_logprobs.size(); ++j) {
+            got.push_back(have.top_logprobs[j].first);
+            ref.push_back(want.top_logprobs[j].first);
+            got_lp.push_back(have.top_logprobs[j].second);
+            ref_lp.push_back(want.top_logprobs[j].second);
+          }
+        }
+        const std::string shape = absl::StrFormat("V%d sigma%.0f", vocab, sigma);
+        ReportExact("sample ids", shape, absl::StrFormat("%s, %d boundary", c.name, boundary), got, ref);
+        if (!ref_lp.empty()) Report("sample logprobs", shape, c.name, got_lp, ref_lp, 1e-10);
+      }
+    }
+  }
+}
+
+TEST_F(GpuTest, SampleRowRejectsBadRequests) {
+  DeviceBuffer dx = UpF(std::vector<float>(16, 0.f));
+  SampleRequest req;
+  SampledToken out;
+  req.uniform = 1.0;
+  EXPECT_EQ(SampleRow(dx.as<float>(), 16, req, &out, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  req.uniform = 0.5;
+  req.counts = {{16, 1}};
+  EXPECT_EQ(SampleRow(dx.as<float>(), 16, req, &out, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  req.counts.clear();
+  EXPECT_TRUE(SampleRow(dx.as<float>(), 16, req, &out, nullptr).ok());
+  EXPECT_EQ(out.id, 8);  // all equal: the uniform's share of 16 equal weights
+}
+
 // ---- real model shapes (RING_GPU_FULL=1) ----------------------------------------------------
 struct ModelShape {
   const char* name;

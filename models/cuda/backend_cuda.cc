@@ -522,6 +522,14 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_RETURN_IF_ERROR(cuda::ArgMaxRows(x, rows, n, ids.i(), stream_));
     return Download(ids.data(), rows * 4, host_out);
   }
+  absl::Status Sample(const float* logits_row, int64_t vocab, const SampleRequest& req,
+                      SampledToken* host_out) override {
+    RING_RETURN_IF_ERROR(Unrecorded());
+    const int64_t t0 = NowNs();
+    absl::Status s = cuda::SampleRow(logits_row, vocab, req, host_out, stream_);
+    stats_.wait_ns += NowNs() - t0;  // it waits for its small result, as Download does
+    return s;
+  }
 
  private:
   using Work = std::function<absl::Status()>;
