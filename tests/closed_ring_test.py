@@ -16,8 +16,10 @@ only listens (Worker.Generate). Checks:
     with the identical stream).
 Every wait has a deadline; CTest bounds the whole script.
 """
+import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,7 +44,8 @@ def completion(port, prompt, **kw):
     return status, (d["choices"][0]["text"], lp["token_logprobs"], lp["top_logprobs"])
 
 
-def start_server(a, work, name, model_dir, model_path, workers=None, split=None, topology="closed", extra=""):
+def start_server(a, work, name, model_dir, model_path, workers=None, split=None, topology="closed", extra="",
+                 act="auto"):
     cfg = os.path.join(work, f"{name}.toml")
     ring = ""
     if workers:
@@ -61,6 +64,7 @@ name = "m"
 path = "{model_path}"
 local_dir = "{model_dir}"
 prefill_chunk = 5
+act_dtype = "{act}"
 [ring]
 failover_timeout_s = 30
 {ring}{extra}""")
@@ -118,6 +122,7 @@ def main():
                     procs.append(star)
                     for k, r in requests.items():
                         check(completion(sport, prompt, **r) == want[k], f"{family} star ring, 3 stages: {k} identical")
+                    star_hop_metrics(sport, 3)
                     star.kill()
                 else:
                     srv.kill()
@@ -126,6 +131,28 @@ def main():
     finally:
         ringproc.kill_all(procs)
     return ringproc.report("closed ring")
+
+
+def star_hop_metrics(port, stages):
+    # The star: every step of every stage is a Forward round trip from the coordinator; the
+    # reply carries the worker's own time, so the rest is the hop's transport.
+    text = ringproc.raw(port, "GET", "/metrics")[2].decode()
+
+    def total(name, **labels):
+        sel = "".join(f'(?=[^}}]*{k}="{v}")' for k, v in labels.items())
+        return sum(float(m) for m in re.findall(rf"^{name}\{{{sel}[^}}]*\}} (\S+)$", text, re.M))
+    for i in range(stages):
+        hop = f"coordinator-stage{i}"
+        steps = total("ring_stage_round_trip_seconds_count", stage=str(i))
+        check(steps > 0 and total("ring_hop_latency_seconds_count", hop=hop) == steps,
+              f"star: ring_hop_latency_seconds{{hop={hop}}} observes every step of stage {i} ({steps})")
+        check(0 < total("ring_hop_latency_seconds_sum", hop=hop) <= total("ring_stage_round_trip_seconds_sum", stage=str(i)),
+              f"star: {hop} transport time is part of the stage's round trip")
+        check(total("ring_hop_bytes_total", hop=hop, direction="sent") > 0 and
+              total("ring_hop_bytes_total", hop=hop, direction="received") > 0,
+              f"star: ring_hop_bytes_total{{hop={hop}}} counts both directions")
+    check(set(re.findall(r'ring_hop_latency_seconds_count\{hop="([^"]+)"\}', text)) ==
+          {f"coordinator-stage{i}" for i in range(stages)}, "star: ring_hop_latency_seconds has one series per stage")
 
 
 def fault_tests(a, root, model_dir, work, procs, prompt):
@@ -165,32 +192,39 @@ def fault_tests(a, root, model_dir, work, procs, prompt):
     # request is replayed on a ring re-formed without it: the stream is unchanged.
     ps, ws = ringproc.start_worker(a, root, os.path.join(work, "fs.log"))
     procs.append(ps)
-    srv, port = start_server(a, work, "stall", model_dir, "tiny-glm", workers=[w0, ws, w2], split=[2, 1, 1])
+    # fp32 between stages: a replay computes the emitted tokens as prefill rows where the
+    # first attempt decoded them one by one (another attention form); in bf16 that
+    # difference alone can flip a sampled token, in fp32 it stays far below the draw's.
+    srv, port = start_server(a, work, "stall", model_dir, "tiny-glm", workers=[w0, ws, w2], split=[2, 1, 1],
+                             act="f32")
     procs.append(srv)
-    body = {"model": "m", "prompt": prompt, "max_tokens": 40, "temperature": 0.8, "seed": 11, "ignore_eos": True}
-    status, want = post(port, body)
-    check(status == 200, "stall test: reference generation")
-    import http.client
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
-    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    text, chunks, t0, stalled_at = [], 0, time.time(), None
-    for line in r:
-        line = line.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        ev = json.loads(line[6:])
-        if ev.get("choices"):
-            text.append(ev["choices"][0]["text"])
-        chunks += 1
-        if chunks == 5:
-            ps.send_signal(signal.SIGSTOP)
-            stalled_at = time.time()
-    took = time.time() - (stalled_at or t0)
+    body = {"model": "m", "prompt": prompt, "max_tokens": 40, "temperature": 0.8, "seed": 11, "ignore_eos": True,
+            "stream": True}
+
+    def stream(during=None):
+        # The streamed text (chunks as sent), calling `during` after the 5th chunk.
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
+        c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        text, chunks, at = [], 0, None
+        for line in c.getresponse():
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("choices"):
+                text.append(ev["choices"][0]["text"])
+            chunks += 1
+            if chunks == 5 and during:
+                during()
+                at = time.time()
+        return "".join(text), at
+    want, _ = stream()
+    check(len(want) > 0, "stall test: reference stream")
+    got, stalled_at = stream(lambda: ps.send_signal(signal.SIGSTOP))
+    took = time.time() - stalled_at
     ps.send_signal(signal.SIGCONT)
-    check("".join(text) == want["choices"][0]["text"] and took < 40,
-          f"SIGSTOPped middle stage of a closed ring: replayed, stream identical ({took:.1f}s)")
+    check(got == want and took < 40,
+          f"SIGSTOPped middle stage of a closed ring: replayed, stream identical ({took:.1f}s; {got!r} vs {want!r})")
     log = open(os.path.join(work, "stall.log")).read()
     check(f"did not come round the ring" in log and f"pushed to stage 1 ({ws})" in log and
           f"stage 1 ({ws}): no answer" in log,
