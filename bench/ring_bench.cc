@@ -8,7 +8,11 @@
 // worker's per-sequence sampling, e.g. shadow checks, sees R * k sequences); the timed
 // phase then covers every round after the first prefill, and tokens/s counts decode tokens.
 // With --workers the stages are ring-worker processes (gRPC, persistent Forward streams);
-// without, the model runs in this process as one stage (the baseline).
+// without, the model runs in this process as one stage (the baseline). With --closed 1 the
+// ring is closed (RingOptions::closed_loop, ring-server's default): each sequence is one
+// RingSequence::Generate of `--decode` greedy tokens that runs round the workers on its
+// own, prefill included; the timed phase is from the earliest first token to the latest
+// last token over all sequences, counting the decode - 1 tokens after each first one.
 //
 // bench/ring_bench.py starts the workers and computes the ratios (pipeline efficiency,
 // aggregate speed-up with k sequences) from runs of this binary in one session.
@@ -33,6 +37,7 @@
 int main(int argc, char** argv) {
   ring::RingOptions o;
   int sequences = 1, decode = 32, prompt = 16, rounds = 1;
+  bool closed = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--workers") {
@@ -45,6 +50,8 @@ int main(int argc, char** argv) {
       decode = std::atoi(v.c_str());
     } else if (k == "--prompt") {
       prompt = std::atoi(v.c_str());
+    } else if (k == "--closed") {
+      closed = v == "1" || v == "true";
     } else if (k == "--rounds") {
       rounds = std::max(1, std::atoi(v.c_str()));
     } else {
@@ -53,6 +60,11 @@ int main(int argc, char** argv) {
     }
   }
   o.step_timeout = absl::Seconds(60);
+  o.closed_loop = closed;
+  if (closed && o.workers.empty()) {
+    std::fprintf(stderr, "ring_bench: --closed needs --workers\n");
+    return 2;
+  }
   auto ring = ring::Ring::Connect(o);
   if (!ring.ok()) {
     std::fprintf(stderr, "ring_bench: %s\n", std::string(ring.status().message()).c_str());
@@ -63,6 +75,9 @@ int main(int argc, char** argv) {
   std::latch go(1);
   std::atomic<bool> failed{false};
   std::vector<std::thread> threads;
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> first_token(sequences, Clock::time_point::max());
+  std::vector<Clock::time_point> last_token(sequences, Clock::time_point::min());
   for (int s = 0; s < sequences; ++s) {
     threads.emplace_back([&, s] {
       bool ok = true;
@@ -71,6 +86,29 @@ int main(int argc, char** argv) {
         std::vector<int32_t> tokens;
         for (int i = 0; i < prompt; ++i) {
           tokens.push_back(static_cast<int32_t>((7 * i + 13 * s + 31 * r + 1) % vocab));
+        }
+        if (closed) {
+          if (r == 0) {
+            prefilled.count_down();
+            go.wait();
+          }
+          ring::ClosedLoopRequest cl;
+          cl.tokens = tokens;
+          cl.sampling.temperature = 0;
+          cl.max_new_tokens = decode;
+          int got = 0;
+          absl::Status st = seq.ok() ? (*seq)->Generate(cl, [&](const ring::SampledToken&) {
+            const auto now = std::chrono::steady_clock::now();
+            if (got == 0) first_token[s] = std::min(first_token[s], now);
+            last_token[s] = std::max(last_token[s], now);
+            return ++got < decode;
+          })
+                                     : seq.status();
+          if (!st.ok() || got != decode) {
+            std::fprintf(stderr, "ring_bench: %s (%d tokens)\n", std::string(st.message()).c_str(), got);
+            ok = false;
+          }
+          continue;
         }
         ok = seq.ok() && (*seq)->Step(tokens).ok();
         if (r == 0) {
@@ -93,12 +131,20 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   go.count_down();
   for (auto& t : threads) t.join();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (failed) return 1;
+  int counted = decode;
+  if (closed) {
+    // Decode only, like the star's timed phase: the prompt's step is before each first token.
+    secs = std::chrono::duration<double>(*std::max_element(last_token.begin(), last_token.end()) -
+                                         *std::min_element(first_token.begin(), first_token.end()))
+               .count();
+    counted = decode - 1;
+  }
   std::printf(
-      "{\"stages\": %zu, \"sequences\": %d, \"rounds\": %d, \"decode\": %d, \"seconds\": %.4f, "
-      "\"tokens_per_s\": %.3f}\n",
-      std::max<size_t>(1, o.workers.size()), sequences, rounds, decode, secs,
-      static_cast<double>(sequences) * rounds * decode / secs);
+      "{\"stages\": %zu, \"topology\": \"%s\", \"sequences\": %d, \"rounds\": %d, \"decode\": %d, "
+      "\"seconds\": %.4f, \"tokens_per_s\": %.3f}\n",
+      std::max<size_t>(1, o.workers.size()), closed ? "closed" : "star", sequences, rounds, decode, secs,
+      static_cast<double>(sequences) * rounds * counted / secs);
   return 0;
 }

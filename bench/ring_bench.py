@@ -47,7 +47,7 @@ def bench(args, env, model, workers=(), sequences=1):
     cmd = [os.path.join(args.build, "bench/ring_bench"), "--model", model, "--sequences", str(sequences),
            "--decode", str(args.decode), "--prompt", str(args.prompt)]
     if workers:
-        cmd += ["--workers", ",".join(workers)]
+        cmd += ["--workers", ",".join(workers), "--closed", "1" if args.topology == "closed" else "0"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--topology", default="closed", choices=["closed", "star"],
+                    help="the rings' topology (ring-server's ring.topology); the baseline is one process")
     args = ap.parse_args()
     env = dict(os.environ, RING_CPU_THREADS=args.threads)
     root = os.path.join(args.work, "models")
@@ -86,7 +88,7 @@ def main():
     stages = [int(s) for s in args.stages.split(",")]
     seqs = [int(k) for k in args.sequences.split(",")]
     addrs = [start_worker(args, root, env) for _ in range(max(stages))]
-    print(f"model {name}, decode {args.decode} steps after a {args.prompt}-token prompt, "
+    print(f"model {name}, {args.topology} rings, decode {args.decode} steps after a {args.prompt}-token prompt, "
           f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds; load average at start {loadavg()}",
           flush=True)
 

@@ -210,5 +210,87 @@ TEST(FingerprintTest, CountsNonFiniteValuesInsideVectorBlocks) {
   EXPECT_DOUBLE_EQ(f.l2(), std::sqrt(25.0 + 49.0));  // 25 ones + 49
 }
 
+// Closed ring: the token crosses from the last stage to stage 0 inside the checksummed
+// payload; token 0 without log-probabilities serializes to nothing and is still a token,
+// not the ack of a prefill chunk.
+TEST(SampledFrameTest, TokenZeroIsATokenAndAnAckIsNot) {
+  const std::vector<float> rows(2 * 4, 0.5f);
+  for (int32_t id : {0, 7}) {
+    ActivationFrame f;
+    SampledToken t;
+    t.id = id;
+    ASSERT_TRUE(EncodeSampled(t, rows, 2, &f).ok());
+    auto back = DecodeSampled(f);
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_TRUE(back->has_value()) << "token " << id << " read as an ack";
+    EXPECT_EQ((*back)->id, id);
+    EXPECT_EQ(f.shape(0), 2);
+    EXPECT_EQ(f.shape(1), 4);
+  }
+  ActivationFrame ack;
+  ASSERT_TRUE(EncodeSampled(std::nullopt, rows, 2, &ack).ok());
+  auto back = DecodeSampled(ack);
+  ASSERT_TRUE(back.ok());
+  EXPECT_FALSE(back->has_value());
+}
+
+TEST(SampledFrameTest, LogprobsTravelAndADamagedTokenIsRefused) {
+  ActivationFrame f;
+  SampledToken t;
+  t.id = 42;
+  t.logprob = -1.25f;
+  t.top_logprobs = {{42, -1.25f}, {3, -2.5f}};
+  ASSERT_TRUE(EncodeSampled(t, std::vector<float>(4, 1.0f), 1, &f).ok());
+  auto back = DecodeSampled(f);
+  ASSERT_TRUE(back.ok() && back->has_value());
+  EXPECT_EQ((*back)->logprob, -1.25f);
+  EXPECT_EQ((*back)->top_logprobs, t.top_logprobs);
+  (*f.mutable_payload())[0] ^= 0x01;
+  EXPECT_EQ(DecodeSampled(f).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(SampledFrameTest, NonFiniteRowsShowInTheFingerprint) {
+  std::vector<float> rows(6, 1.0f);
+  rows[4] = std::numeric_limits<float>::quiet_NaN();
+  ActivationFrame f;
+  ASSERT_TRUE(EncodeSampled(SampledToken{}, rows, 2, &f).ok());
+  EXPECT_EQ(f.fingerprint().nan_count(), 1);
+  EXPECT_FALSE(EncodeSampled(SampledToken{}, rows, 4, &f).ok()) << "6 values are not 4 rows";
+}
+
+TEST(StepErrorFrameTest, CarriesCodeAndMessage) {
+  ActivationFrame f;
+  f.set_sender("stage 1 (x)");
+  EncodeStepError(absl::ResourceExhaustedError("stage 1 (x): KV budget"), &f);
+  absl::Status s = DecodeStepError(f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), "stage 1 (x): KV budget");
+  (*f.mutable_payload())[1] ^= 0x10;
+  EXPECT_EQ(DecodeStepError(f).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(SamplingSpecTest, RoundTrips) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_p = 0.9f;
+  p.top_k = 40;
+  p.min_p = 0.05f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = -0.25f;
+  p.seed = 1234567890123ull;
+  p.top_logprobs = 3;
+  p.logprobs = true;
+  const SamplingParams q = FromSamplingSpec(ToSamplingSpec(p));
+  EXPECT_EQ(q.temperature, p.temperature);
+  EXPECT_EQ(q.top_p, p.top_p);
+  EXPECT_EQ(q.top_k, p.top_k);
+  EXPECT_EQ(q.min_p, p.min_p);
+  EXPECT_EQ(q.presence_penalty, p.presence_penalty);
+  EXPECT_EQ(q.frequency_penalty, p.frequency_penalty);
+  EXPECT_EQ(q.seed, p.seed);
+  EXPECT_EQ(q.top_logprobs, p.top_logprobs);
+  EXPECT_EQ(q.logprobs, p.logprobs);
+}
+
 }  // namespace
 }  // namespace ring::worker

@@ -287,20 +287,30 @@ void RelayStream::FinishLocked() {
 
 absl::Status RelayStream::Push(const pb::ActivationFrame& f, absl::Duration timeout) {
   absl::MutexLock l(&mu_);
+  CallWatchdog& watchdog = CallWatchdog::Get();
+  const absl::Time deadline = absl::Now() + timeout;
+  bool fired = false;
+  bool ok = true;
   if (writer_ == nullptr) {
     ctx_ = std::make_unique<grpc::ClientContext>();
     if (!auth_token_.empty()) ctx_->AddMetadata("authorization", "Bearer " + auth_token_);
-    ctx_->set_initial_metadata_corked(true);
     summary_.Clear();
     writer_ = stub_->Relay(ctx_.get(), &summary_);
+    // A write into a stream the peer refused (wrong token, not a ring worker) succeeds
+    // into the buffer and the refusal would only show as the step's deadline; the peer
+    // sends its headers once it accepts, so wait for them (or its error) first.
+    const uint64_t alarm = watchdog.Arm(ctx_.get(), deadline);
+    writer_->WaitForInitialMetadata();
+    fired = watchdog.Disarm(alarm);
   }
-  CallWatchdog& watchdog = CallWatchdog::Get();
-  const uint64_t alarm = watchdog.Arm(ctx_.get(), absl::Now() + timeout);
-  const bool wrote = writer_->Write(f);
-  const bool fired = watchdog.Disarm(alarm);
-  if (wrote && !fired) return absl::OkStatus();
-  // The write failed: the peer's status (it refused the stream, e.g. a wrong token) says
-  // why, unless the deadline did.
+  if (!fired) {
+    const uint64_t alarm = watchdog.Arm(ctx_.get(), deadline);
+    ok = writer_->Write(f);
+    fired = watchdog.Disarm(alarm);
+  }
+  if (ok && !fired) return absl::OkStatus();
+  // The write failed: the peer's status (it refused the stream) says why, unless the
+  // deadline did.
   const uint64_t close_alarm = watchdog.Arm(ctx_.get(), absl::Now() + kCloseTimeout);
   grpc::Status s = writer_->Finish();
   watchdog.Disarm(close_alarm);

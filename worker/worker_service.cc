@@ -998,6 +998,8 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
 grpc::Status WorkerService::Relay(grpc::ServerContext* ctx, grpc::ServerReader<pb::ActivationFrame>* reader,
                                   pb::RelaySummary* resp) {
   if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  // Accepted: the sender waits for these headers before its first frame (RelayStream).
+  reader->SendInitialMetadata();
   const std::string peer = ctx->peer();
   pb::ActivationFrame in;
   int64_t frames = 0;

@@ -19,6 +19,7 @@
 #include "models/temp_dir_for_test.h"
 #include "worker/frame.h"
 #include "worker/stage_client.h"
+#include "ringserve/v1/coordinator.grpc.pb.h"
 
 namespace ring::worker {
 namespace {
@@ -270,6 +271,170 @@ TEST_F(WorkerServiceTest, TokenOnlyStepsReturnTheArgmaxOfTheLogits) {
     EXPECT_LT(greedy.last_exchange().bytes_received, 200);
     EXPECT_GT(full.last_exchange().bytes_received, static_cast<int64_t>(want->logits.size()) * 4);
   }
+}
+
+// A second worker on loopback, for closed rings of two stages in one test.
+struct ExtraWorker {
+  std::unique_ptr<WorkerService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  ExtraWorker(const std::string& root) {
+    WorkerOptions o;
+    o.model_root = root;
+    service = std::make_unique<WorkerService>(o);
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service.get());
+    server = b.BuildAndStart();
+    address = absl::StrCat("127.0.0.1:", port);
+    service->SetListenAddress(address);
+  }
+  ~ExtraWorker() { server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2))); }
+};
+
+pb::LinkRequest LinkTo(uint64_t epoch, int stage, int size, const std::string& next, uint64_t next_epoch) {
+  pb::LinkRequest l;
+  l.set_epoch(epoch);
+  l.set_stage_index(stage);
+  l.set_ring_size(size);
+  l.set_next_address(next);
+  l.set_next_epoch(next_epoch);
+  return l;
+}
+
+// Runs one generation on stage 0 (`c`) and returns its tokens, or the error.
+absl::StatusOr<std::vector<int32_t>> RunGenerate(StageClient& c, const std::string& id, uint64_t epoch,
+                                                 const SamplingParams& sp, int max_new, int64_t chunk = 0) {
+  pb::GenerateRequest g;
+  g.set_sequence_id(id);
+  g.set_epoch(epoch);
+  for (int32_t t : {5, 6, 7, 8, 9, 10, 11}) g.add_tokens(t);
+  g.set_prefill_chunk(chunk);
+  *g.mutable_sampling() = ToSamplingSpec(sp);
+  g.set_max_new_tokens(max_new);
+  g.set_step_timeout_ms(10000);
+  g.set_wire_dtype(pb::DTYPE_F32);
+  auto call = c.Generate(g);
+  std::vector<int32_t> out;
+  while (true) {
+    auto e = call->Next(absl::Seconds(20));
+    if (!e.ok()) return e.status();
+    if (!e->has_value()) return out;
+    out.push_back((*e)->token().id());
+  }
+}
+
+// A closed ring of one stage generates, by itself, exactly what the coordinator's step
+// loop would: the argmax of each step's logits, fed back.
+TEST_F(WorkerServiceTest, ClosedRingOfOneGeneratesWhatTheStepLoopDoes) {
+  Start();
+  StageClient c0(address_, 0, {});
+  const uint64_t epoch = Load(c0, 0, 4);
+  ASSERT_TRUE(c0.Link(LinkTo(epoch, 0, 1, "", epoch)).ok());
+  RemoteStageRunner steps(&c0, "steps", epoch, 128, pb::DTYPE_F32);
+  std::vector<int32_t> want;
+  StageInput in;
+  in.tokens = {5, 6, 7, 8, 9, 10, 11};
+  for (int i = 0; i < 6; ++i) {
+    auto out = steps.Forward(in);
+    ASSERT_TRUE(out.ok()) << out.status();
+    want.push_back(static_cast<int32_t>(std::max_element(out->logits.begin(), out->logits.end()) - out->logits.begin()));
+    in.tokens = {want.back()};
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  auto got = RunGenerate(c0, "gen", epoch, greedy, 6);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, want);
+  // Prefill in chunks (acks round the ring) gives the same tokens.
+  auto chunked = RunGenerate(c0, "gen-chunked", epoch, greedy, 6, /*chunk=*/3);
+  ASSERT_TRUE(chunked.ok()) << chunked.status();
+  EXPECT_EQ(*chunked, want);
+}
+
+// Two stages pushing to each other give the same seeded samples as one stage holding every
+// layer (fp32 on the wire: bit-identical), and a Sampler restored with the first tokens
+// continues them (a replay).
+TEST_F(WorkerServiceTest, ClosedRingOfTwoSamplesLikeOneStageAndResumes) {
+  Start();
+  ExtraWorker w1(dir_.string());
+  StageClient c0(address_, 0, {});
+  StageClient c1(w1.address, 1, {});
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_p = 0.95f;
+  sp.frequency_penalty = 0.3f;
+  sp.seed = 17;
+  uint64_t e0 = Load(c0, 0, 4);
+  ASSERT_TRUE(c0.Link(LinkTo(e0, 0, 1, "", e0)).ok());
+  auto want = RunGenerate(c0, "one", e0, sp, 8);
+  ASSERT_TRUE(want.ok()) << want.status();
+  e0 = Load(c0, 0, 2);
+  const uint64_t e1 = Load(c1, 2, 4);
+  ASSERT_TRUE(c0.Link(LinkTo(e0, 0, 2, w1.address, e1)).ok());
+  ASSERT_TRUE(c1.Link(LinkTo(e1, 1, 2, address_, e0)).ok());
+  auto got = RunGenerate(c0, "two", e0, sp, 8);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, *want);
+}
+
+TEST_F(WorkerServiceTest, LinkAndGenerateRefuseStaleOrUnlinkedRings) {
+  Start();
+  StageClient c0(address_, 0, {});
+  const uint64_t epoch = Load(c0, 0, 4);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  // Not linked yet.
+  auto r = RunGenerate(c0, "a", epoch, greedy, 2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("linked"), std::string::npos) << r.status();
+  // A Link for another epoch.
+  EXPECT_EQ(c0.Link(LinkTo(epoch + 5, 0, 1, "", epoch)).code(), absl::StatusCode::kFailedPrecondition);
+  // A Link of an older formation than the one loaded.
+  pb::LoadStageRequest lr;
+  lr.set_model("m");
+  lr.set_layer_begin(0);
+  lr.set_layer_end(4);
+  lr.set_act_dtype(pb::DTYPE_F32);
+  lr.set_formation(3);
+  lr.set_coordinator_id("c");
+  ASSERT_TRUE(c0.LoadStage(lr).ok());
+  pb::LinkRequest old = LinkTo(epoch, 0, 1, "", epoch);
+  old.set_formation(2);
+  old.set_coordinator_id("c");
+  EXPECT_EQ(c0.Link(old).code(), absl::StatusCode::kAborted);
+  old.set_formation(3);
+  ASSERT_TRUE(c0.Link(old).ok());
+  // Generate for an epoch the worker does not hold.
+  r = RunGenerate(c0, "b", epoch + 1, greedy, 2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("epoch"), std::string::npos) << r.status();
+}
+
+// The next stage refuses the frames (here: not a ring worker at all): the generation fails
+// at once with an error naming that hop, not after the step deadline.
+TEST_F(WorkerServiceTest, APushTheNextStageRefusesFailsNamingTheHop) {
+  Start();
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  // Some other gRPC service: every Worker RPC is UNIMPLEMENTED there.
+  ringserve::v1::Coordinator::Service other;
+  b.RegisterService(&other);
+  auto empty = b.BuildAndStart();
+  const std::string next = absl::StrCat("127.0.0.1:", port);
+  StageClient c0(address_, 0, {});
+  const uint64_t epoch = Load(c0, 0, 2);
+  ASSERT_TRUE(c0.Link(LinkTo(epoch, 0, 2, next, 1)).ok());
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  const absl::Time t0 = absl::Now();
+  auto r = RunGenerate(c0, "x", epoch, greedy, 2);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(absl::StrCat("Relay to stage 1 (", next, ")")), std::string::npos) << r.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(8));
+  empty->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
 TEST(DefaultKvCacheBudget, FreeMemoryMinusTenPercentAtLeast256MiB) {
