@@ -50,6 +50,13 @@ int main(int argc, char** argv) {
       decode = std::atoi(v.c_str());
     } else if (k == "--prompt") {
       prompt = std::atoi(v.c_str());
+    } else if (k == "--device") {  // the in-process baseline's device (cpu, cuda:N)
+      auto d = ring::ParseDevice(v);
+      if (!d.ok()) {
+        std::fprintf(stderr, "ring_bench: %s\n", std::string(d.status().message()).c_str());
+        return 2;
+      }
+      o.device = *d;
     } else if (k == "--closed") {
       closed = v == "1" || v == "true";
     } else if (k == "--rounds") {

@@ -32,10 +32,15 @@ import sys
 WORKERS = []
 
 
-def start_worker(args, root, env):
-    p = subprocess.Popen([os.path.join(args.build, "worker/ring-worker"), "--listen", "127.0.0.1:0",
-                          "--model-root", root], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         text=True, env=env)
+def exe(args, rel):
+    """A binary of the build dir (build/worker/ring-worker), or of --bindir (a bundle's bin/)."""
+    return os.path.join(args.bindir, os.path.basename(rel)) if args.bindir else os.path.join(args.build, rel)
+
+
+def start_worker(args, root, env, device="cpu"):
+    p = subprocess.Popen([exe(args, "worker/ring-worker"), "--listen", "127.0.0.1:0",
+                          "--model-root", root, "--device", device], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, env=env)
     WORKERS.append(p)
     line = p.stdout.readline()
     if "listening on" not in line:
@@ -44,10 +49,12 @@ def start_worker(args, root, env):
 
 
 def bench(args, env, model, workers=(), sequences=1):
-    cmd = [os.path.join(args.build, "bench/ring_bench"), "--model", model, "--sequences", str(sequences),
+    cmd = [exe(args, "bench/ring_bench"), "--model", model, "--sequences", str(sequences),
            "--decode", str(args.decode), "--prompt", str(args.prompt)]
     if workers:
         cmd += ["--workers", ",".join(workers), "--closed", "1" if args.topology == "closed" else "0"]
+    else:
+        cmd += ["--device", args.devices.split(",")[0]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
@@ -62,6 +69,10 @@ def loadavg():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
+    ap.add_argument("--bindir", default="", help="take the binaries from here instead (a bundle's bin/)")
+    ap.add_argument("--devices", default="cpu",
+                    help="worker devices, cycled over the stages (e.g. cuda:0,cuda:1); the baseline "
+                         "runs on the first")
     ap.add_argument("--work", default="/tmp/ring_bench")
     ap.add_argument("--preset", default="qwen3-0.6b")
     ap.add_argument("--layers", type=int, default=8)
@@ -82,12 +93,13 @@ def main():
     model_dir = os.path.join(root, name)
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         os.makedirs(root, exist_ok=True)
-        subprocess.run([os.path.join(args.build, "server/ringctl"), "synth", "--preset", args.preset,
+        subprocess.run([exe(args, "server/ringctl"), "synth", "--preset", args.preset,
                         "--layers", str(args.layers), "--quant", args.quant, "--out", model_dir, "--quiet",
                         "--force"], check=True, timeout=1800)
     stages = [int(s) for s in args.stages.split(",")]
     seqs = [int(k) for k in args.sequences.split(",")]
-    addrs = [start_worker(args, root, env) for _ in range(max(stages))]
+    devices = args.devices.split(",")
+    addrs = [start_worker(args, root, env, devices[i % len(devices)]) for i in range(max(stages))]
     print(f"model {name}, {args.topology} rings, decode {args.decode} steps after a {args.prompt}-token prompt, "
           f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds; load average at start {loadavg()}",
           flush=True)

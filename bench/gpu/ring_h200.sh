@@ -91,3 +91,32 @@ PY
 cpu_tokens=$(grep -o 'decode tokens:[0-9 ]*' "$out/ring.txt" | head -1 | sed 's/decode tokens: //' | tr ' ' ',')
 echo "{\"ids\": [$cpu_tokens]}" | "$bin/ringctl" tokenize --model "$root/tiny-glm" --skip-special > "$out/cpu_text.json" 2>&1
 echo "CPU engine greedy tokens: $cpu_tokens -> $(cat "$out/cpu_text.json")" | tee -a "$out/ring.txt"
+# Sampling on the GPU's last stage (closed ring, the default topology) vs the CPU engine
+# in process: seeded requests with temperature, top-k/top-p/min-p, penalties and logprobs.
+sed -e '/^workers/d' -e "s|^path = .*|path = \"$root/tiny-glm\"|" "$out/ring.toml" > "$out/cpu.toml"
+"$bin/ring-server" --config "$out/cpu.toml" > "$out/cpu_server.out" 2> "$out/cpu_server.log" &
+pids+=($!)
+for _ in $(seq 100); do grep -q "listening on" "$out/cpu_server.out" && break; sleep 0.1; done
+cport=$(grep -o 'http://[^ ]*' "$out/cpu_server.out" | head -1 | sed 's/.*://')
+python3 - "$port" "$cport" "$TOK" <<'PY' | tee -a "$out/ring.txt"
+import json, sys, urllib.request
+gport, cport, tok = sys.argv[1], sys.argv[2], sys.argv[3]
+def call(port, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())["choices"][0]
+ids = [int(t) for t in tok.split(",")]
+cases = {"temperature 0.9": dict(temperature=0.9, seed=1),
+         "top-k 8 + top-p 0.9": dict(temperature=1.1, top_k=8, top_p=0.9, seed=2),
+         "min-p + penalties": dict(temperature=0.8, min_p=0.05, frequency_penalty=0.5, presence_penalty=0.3, seed=3),
+         "greedy + logprobs": dict(temperature=0)}
+for name, params in cases.items():
+    body = {"model": "tiny-glm", "prompt": ids, "max_tokens": 24, "ignore_eos": True, "logprobs": 3, **params}
+    g, c = call(gport, body), call(cport, body)
+    gl, cl = g["logprobs"]["token_logprobs"], c["logprobs"]["token_logprobs"]
+    same = g["logprobs"]["tokens"] == c["logprobs"]["tokens"]
+    worst = max(abs(a - b) for a, b in zip(gl, cl))
+    print(f"GPU-sampled closed ring vs CPU engine, {name}: tokens {'identical' if same else 'DIFFER'} "
+          f"({len(gl)} tokens), max |logprob diff| {worst:.2e}")
+PY
