@@ -5,7 +5,7 @@
 // and the ratio. Logits are bf16-rounded normals (sigma 3 ~ a peaked LM distribution, sigma 1
 // a flat one whose top-p set overflows the on-chip candidate list: the full-sort path).
 //
-//   gpu_sampling_bench [--iters N] [--vocab V]     (default 200 tokens, GLM-5's 154880)
+//   gpu_sampling_bench [--iters N] [--vocab V]     (default 50 tokens, GLM-5's 154880)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,7 +47,7 @@ double MedianUs(int iters, Fn fn) {
 }
 
 int Main(int argc, char** argv) {
-  int iters = 200;
+  int iters = 50;
   int64_t vocab = 154880;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
@@ -73,6 +73,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "no usable CUDA device: %s\n", cudaGetErrorString(e));
     return 1;
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // one line per case, even if a later one is slow
   std::printf("vocab %lld, %d tokens per batch\n", static_cast<long long>(vocab), iters);
   std::printf("| %-36s | %9s | %12s | %7s |\n", "params", "GPU us", "D2H+CPU us", "speedup");
   for (const Case& c : cases) {

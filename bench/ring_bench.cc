@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       o.device = *d;
+    } else if (k == "--plan") {  // auto: split by the planner (server/planner.h); even
+      o.auto_plan = v == "auto";
     } else if (k == "--closed") {
       closed = v == "1" || v == "true";
     } else if (k == "--rounds") {

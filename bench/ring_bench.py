@@ -52,7 +52,8 @@ def bench(args, env, model, workers=(), sequences=1):
     cmd = [exe(args, "bench/ring_bench"), "--model", model, "--sequences", str(sequences),
            "--decode", str(args.decode), "--prompt", str(args.prompt)]
     if workers:
-        cmd += ["--workers", ",".join(workers), "--closed", "1" if args.topology == "closed" else "0"]
+        cmd += ["--workers", ",".join(workers), "--closed", "1" if args.topology == "closed" else "0",
+                "--plan", args.plan]
     else:
         cmd += ["--device", args.devices.split(",")[0]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
@@ -84,6 +85,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--plan", default="auto", choices=["auto", "even"],
+                    help="layer split of the rings: the planner's (balances weight bytes read per "
+                         "token, LM head included) or near-equal layer counts")
     ap.add_argument("--topology", default="closed", choices=["closed", "star"],
                     help="the rings' topology (ring-server's ring.topology); the baseline is one process")
     args = ap.parse_args()
@@ -100,7 +104,7 @@ def main():
     seqs = [int(k) for k in args.sequences.split(",")]
     devices = args.devices.split(",")
     addrs = [start_worker(args, root, env, devices[i % len(devices)]) for i in range(max(stages))]
-    print(f"model {name}, {args.topology} rings, decode {args.decode} steps after a {args.prompt}-token prompt, "
+    print(f"model {name}, {args.topology} rings, {args.plan} split, decode {args.decode} steps after a {args.prompt}-token prompt, "
           f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds; load average at start {loadavg()}",
           flush=True)
 

@@ -87,7 +87,10 @@ absl::StatusOr<RingPlan> PlanRing(const std::vector<PlanWorker>& workers, const 
                                                static_cast<int64_t>(free * options.headroom_fraction));
     s.usable_bytes = std::max<int64_t>(0, free - headroom);
     const double bw = workers[k].bandwidth_bytes_per_s > 0 ? workers[k].bandwidth_bytes_per_s : known_min_bw;
-    s.seconds_per_token = static_cast<double>(s.weight_bytes) / bw;
+    // Time per token: the bytes a decode step reads. The embedding table is memory the
+    // first stage holds, but a step reads one row of it, not the table.
+    const int64_t read_bytes = s.weight_bytes - (a == 0 ? model.first_stage_extra_bytes : 0);
+    s.seconds_per_token = static_cast<double>(read_bytes) / bw;
     return s;
   };
   auto fits = [](const PlanStage& s) { return s.weight_bytes + s.kv_bytes <= s.usable_bytes; };

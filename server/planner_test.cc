@@ -42,13 +42,26 @@ TEST(PlannerTest, MemoryLimitsOverrideSpeed) {
   for (const auto& s : p->stages) EXPECT_LE(s.weight_bytes + s.kv_bytes, s.usable_bytes);
 }
 
-TEST(PlannerTest, HeadAndEmbeddingCount) {
+// The LM head is read every token; the embedding table is held (memory) but a token reads
+// one row of it, so it does not make the first stage slower.
+TEST(PlannerTest, HeadCountsForTimeEmbeddingOnlyForMemory) {
   PlanModel m = Uniform(4, kGiB);
-  m.first_stage_extra_bytes = 2 * kGiB;
+  m.last_stage_extra_bytes = 2 * kGiB;
   auto p = PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 100 * kGiB, 1e11}}, m, NoKv());
   ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(p->stages[1].weight_bytes, 3 * kGiB);
+  m = Uniform(4, kGiB);
+  m.first_stage_extra_bytes = 2 * kGiB;
+  p = PlanRing({{"a", 100 * kGiB, 1e11}, {"b", 100 * kGiB, 1e11}}, m, NoKv());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(p->stages[0].weight_bytes, 4 * kGiB);
+  EXPECT_DOUBLE_EQ(p->stages[0].seconds_per_token, p->stages[1].seconds_per_token);
+  // ... but it must fit: a worker that can hold 2 layers only without the table gets 1.
+  p = PlanRing({{"a", 7 * kGiB / 2, 1e11}, {"b", 100 * kGiB, 1e11}}, m, NoKv());
+  ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{1, 3}));
-  EXPECT_EQ(p->stages[0].weight_bytes, 3 * kGiB);
 }
 
 TEST(PlannerTest, KvBudgetIsReserved) {
