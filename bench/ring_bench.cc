@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <latch>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +71,20 @@ int main(int argc, char** argv) {
   }
   o.step_timeout = absl::Seconds(60);
   o.closed_loop = closed;
+  // Closed ring: where a step's time goes (each stage's own part, the rest is the hops).
+  std::mutex trace_mu;
+  double step_s = 0;
+  int64_t steps = 0;
+  std::vector<double> stage_s;
+  o.on_closed_step = [&](double seconds, const std::vector<std::pair<size_t, double>>& stages) {
+    std::lock_guard<std::mutex> l(trace_mu);
+    step_s += seconds;
+    ++steps;
+    for (const auto& [i, t] : stages) {
+      if (stage_s.size() <= i) stage_s.resize(i + 1);
+      stage_s[i] += t;
+    }
+  };
   if (closed && o.workers.empty()) {
     std::fprintf(stderr, "ring_bench: --closed needs --workers\n");
     return 2;
@@ -150,10 +165,20 @@ int main(int argc, char** argv) {
                .count();
     counted = decode - 1;
   }
+  std::string where;
+  if (steps > 0) {
+    double compute = 0;
+    where = absl::StrCat(", \"step_ms\": ", 1e3 * step_s / steps, ", \"stage_compute_ms\": [");
+    for (size_t i = 0; i < stage_s.size(); ++i) {
+      absl::StrAppend(&where, i ? ", " : "", 1e3 * stage_s[i] / steps);
+      compute += stage_s[i];
+    }
+    absl::StrAppend(&where, "], \"hops_ms\": ", 1e3 * (step_s - compute) / steps);
+  }
   std::printf(
       "{\"stages\": %zu, \"topology\": \"%s\", \"sequences\": %d, \"rounds\": %d, \"decode\": %d, "
-      "\"seconds\": %.4f, \"tokens_per_s\": %.3f}\n",
+      "\"seconds\": %.4f, \"tokens_per_s\": %.3f%s}\n",
       std::max<size_t>(1, o.workers.size()), closed ? "closed" : "star", sequences, rounds, decode, secs,
-      static_cast<double>(sequences) * rounds * counted / secs);
+      static_cast<double>(sequences) * rounds * counted / secs, where.c_str());
   return 0;
 }
