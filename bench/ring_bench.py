@@ -30,6 +30,7 @@ import subprocess
 import sys
 
 WORKERS = []
+BREAKDOWN = {}  # stages -> [(per-stage compute ms, hops ms)] of closed-ring 1-sequence runs
 
 
 def exe(args, rel):
@@ -59,7 +60,11 @@ def bench(args, env, model, workers=(), sequences=1):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
-    return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    if "hops_ms" in result and sequences == 1:
+        # Closed ring: where one sequence's step went (ring_bench's trace of every step).
+        BREAKDOWN.setdefault(len(workers), []).append((result["stage_compute_ms"], result["hops_ms"]))
+    return result["tokens_per_s"]
 
 
 def loadavg():
@@ -137,6 +142,10 @@ def main():
             cells.append(f"{med(ringk[(n, k)]):.2f} | {med(sp):.2f} ({min(sp):.2f}..{max(sp):.2f}) | {0.8 * min(k, n):.1f}")
         print(f"| {n} | {med(ring1[n]):.2f} | {med(eff[n]):.3f} ({min(eff[n]):.2f}..{max(eff[n]):.2f}) | "
               + " | ".join(cells) + " |")
+    for n, runs in sorted(BREAKDOWN.items()):
+        stages_ms = [med([r[0][i] for r in runs]) for i in range(n)]
+        print(f"closed ring, N={n}, 1 sequence, median per step: compute per stage "
+              + ", ".join(f"{t:.3f}" for t in stages_ms) + f" ms; all hops {med([r[1] for r in runs]):.3f} ms")
     print(f"\nload average at end {loadavg()}")
 
 
