@@ -21,6 +21,7 @@
 #include "models/synth.h"
 #include "models/temp_dir_for_test.h"
 #include "worker/frame.h"
+#include "worker/serve_for_test.h"
 #include "worker/stage_client.h"
 
 namespace ring::worker {
@@ -44,13 +45,8 @@ class WorkerServiceTest : public TempDirTest {
   void Start(WorkerOptions options = {}) {
     options.model_root = dir_.string();
     service_ = std::make_unique<WorkerService>(options);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
+    server_ = ServeOnLoopbackForTest(service_.get(), &address_);
     ASSERT_NE(server_, nullptr);
-    address_ = absl::StrCat("127.0.0.1:", port);
     service_->SetListenAddress(address_);
   }
   void TearDown() override {
@@ -406,14 +402,11 @@ class CapturingNextStage final : public pb::Worker::Service {
 
 class ClosedRingNcclTest : public WorkerServiceTest {
  protected:
-  void StartNext() {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&next_);
-    next_server_ = b.BuildAndStart();
+  void SetUp() override {
+    WorkerServiceTest::SetUp();
+    Start();
+    next_server_ = ServeOnLoopbackForTest(&next_, &next_address_);
     ASSERT_NE(next_server_, nullptr);
-    next_address_ = absl::StrCat("127.0.0.1:", port);
   }
   void TearDown() override {
     if (next_server_) next_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -453,8 +446,6 @@ class ClosedRingNcclTest : public WorkerServiceTest {
 // from the previous stage: the step fails with an error naming both stages, which goes on
 // round the ring (to stage 0 and the coordinator) like any step error.
 TEST_F(ClosedRingNcclTest, NcclPayloadWithoutAnInboundLinkIsAStepErrorNamingBothStages) {
-  Start();
-  StartNext();
   StageClient c(address_, 1, {});
   pb::LinkResponse linked;
   const pb::LoadStageResponse loaded = LoadAndLink(c, /*nccl=*/false, &linked);
@@ -497,8 +488,6 @@ TEST_F(ClosedRingNcclTest, NcclPayloadWithoutAnInboundLinkIsAStepErrorNamingBoth
 // Asked for NCCL, a CPU worker keeps the hop on gRPC and says why; the Link itself succeeds.
 // The receiving side refuses too.
 TEST_F(ClosedRingNcclTest, CpuWorkerAskedForNcclStaysOnGrpc) {
-  Start();
-  StartNext();
   StageClient c(address_, 1, {});
   pb::LinkResponse linked;
   const pb::LoadStageResponse loaded = LoadAndLink(c, /*nccl=*/true, &linked);
