@@ -13,14 +13,23 @@
 // bench/ring_bench.py starts the workers and computes the ratios (pipeline efficiency,
 // aggregate speed-up with k sequences) from runs of this binary in one session.
 //
+// With --closed 1 the ring is closed (RingOptions::closed_loop: the workers pass steps on
+// and the last stage samples) and each sequence is one greedy Generate: the prompt in
+// --prefill-chunk rows per step, then `--decode` tokens. The JSON line then also has the
+// prefill time (to the first token) and rate, and tokens/s counts the tokens after the
+// first over the time after it. --transport auto|grpc picks the hops' transport (NCCL
+// between CUDA workers on one host, or gRPC); --act f32|bf16 the activations' dtype.
+//
 //   ring_bench --model DIR [--sequences 1] [--decode 32] [--prompt 16] [--rounds 1]
 //   ring_bench --workers 127.0.0.1:7001,127.0.0.1:7002 --model NAME_UNDER_ROOT ...
+//   ring_bench --workers ... --model NAME --closed 1 --transport grpc --prompt 2048 --prefill-chunk 512
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 #include <latch>
 #include <string>
 #include <thread>
@@ -30,9 +39,91 @@
 #include "absl/strings/str_split.h"
 #include "server/ring.h"
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// --closed 1: every sequence is one greedy generation round the closed ring; the threads
+// start together. Prefill = start to first token (the whole prompt went round, plus one
+// sample); decode = the tokens after the first, over the time after it.
+int RunClosed(ring::Ring& r, const ring::RingOptions& o, int sequences, int rounds, int prompt,
+              int prefill_chunk, int decode) {
+  const int64_t vocab = r.model().vocab_size;
+  std::latch go(1);
+  std::atomic<bool> failed{false};
+  std::vector<double> prefill_seconds(sequences * rounds, 0);
+  std::vector<Clock::time_point> decode_start(sequences), decode_end(sequences);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < sequences; ++s) {
+    threads.emplace_back([&, s] {
+      go.wait();
+      for (int round = 0; round < rounds && !failed; ++round) {
+        auto seq = r.NewSequence(absl::StrCat("bench-", getpid(), "-", s, "-", round));
+        if (!seq.ok()) {
+          std::fprintf(stderr, "ring_bench: %s\n", std::string(seq.status().message()).c_str());
+          failed = true;
+          return;
+        }
+        ring::ClosedLoopRequest req;
+        for (int i = 0; i < prompt; ++i) {
+          req.tokens.push_back(static_cast<int32_t>((7 * i + 13 * s + 31 * round + 1) % vocab));
+        }
+        req.prefill_chunk = prefill_chunk;
+        req.sampling.temperature = 0;
+        req.max_new_tokens = decode + 1;
+        const Clock::time_point start = Clock::now();
+        int got = 0;
+        absl::Status st = (*seq)->Generate(req, [&](const ring::SampledToken&) {
+          const Clock::time_point now = Clock::now();
+          if (got++ == 0) {
+            prefill_seconds[s * rounds + round] = Seconds(start, now);
+            if (round == 0) decode_start[s] = now;
+          }
+          decode_end[s] = now;
+          return true;
+        });
+        if (!st.ok()) {
+          std::fprintf(stderr, "ring_bench: %s\n", std::string(st.message()).c_str());
+          failed = true;
+        }
+      }
+    });
+  }
+  go.count_down();
+  for (auto& t : threads) t.join();
+  if (failed) return 1;
+  double prefill_sum = 0, prefill_max = 0;
+  for (double p : prefill_seconds) {
+    prefill_sum += p;
+    prefill_max = std::max(prefill_max, p);
+  }
+  const Clock::time_point first =
+      *std::min_element(decode_start.begin(), decode_start.end());
+  const Clock::time_point last = *std::max_element(decode_end.begin(), decode_end.end());
+  // With rounds > 1 the later rounds' prefills fall inside the decode window: tokens/s is
+  // then the sustained rate of the mix.
+  const double decode_secs = Seconds(first, last);
+  std::printf(
+      "{\"closed\": true, \"transport\": \"%s\", \"stages\": %zu, \"sequences\": %d, \"rounds\": %d, "
+      "\"prompt\": %d, \"prefill_chunk\": %d, \"prefill_seconds\": %.4f, \"prefill_tokens_per_s\": %.1f, "
+      "\"decode\": %d, \"seconds\": %.4f, \"tokens_per_s\": %.3f}\n",
+      o.transport == ring::RingTransport::kGrpc ? "grpc" : "auto", o.workers.size(), sequences, rounds,
+      prompt, prefill_chunk, prefill_sum / prefill_seconds.size(),
+      static_cast<double>(sequences) * prompt / std::max(prefill_max, 1e-9), decode, decode_secs,
+      static_cast<double>(sequences) * rounds * decode / std::max(decode_secs, 1e-9));
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ring::RingOptions o;
-  int sequences = 1, decode = 32, prompt = 16, rounds = 1;
+  int sequences = 1, decode = 32, prompt = 16, rounds = 1, prefill_chunk = 0;
+  bool closed = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--workers") {
@@ -47,17 +138,27 @@ int main(int argc, char** argv) {
       prompt = std::atoi(v.c_str());
     } else if (k == "--rounds") {
       rounds = std::max(1, std::atoi(v.c_str()));
+    } else if (k == "--closed") {
+      closed = v == "1" || v == "true";
+    } else if (k == "--prefill-chunk") {
+      prefill_chunk = std::atoi(v.c_str());
+    } else if (k == "--transport" && (v == "auto" || v == "grpc")) {
+      o.transport = v == "grpc" ? ring::RingTransport::kGrpc : ring::RingTransport::kAuto;
+    } else if (k == "--act" && (v == "f32" || v == "bf16")) {
+      o.act_dtype = v == "f32" ? ring::cpu::ActDType::kF32 : ring::cpu::ActDType::kBF16;
     } else {
       std::fprintf(stderr, "ring_bench: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
   o.step_timeout = absl::Seconds(60);
+  o.closed_loop = closed;
   auto ring = ring::Ring::Connect(o);
   if (!ring.ok()) {
     std::fprintf(stderr, "ring_bench: %s\n", std::string(ring.status().message()).c_str());
     return 1;
   }
+  if (closed) return RunClosed(**ring, o, sequences, rounds, prompt, prefill_chunk, decode);
   const int64_t vocab = (*ring)->model().vocab_size;
   std::latch prefilled(sequences + 1);
   std::latch go(1);
