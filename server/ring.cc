@@ -232,7 +232,8 @@ class RemoteRing final : public Ring {
       req.set_ring_size(n);
       req.set_next_address(clients_[(i + 1) % n]->address());
       req.set_next_epoch(epochs_[(i + 1) % n]);
-      const HopTransportChoice choice = ChooseHopTransport(described[i], described[(i + 1) % n], o.transport);
+      const HopTransportChoice choice = ChooseHopTransport(described[i], described[(i + 1) % n], o.transport,
+                                                           /*closing=*/i == n - 1);
       req.set_nccl(choice.nccl);
       req.set_transport_reason(choice.reason);
       RING_ASSIGN_OR_RETURN(pb::LinkResponse linked, clients_[i]->Link(req));
@@ -485,8 +486,9 @@ absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_
 }
 
 HopTransportChoice ChooseHopTransport(const pb::DescribeResponse& from, const pb::DescribeResponse& to,
-                                      RingTransport transport) {
+                                      RingTransport transport, bool closing) {
   if (transport == RingTransport::kGrpc) return {false, "ring.transport = \"grpc\""};
+  if (closing) return {false, "the last stage sends stage 0 tokens, not hidden states"};
   auto cuda = [](const pb::DescribeResponse& d) { return absl::StartsWith(d.backend(), "cuda"); };
   if (!cuda(from) || !cuda(to)) {
     return {false, absl::StrCat("NCCL needs CUDA workers: ", from.backend().empty() ? "unknown" : from.backend(),

@@ -189,16 +189,17 @@ class Ring {
 };
 
 // Closed ring: whether the hop from worker `from` to the next stage's worker `to` (their
-// Describe replies) asks for an NCCL data plane (LinkRequest.nccl): only under kAuto, and
-// only when both run on CUDA devices of the same host (DescribeResponse.host_id). When
-// not, `reason` says why (LinkRequest.transport_reason).
+// Describe replies) asks for an NCCL data plane (LinkRequest.nccl): only under kAuto, only
+// when both run on CUDA devices of the same host (DescribeResponse.host_id), and not for
+// the hop that closes the ring (last stage -> stage 0: `closing`), which carries sampled
+// tokens, never hidden states. When not, `reason` says why (LinkRequest.transport_reason).
 struct HopTransportChoice {
   bool nccl = false;
   std::string reason;
 };
 HopTransportChoice ChooseHopTransport(const ringserve::v1::DescribeResponse& from,
                                       const ringserve::v1::DescribeResponse& to,
-                                      RingTransport transport);
+                                      RingTransport transport, bool closing = false);
 
 // Client options (deadlines, token, TLS) for talking to the workers of `options`.
 worker::StageClientOptions ClientOptions(const RingOptions& options, absl::Duration call_timeout);

@@ -22,6 +22,13 @@ TEST(ChooseHopTransport, SameHostAndBothCudaIsNccl) {
   EXPECT_EQ(c.reason, "");
 }
 
+TEST(ChooseHopTransport, TheHopBackToStageZeroIsGrpc) {
+  const HopTransportChoice c = ChooseHopTransport(Worker("cuda:1", "m1/h"), Worker("cuda:0", "m1/h"),
+                                                  RingTransport::kAuto, /*closing=*/true);
+  EXPECT_FALSE(c.nccl);
+  EXPECT_NE(c.reason.find("tokens"), std::string::npos) << c.reason;
+}
+
 TEST(ChooseHopTransport, AnotherHostIsGrpc) {
   const HopTransportChoice c =
       ChooseHopTransport(Worker("cuda:0", "m1/a"), Worker("cuda:0", "m2/b"), RingTransport::kAuto);
