@@ -9,6 +9,8 @@
 #       qwen3-0.6b (hidden 1024) and, with BIG=1, a 4-layer GLM-5.2 (hidden 6144).
 # Output under $OUT (summary.txt, worker/server logs, bench JSON lines).
 # Usage: bench/gpu/nccl_ring_h200.sh BUNDLE_DIR
+#   PARTS="a b" (default) picks the parts; DEV0/DEV1 (cuda:0, cuda:1) the devices (a CPU
+#   smoke test of the script: DEV0=cpu DEV1=cpu PARTS=a).
 #   BUNDLE_DIR: bin/{ring-worker,ring-server,ringctl,ring_bench} lib/... (deploy/bundle.sh)
 source "$(dirname "$0")/ring_lib.sh" "$1" nccl_ring_out
 export NCCL_NVLS_ENABLE=0  # NVLink multicast (NVLS) is off on these machines
@@ -17,6 +19,9 @@ if [ -z "${RING_NCCL_LIBRARY:-}" ]; then
     export RING_NCCL_LIBRARY=$nccl_dir/lib
   fi
 fi
+dev0=${DEV0:-cuda:0}
+dev1=${DEV1:-cuda:1}
+parts=" ${PARTS:-a b} "
 log() { echo "$*" | tee -a "$out/summary.txt"; }
 die() { log "FAILED: $*"; exit 1; }
 log "RING_NCCL_LIBRARY=${RING_NCCL_LIBRARY:-unset (loader path)}"
@@ -35,11 +40,12 @@ PY
 }
 
 # ---------------------------------------------------------------- (a) correctness
+if [[ $parts == *" a "* ]]; then
 timeout 120 "$bin/ringctl" synth --arch glm_moe_dsa --preset tiny --quant mxfp4 --seed 1 \
   --out "$root/tiny-glm" > "$out/synth_tiny.txt" 2>&1 || die "synth tiny"
-start_worker a_w0.log cuda:0 --nccl-min-bytes 1; w0=$ADDR; m0=$METRICS
-start_worker a_w1.log cuda:1 --nccl-min-bytes 1; w1=$ADDR; m1=$METRICS
-log "(a) workers $w0 (cuda:0, metrics $m0), $w1 (cuda:1, metrics $m1)"
+start_worker a_w0.log "$dev0" --nccl-min-bytes 1; w0=$ADDR; m0=$METRICS
+start_worker a_w1.log "$dev1" --nccl-min-bytes 1; w1=$ADDR; m1=$METRICS
+log "(a) workers $w0 ($dev0, metrics $m0), $w1 ($dev1, metrics $m1)"
 # 40 tokens > index_topk 16: the sparse DSA path runs.
 TOK=$(python3 -c "print(','.join(str(7*i%1000+1) for i in range(40)))")
 timeout 120 "$bin/ringctl" logits --model "$root/tiny-glm" --tokens "$TOK" --decode 16 --act f32 \
@@ -48,22 +54,8 @@ cpu_tokens=$(grep -o 'decode tokens:[0-9 ]*' "$out/cpu_logits.txt" | head -1 | s
 
 run_server() {  # TRANSPORT: one greedy completion through ring-server -> $out/completion_TRANSPORT.json
   local transport=$1
-  cat > "$out/ring_$transport.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "off"
-auth = "disabled"
-shutdown_grace_s = 2
-[model]
-name = "tiny-glm"
-path = "tiny-glm"
-local_dir = "$root/tiny-glm"
-act_dtype = "f32"
-[ring]
-workers = ["$w0", "$w1"]
-topology = "closed"
-transport = "$transport"
-TOML
+  tiny_glm_server_toml "$out/ring_$transport.toml" "$w0" "$w1"
+  printf 'topology = "closed"\ntransport = "%s"\n' "$transport" >> "$out/ring_$transport.toml"
   "$bin/ring-server" --config "$out/ring_$transport.toml" > "$out/server_$transport.out" 2> "$out/server_$transport.log" &
   local spid=$!
   pids+=($spid)
@@ -102,7 +94,7 @@ run_server auto | sed 's/^/(a) auto: /' | tee -a "$out/summary.txt"
 after=$(nccl_bytes "$m1" received)
 log "(a) coordinator: $(grep -h 'ring: stage' "$out/server_auto.log" | tr '\n' ' ')"
 log "(a) worker 0 hop: $(grep -h 'next:' "$out/a_w0.log" | tail -1)"
-log "(a) NCCL bytes received by cuda:1 during the auto run: $((after - before))"
+log "(a) NCCL bytes received by $dev1 during the auto run: $((after - before))"
 grep -q 'next: nccl' "$out/a_w0.log" || log "(a) CHECK FAILED: stage 0 -> stage 1 did not report nccl"
 [ "$((after - before))" -gt 0 ] || log "(a) CHECK FAILED: no bytes went over NCCL"
 run_server grpc | sed 's/^/(a) grpc: /' | tee -a "$out/summary.txt"
@@ -116,7 +108,7 @@ auto = json.load(open(f"{out}/completion_auto.json"))["choices"][0]["text"]
 grpc = json.load(open(f"{out}/completion_grpc.json"))["choices"][0]["text"]
 try:
     cpu = json.load(open(f"{out}/cpu_text.json"))
-    cpu = cpu.get("text", cpu) if isinstance(cpu, dict) else cpu
+    cpu = cpu.get("decoded", cpu) if isinstance(cpu, dict) else cpu
 except Exception as e:
     cpu = f"(unreadable: {e})"
 print("(a) greedy text auto == grpc:", auto == grpc, "| auto == CPU engine:", auto == cpu)
@@ -124,8 +116,10 @@ print("(a)   auto:", json.dumps(auto)); print("(a)   grpc:", json.dumps(grpc)); 
 PY
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 sleep 1
+fi
 
 # ---------------------------------------------------------------- (b) throughput
+if [[ $parts == *" b "* ]]; then
 timeout 180 "$bin/ringctl" synth --preset qwen3-0.6b --quant affine --bits 4 --out "$root/qwen" \
   > "$out/synth_qwen.txt" 2>&1 || die "synth qwen3-0.6b"
 models=(qwen)
@@ -133,9 +127,9 @@ if [ "${BIG:-0}" = 1 ]; then
   timeout 300 "$bin/ringctl" synth --arch glm_moe_dsa --preset glm-5.2 --layers 4 --quant mxfp4 \
     --out "$root/glm4" > "$out/synth_glm4.txt" 2>&1 && models+=(glm4) || log "(b) synth glm-5.2 x4 failed: skipped"
 fi
-start_worker b_w0.log cuda:0; w0=$ADDR; m0=$METRICS
-start_worker b_w1.log cuda:1; w1=$ADDR; m1=$METRICS
-log "(b) workers $w0 (cuda:0), $w1 (cuda:1), default --nccl-min-bytes"
+start_worker b_w0.log "$dev0"; w0=$ADDR; m0=$METRICS
+start_worker b_w1.log "$dev1"; w1=$ADDR; m1=$METRICS
+log "(b) workers $w0 ($dev0), $w1 ($dev1), default --nccl-min-bytes"
 for model in "${models[@]}"; do
   for shape in "prompt 2048 prefill-chunk 512 decode 16" "prompt 16 prefill-chunk 0 decode 128"; do
     read -r _ prompt _ chunk _ decode <<< "$shape"
@@ -149,4 +143,5 @@ for model in "${models[@]}"; do
     done
   done
 done
+fi
 log "done"

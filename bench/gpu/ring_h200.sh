@@ -29,19 +29,7 @@ for name in ["mixed", "gpu"]:
     print(f"{name} ring vs CPU engine: rows {len(ref)}, max per-row NMSE {nmse.max():.3e}, "
           f"argmax agreement {np.mean(x.argmax(1) == ref.argmax(1)) * 100:.1f}%")
 PY
-cat > "$out/ring.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "off"
-auth = "disabled"
-[model]
-name = "tiny-glm"
-path = "tiny-glm"
-local_dir = "$root/tiny-glm"
-act_dtype = "f32"
-[ring]
-workers = ["$gpu1", "$gpu2"]
-TOML
+tiny_glm_server_toml "$out/ring.toml" "$gpu1" "$gpu2"
 "$bin/ring-server" --config "$out/ring.toml" > "$out/server.out" 2> "$out/server.log" &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$out/server.out" && break; sleep 0.1; done

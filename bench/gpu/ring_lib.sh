@@ -35,3 +35,25 @@ start_worker() {
   ADDR=$(echo "$line" | awk '{print $4}')
   METRICS=$(echo "$line" | sed -n 's|.*metrics http://\([^/]*\)/metrics.*|\1|p')
 }
+
+# tiny_glm_server_toml FILE WORKER...: a ring-server config (loopback, no API keys, no
+# admin service) serving $root/tiny-glm with f32 activations over these workers; more
+# [ring] keys may be appended to FILE.
+tiny_glm_server_toml() {
+  local file=$1 list
+  shift
+  list=$(printf '"%s", ' "$@")
+  cat > "$file" <<TOML
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "off"
+auth = "disabled"
+[model]
+name = "tiny-glm"
+path = "tiny-glm"
+local_dir = "$root/tiny-glm"
+act_dtype = "f32"
+[ring]
+workers = [${list%, }]
+TOML
+}
