@@ -5,6 +5,7 @@
 #include <iostream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -213,6 +214,15 @@ class RemoteRing final : public Ring {
   // barrier, under the same formation number.
   absl::Status Close(const RingOptions& o) {
     const int n = static_cast<int>(clients_.size());
+    // What each worker runs on and where, for the choice of every hop's transport. A worker
+    // that does not answer here gets gRPC hops (its Link will say whether it is gone).
+    std::vector<pb::DescribeResponse> described(n);
+    if (o.transport == RingTransport::kAuto && n > 1) {
+      for (int i = 0; i < n; ++i) {
+        absl::StatusOr<pb::DescribeResponse> d = clients_[i]->Describe();
+        if (d.ok()) described[i] = *std::move(d);
+      }
+    }
     for (int i = 0; i < n; ++i) {
       pb::LinkRequest req;
       req.set_formation(o.formation);
@@ -222,7 +232,15 @@ class RemoteRing final : public Ring {
       req.set_ring_size(n);
       req.set_next_address(clients_[(i + 1) % n]->address());
       req.set_next_epoch(epochs_[(i + 1) % n]);
-      RING_RETURN_IF_ERROR(clients_[i]->Link(req));
+      const HopTransportChoice choice = ChooseHopTransport(described[i], described[(i + 1) % n], o.transport,
+                                                           /*closing=*/i == n - 1);
+      req.set_nccl(choice.nccl);
+      req.set_transport_reason(choice.reason);
+      RING_ASSIGN_OR_RETURN(pb::LinkResponse linked, clients_[i]->Link(req));
+      if (n > 1) {
+        std::cerr << "ring: " << clients_[i]->name() << " -> " << clients_[(i + 1) % n]->name() << ": "
+                  << linked.next_transport() << "\n";
+      }
     }
     closed_ = true;
     return absl::OkStatus();
@@ -465,6 +483,21 @@ absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_
         absl::StrCat("split sums to ", begin, " layers; the model has ", num_layers));
   }
   return out;
+}
+
+HopTransportChoice ChooseHopTransport(const pb::DescribeResponse& from, const pb::DescribeResponse& to,
+                                      RingTransport transport, bool closing) {
+  if (transport == RingTransport::kGrpc) return {false, "ring.transport = \"grpc\""};
+  if (closing) return {false, "the last stage sends stage 0 tokens, not hidden states"};
+  auto cuda = [](const pb::DescribeResponse& d) { return absl::StartsWith(d.backend(), "cuda"); };
+  if (!cuda(from) || !cuda(to)) {
+    return {false, absl::StrCat("NCCL needs CUDA workers: ", from.backend().empty() ? "unknown" : from.backend(),
+                                " -> ", to.backend().empty() ? "unknown" : to.backend())};
+  }
+  if (from.host_id().empty() || from.host_id() != to.host_id()) {
+    return {false, "the next stage is on another host"};
+  }
+  return {true, ""};
 }
 
 worker::StageClientOptions ClientOptions(const RingOptions& o, absl::Duration call_timeout) {

@@ -54,6 +54,11 @@ struct StageStep {
   }
 };
 
+// Closed ring: how frames travel between stages (config ring.transport). kAuto: a hop
+// between two CUDA workers on the same host gets an NCCL data plane for its large frames,
+// every other hop gRPC; kGrpc: gRPC everywhere.
+enum class RingTransport { kAuto, kGrpc };
+
 struct RingOptions {
   // Remote ring: worker addresses in ring order; `model` is a path under their
   // --model-root. Empty: the stages run in this process and `model` is a directory.
@@ -100,6 +105,7 @@ struct RingOptions {
   // (RingSequence::Generate): each stage pushes to the next, the last samples and sends
   // the token straight to stage 0. Off: the coordinator drives every step (a star).
   bool closed_loop = false;
+  RingTransport transport = RingTransport::kAuto;  // closed ring only
   // Closed ring: called for every step with its time round the ring (seen at stage 0) and
   // each stage's own time on it (ring_closed_step_seconds, ring_stage_compute_seconds).
   std::function<void(double seconds, const std::vector<std::pair<size_t, double>>& stage_seconds)>
@@ -181,6 +187,19 @@ class Ring {
   };
   virtual std::vector<ActivationStats> activation_stats() const = 0;
 };
+
+// Closed ring: whether the hop from worker `from` to the next stage's worker `to` (their
+// Describe replies) asks for an NCCL data plane (LinkRequest.nccl): only under kAuto, only
+// when both run on CUDA devices of the same host (DescribeResponse.host_id), and not for
+// the hop that closes the ring (last stage -> stage 0: `closing`), which carries sampled
+// tokens, never hidden states. When not, `reason` says why (LinkRequest.transport_reason).
+struct HopTransportChoice {
+  bool nccl = false;
+  std::string reason;
+};
+HopTransportChoice ChooseHopTransport(const ringserve::v1::DescribeResponse& from,
+                                      const ringserve::v1::DescribeResponse& to,
+                                      RingTransport transport, bool closing = false);
 
 // Client options (deadlines, token, TLS) for talking to the workers of `options`.
 worker::StageClientOptions ClientOptions(const RingOptions& options, absl::Duration call_timeout);

@@ -69,6 +69,9 @@ int Run(const Flags& f) {
     std::cout << "stage      none loaded\n";
   }
   std::cout << "checksums  " << d->checksum_failures() << " failures\n";
+  // Closed ring: how each hop moves its frames, and why (nccl / grpc).
+  if (!d->next_transport().empty()) std::cout << "next hop   " << d->next_transport() << "\n";
+  if (!d->prev_transport().empty()) std::cout << "prev hop   " << d->prev_transport() << "\n";
   if (d->has_registration()) {
     // ring-worker --join: is the coordinator hearing from it?
     const auto& r = d->registration();

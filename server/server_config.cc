@@ -136,6 +136,7 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const st
   RING_CFG(ring, "failover_timeout_s", failover_timeout_s);
   RING_CFG(ring, "plan", plan);
   RING_CFG(ring, "topology", topology);
+  RING_CFG(ring, "transport", transport);
   RING_CFG(ring, "admission_prompt_len", admission_prompt_len);
   RING_CFG(ring, "admission_tolerance", admission_tolerance);
   RING_CFG(ring, "auth_token_file", auth_token_file);
@@ -200,6 +201,9 @@ absl::Status ServerConfig::Finalize() {
   if (topology != "closed" && topology != "star") {
     return absl::InvalidArgumentError("ring.topology must be \"closed\" or \"star\"");
   }
+  if (transport != "auto" && transport != "grpc") {
+    return absl::InvalidArgumentError("ring.transport must be \"auto\" or \"grpc\"");
+  }
   if (failover_timeout_s < 0) return absl::InvalidArgumentError("ring.failover_timeout_s must be >= 0");
   if (admission_prompt_len < 0 || admission_prompt_len > 4096) {
     return absl::InvalidArgumentError("ring.admission_prompt_len must be in [0, 4096]");
@@ -248,6 +252,7 @@ RingOptions ServerConfig::ToRingOptions() const {
   o.load_timeout = absl::Seconds(load_timeout_s);
   o.auto_plan = plan == "auto";
   o.closed_loop = topology == "closed";
+  o.transport = transport == "grpc" ? RingTransport::kGrpc : RingTransport::kAuto;
   o.plan_context_tokens = max_context > 0 ? max_context : 4096;
   o.plan_sequences = max_concurrent_requests;
   o.admission_tokens = AdmissionTokens(admission_prompt_len);

@@ -40,6 +40,8 @@
 //   plan = "auto"                       # no split: by free memory + measured bandwidth; "even"
 //   topology = "closed"                 # workers pass steps on and the last stage samples;
 //                                       #   "star": the coordinator drives every step
+//   transport = "auto"                  # closed ring: hops between CUDA workers on one host
+//                                       #   move large frames over NCCL; "grpc": never
 //   admission_prompt_len = 8            # > 0: every worker verifies its layers on its device
 //   admission_tolerance = 0.01          #   against the CPU reference before it may serve
 //   auth_token_file = "/etc/ringserve/ring.token"   # workers run with the same file
@@ -89,6 +91,7 @@ struct ServerConfig {
   double failover_timeout_s = 60;  // wait this long for a re-formed ring, then fail
   std::string plan = "auto";       // "auto": split by memory and bandwidth; "even"
   std::string topology = "closed"; // "closed": RingOptions::closed_loop; "star"
+  std::string transport = "auto";  // "auto": RingTransport::kAuto; "grpc"
   int64_t admission_prompt_len = 0;  // admission gate: golden prompt length; 0: off
   double admission_tolerance = 0.01;
   std::string auth_token_file, tls_ca_file, tls_cert_file, tls_key_file;

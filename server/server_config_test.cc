@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace ring {
@@ -50,6 +51,27 @@ TEST(ServerConfigTest, ShippedExampleParses) {
   EXPECT_EQ(layers, 78);  // GLM-5.2
   EXPECT_EQ(c->admission_prompt_len, 8);
   EXPECT_EQ(c->auth_token_file, "/etc/ringserve/ring.token");
+  EXPECT_EQ(o.transport, RingTransport::kAuto);
+}
+
+TEST(ServerConfigTest, TransportIsAutoOrGrpc) {
+  auto parse = [](const std::string& transport) {
+    return ParseServerConfig(absl::StrCat("[server]\nauth = \"disabled\"\n[model]\nlocal_dir = \"/tmp/m\"\n",
+                                          "[ring]\nworkers = [\"127.0.0.1:7001\"]\n", transport),
+                             "t.toml");
+  };
+  auto c = parse("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->ToRingOptions().transport, RingTransport::kAuto);
+  c = parse("transport = \"grpc\"\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->ToRingOptions().transport, RingTransport::kGrpc);
+  c = parse("transport = \"nccl\"\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const absl::Status s = c->Finalize();
+  EXPECT_NE(s.message().find("ring.transport"), std::string::npos) << s;
 }
 
 TEST(ServerConfigTest, UnknownKeyIsNamed) {

@@ -61,6 +61,10 @@ int main(int argc, char** argv) {
   std::string topology;
   app.add_option("--topology", topology, "closed (workers pass steps on; default) or star (ring.topology)")
       ->check(CLI::IsMember({"closed", "star"}));
+  std::string transport;
+  app.add_option("--transport", transport,
+                 "auto (closed ring: NCCL between CUDA workers on one host; default) or grpc (ring.transport)")
+      ->check(CLI::IsMember({"auto", "grpc"}));
   CLI11_PARSE(app, argc, argv);
 
   ring::ServerConfig cfg;
@@ -79,6 +83,7 @@ int main(int argc, char** argv) {
   if (max_concurrent > 0) cfg.max_concurrent_requests = max_concurrent;
   if (local_stages > 0) cfg.local_stages = local_stages;
   if (!topology.empty()) cfg.topology = topology;
+  if (!transport.empty()) cfg.transport = transport;
   if (!workers.empty()) {
     cfg.workers.clear();
     for (absl::string_view w : absl::StrSplit(workers, ',', absl::SkipWhitespace())) cfg.workers.emplace_back(w);

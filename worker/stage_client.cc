@@ -248,11 +248,20 @@ absl::StatusOr<pb::FlightRecorderResponse> StageClient::FlightRecorder() {
   return resp;
 }
 
-absl::Status StageClient::Link(const pb::LinkRequest& req) {
+absl::StatusOr<pb::LinkResponse> StageClient::Link(const pb::LinkRequest& req) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.call_timeout);
   pb::LinkResponse resp;
-  return FromGrpcStatus(stub_->Link(&ctx, req, &resp), "Link " + name());
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->Link(&ctx, req, &resp), "Link " + name()));
+  return resp;
+}
+
+absl::StatusOr<pb::NcclAcceptResponse> StageClient::NcclAccept(const pb::NcclAcceptRequest& req) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  pb::NcclAcceptResponse resp;
+  RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->NcclAccept(&ctx, req, &resp), "NcclAccept " + name()));
+  return resp;
 }
 
 std::unique_ptr<RelayStream> StageClient::OpenRelay() {

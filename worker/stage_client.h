@@ -186,8 +186,12 @@ class StageClient {
   absl::StatusOr<ringserve::v1::ReleaseResponse> Release(const std::string& sequence_id,
                                                          absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<ringserve::v1::FlightRecorderResponse> FlightRecorder();
-  // Closes the ring at this worker (Worker.Link), under call_timeout.
-  absl::Status Link(const ringserve::v1::LinkRequest& req);
+  // Closes the ring at this worker (Worker.Link), under call_timeout; the reply says which
+  // transport its hop to the next stage uses.
+  absl::StatusOr<ringserve::v1::LinkResponse> Link(const ringserve::v1::LinkRequest& req);
+  // Asks this worker to join an NCCL link from the previous stage (Worker.NcclAccept),
+  // under call_timeout; it replies before the link is up.
+  absl::StatusOr<ringserve::v1::NcclAcceptResponse> NcclAccept(const ringserve::v1::NcclAcceptRequest& req);
   // The closed ring's hop to this worker (see RelayStream); opens its stream lazily.
   std::unique_ptr<RelayStream> OpenRelay();
   // Starts a generation on this worker as stage 0 of a closed ring. Does not block.

@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "worker/serve_for_test.h"
 
 namespace ring::worker {
 namespace {
@@ -54,13 +55,8 @@ class ScriptedWorker final : public pb::Worker::Service {
 class StageClientTest : public ::testing::Test {
  protected:
   void StartServer() {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service_);
-    server_ = b.BuildAndStart();
+    server_ = ServeOnLoopbackForTest(&service_, &address_);
     ASSERT_NE(server_, nullptr);
-    address_ = absl::StrCat("127.0.0.1:", port);
     client_ = std::make_unique<StageClient>(address_, 3, StageClientOptions{});
   }
   void TearDown() override {

@@ -112,6 +112,18 @@ int main(int argc, char** argv) {
                  "after the weights are loaded, less a headroom of 10% of it (at least 256 MiB)")
       ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true))
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  bool no_nccl = false;
+  app.add_flag("--no-nccl", no_nccl,
+               "Closed ring: keep every hop of this worker on gRPC, even to a GPU on the same host "
+               "(by default such a hop moves large hidden-state frames over NCCL when libnccl.so.2 "
+               "loads; RING_NCCL_LIBRARY names it)");
+  int64_t nccl_min_bytes = ring::worker::WorkerOptions{}.nccl_min_bytes;
+  app.add_option("--nccl-min-bytes", nccl_min_bytes,
+                 "Closed ring: smallest frame payload sent over an NCCL hop; smaller frames (decode "
+                 "steps) stay on gRPC, whose fixed cost is lower. Bytes or a size like 256KiB")
+      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true))
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()))
+      ->capture_default_str();
   std::string join, advertise, coordinator_key_file;
   app.add_option("--join", join,
                  "Register with the coordinator at this admin address (HOST:PORT, as ringctl --server) "
@@ -177,6 +189,8 @@ int main(int argc, char** argv) {
   options.allow_ptx_jit = allow_ptx_jit;
   options.shadow = shadow;
   options.kv_cache_bytes = kv_cache_bytes;
+  options.nccl = !no_nccl;
+  options.nccl_min_bytes = nccl_min_bytes;
   if (const char* f = std::getenv("RING_TEST_FAULT")) {
     options.TEST_fault = f;
     std::cerr << "ring-worker: TEST fault injection: kernel fault '" << f << "'\n";

@@ -39,6 +39,11 @@ WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& versi
       checksum_failures_(BuildCounter().Name("ring_worker_checksum_failures_total")
                              .Help("Received frames whose XXH3 checksum did not match")
                              .Register(*registry_)),
+      nccl_bytes_(BuildCounter().Name("ring_worker_nccl_bytes_total")
+                      .Help("Closed-ring frame payload bytes sent / received over an NCCL link (not in frame_bytes)")
+                      .Register(*registry_)),
+      nccl_bytes_sent_(nccl_bytes_.Add({{"direction", "sent"}})),
+      nccl_bytes_received_(nccl_bytes_.Add({{"direction", "received"}})),
       activation_rms_(BuildGauge().Name("ring_worker_activation_rms")
                           .Help("RMS of the finite values of this stage's latest output")
                           .Register(*registry_)),
@@ -158,6 +163,10 @@ void WorkerMetrics::CountFrame(bool sent, const std::string& peer, int64_t bytes
   const prometheus::Labels labels = {{"direction", sent ? "sent" : "received"}, {"peer", peer}};
   frames_.Add(labels).Increment();
   frame_bytes_.Add(labels).Increment(static_cast<double>(bytes));
+}
+
+void WorkerMetrics::CountNcclBytes(bool sent, int64_t bytes) {
+  (sent ? nccl_bytes_sent_ : nccl_bytes_received_).Increment(static_cast<double>(bytes));
 }
 
 void WorkerMetrics::CountChecksumFailure(const std::string& peer) {

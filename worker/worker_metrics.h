@@ -54,6 +54,9 @@ class WorkerMetrics {
   // One frame through this worker: received from / sent to `peer`.
   void CountFrame(bool sent, const std::string& peer, int64_t bytes);
   void CountChecksumFailure(const std::string& peer);
+  // Payload bytes of closed-ring frames that went over an NCCL link instead of gRPC
+  // (ring_worker_nccl_bytes_total{direction}); not counted in frame_bytes.
+  void CountNcclBytes(bool sent, int64_t bytes);
   // KV cache bytes held by live sequences, and how many sequences hold them; the free
   // gauge follows (budget - used).
   void SetKvCache(int64_t used_bytes, int64_t live_sequences);
@@ -83,6 +86,9 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& frames_;
   prometheus::Family<prometheus::Counter>& frame_bytes_;
   prometheus::Family<prometheus::Counter>& checksum_failures_;
+  prometheus::Family<prometheus::Counter>& nccl_bytes_;
+  prometheus::Counter& nccl_bytes_sent_;      // both exported from 0, like checksum failures
+  prometheus::Counter& nccl_bytes_received_;
   prometheus::Family<prometheus::Gauge>& activation_rms_;
   prometheus::Family<prometheus::Gauge>& activation_absmax_;
   prometheus::Family<prometheus::Counter>& activation_nonfinite_;

@@ -54,6 +54,17 @@ TEST(WorkerMetrics, FramesBytesChecksumsAndKv) {
   EXPECT_TRUE(Has(t, "ring_worker_memory_free_bytes 1048576")) << t;
 }
 
+TEST(WorkerMetrics, NcclBytesByDirectionStartAtZero) {
+  WorkerMetrics m;
+  EXPECT_TRUE(Has(m.Render(), "ring_worker_nccl_bytes_total{direction=\"received\"} 0"));
+  m.CountNcclBytes(/*sent=*/true, 1 << 20);
+  m.CountNcclBytes(/*sent=*/true, 1 << 20);
+  m.CountNcclBytes(/*sent=*/false, 4096);
+  const std::string t = m.Render();
+  EXPECT_TRUE(Has(t, "ring_worker_nccl_bytes_total{direction=\"sent\"} 2097152")) << t;
+  EXPECT_TRUE(Has(t, "ring_worker_nccl_bytes_total{direction=\"received\"} 4096")) << t;
+}
+
 TEST(WorkerMetrics, KvBudgetAndFreeFollowTheUse) {
   WorkerMetrics m;
   EXPECT_TRUE(Has(m.Render(), "ring_worker_kv_cache_budget_bytes 0"));

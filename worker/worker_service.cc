@@ -25,6 +25,7 @@
 #include "models/verify.h"
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
+#include "worker/nccl_hop.h"
 #include "worker/stage_client.h"
 
 #ifdef RING_HAVE_CUDA
@@ -285,6 +286,13 @@ WorkerService::~WorkerService() {
     loaded = std::move(loaded_);
   }
   loaded.reset();  // joins the shadow checker's thread while metrics_ is alive
+  std::vector<std::pair<std::thread, std::shared_ptr<InboundNccl>>> joins;
+  {
+    absl::MutexLock l(&mu_);
+    joins = std::move(accept_threads_);
+  }
+  // Each ends by its NcclAccept deadline (NcclLink::Connect gives up then).
+  for (auto& [thread, inbound] : joins) thread.join();
 }
 
 double WorkerService::MeasuredBandwidth() {
@@ -368,6 +376,12 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   resp->set_tokens_per_second(metrics_->TokensPerSecond());
   resp->set_memory_bandwidth_bytes_per_s(MeasuredBandwidth());
   resp->set_build_version(RING_BUILD_VERSION);
+  resp->set_host_id(HostId());
+  {
+    auto [next, prev] = Transports();
+    resp->set_next_transport(std::move(next));
+    resp->set_prev_transport(std::move(prev));
+  }
   if (attestation_) *resp->mutable_attestation() = *attestation_;
   {
     std::shared_ptr<const Loaded> loaded;
@@ -569,12 +583,17 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
     std::cerr << "ring-worker: KV cache budget " << loaded->kv_budget << " bytes: " << free
               << " bytes free after the weights, less headroom (--kv-cache-bytes sets it)\n";
   }
+  // Declared before the lock so that they go after it is released: dropping a link closes
+  // its Relay stream and aborts its NCCL communicators.
+  std::shared_ptr<LinkState> old_link;
+  std::shared_ptr<InboundNccl> old_inbound;
   absl::MutexLock l(&mu_);
   // Degraded is sticky: a new stage on the same device does not make it trustworthy.
   if (loaded_ && loaded_->shadow && degraded_.empty()) degraded_ = loaded_->shadow->degraded_reason();
   loaded->epoch = next_epoch_++;
   loaded_ = loaded;
-  link_.reset();  // a closed ring is re-linked for the new epoch
+  old_link = std::move(link_);  // a closed ring is re-linked for the new epoch
+  old_inbound = std::move(inbound_);
   sequences_.clear();  // caches of the old stage are meaningless for the new one
   kv_bytes_ = 0;
   waiting_on_ = "idle: waiting for Forward frames";
@@ -666,6 +685,11 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     if (in.epoch() != loaded->epoch) {
       return absl::FailedPreconditionError(absl::StrCat(
           hop, ": frame is for epoch ", in.epoch(), " but the loaded stage is epoch ", loaded->epoch));
+    }
+    if (in.nccl_payload_bytes() != 0) {
+      // Only Relay receives NCCL payloads; elsewhere the checksum would blame the wire.
+      return absl::InvalidArgumentError(absl::StrCat(
+          hop, ": frame's payload was sent over NCCL, which only a closed ring's Relay receives"));
     }
     auto it = sequences_.find(in.sequence_id());
     if (it == sequences_.end() && in.relay() != pb::RELAY_ACTION_UNSPECIFIED && in.step() != 0) {
@@ -875,6 +899,11 @@ grpc::Status WorkerService::FlightRecorder(grpc::ServerContext* ctx, const pb::F
     resp->set_checksum_failures(checksum_failures_);
     seqs = sequences_;
   }
+  {
+    auto [next, prev] = Transports();
+    resp->set_next_transport(std::move(next));
+    resp->set_prev_transport(std::move(prev));
+  }
   for (const auto& [id, state] : seqs) {
     // A sequence mid-step is reported without its cache rather than waiting for it.
     pb::SequenceProgress* p = resp->add_sequences();
@@ -899,7 +928,7 @@ std::shared_ptr<WorkerService::LinkState> WorkerService::CurrentLink() const {
 }
 
 grpc::Status WorkerService::Link(grpc::ServerContext* ctx, const pb::LinkRequest* req,
-                                 pb::LinkResponse*) {
+                                 pb::LinkResponse* resp) {
   if (auto a = CheckAuth(ctx); !a.ok()) return a;
   absl::MutexLock load_lock(&load_mu_);
   // Link is the second half of the formation barrier: the same numbering as LoadStage.
@@ -916,11 +945,23 @@ grpc::Status WorkerService::Link(grpc::ServerContext* ctx, const pb::LinkRequest
   if (req->ring_size() > 1 && req->next_address().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Link: no next_address");
   }
+  auto stale = [this, req]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> grpc::Status {
+    if (loaded_ && loaded_->epoch == req->epoch()) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat(HopNameLocked(), ": Link for epoch ", req->epoch(), " but the loaded stage is ",
+                                     loaded_ ? absl::StrCat("epoch ", loaded_->epoch) : "none"));
+  };
+  {
+    // Checked before the NCCL set-up too, which is not worth doing for a refused Link.
+    absl::MutexLock l(&mu_);
+    if (grpc::Status s = stale(); !s.ok()) return s;
+  }
   auto link = std::make_shared<LinkState>();
   link->epoch = req->epoch();
   link->stage_index = req->stage_index();
   link->ring_size = req->ring_size();
   link->next_epoch = req->next_epoch();
+  std::string transport;
   if (req->ring_size() > 1) {
     StageClientOptions co;
     co.call_timeout = options_.relay_timeout;
@@ -932,15 +973,152 @@ grpc::Status WorkerService::Link(grpc::ServerContext* ctx, const pb::LinkRequest
     link->next_client = std::make_unique<StageClient>(req->next_address(), next_index, co);
     link->next_name = link->next_client->name();
     link->next = link->next_client->OpenRelay();
+    // Both ends must have joined well before the coordinator gives up on this call.
+    absl::Time deadline = absl::Now() + options_.nccl_connect_timeout;
+    if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+      deadline = std::min(deadline, absl::FromChrono(ctx->deadline()) - absl::Seconds(1));
+    }
+    transport = LinkNccl(*req, deadline, link.get());
+    std::cerr << "ring-worker: stage " << req->stage_index() << " -> " << link->next_name
+              << ": next: " << transport << "\n";
+    absl::MutexLock l(&link->transport_mu);
+    link->transport = transport;
   }
   absl::MutexLock l(&mu_);
-  if (!loaded_ || loaded_->epoch != req->epoch()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat(HopNameLocked(), ": Link for epoch ", req->epoch(), " but the loaded stage is ",
-                                     loaded_ ? absl::StrCat("epoch ", loaded_->epoch) : "none"));
-  }
-  link_.swap(link);  // the old link (its Relay stream) closes after the lock is released
+  if (grpc::Status s = stale(); !s.ok()) return s;
+  link_.swap(link);  // the old link (its Relay stream, its NCCL hop) goes after the lock is released
+  resp->set_next_transport(std::move(transport));
   return grpc::Status::OK;
+}
+
+std::string WorkerService::LinkNccl(const pb::LinkRequest& req, absl::Time deadline, LinkState* link) {
+  if (!req.nccl()) {
+    return req.transport_reason().empty() ? "grpc" : absl::StrCat("grpc (", req.transport_reason(), ")");
+  }
+  if (!options_.nccl) return "grpc (this worker was started with --no-nccl)";
+  absl::StatusOr<DeviceSpec> device = ParseDevice(options_.device);
+  if (!device.ok() || device->kind != DeviceSpec::Kind::kCuda) {
+    return absl::StrCat("grpc (this worker runs on ", options_.device, ", NCCL needs a CUDA device)");
+  }
+  absl::StatusOr<std::string> id = NcclHop::NewId();
+  if (!id.ok()) return absl::StrCat("grpc (NCCL unavailable: ", id.status().message(), ")");
+  pb::NcclAcceptRequest accept;
+  accept.set_id(*id);
+  accept.set_sender_stage(req.stage_index());
+  accept.set_sender(HopName());
+  accept.set_sender_device(options_.device);
+  accept.set_sender_host_id(HostId());
+  accept.set_epoch(req.next_epoch());
+  accept.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+  absl::StatusOr<pb::NcclAcceptResponse> accepted = link->next_client->NcclAccept(accept);
+  if (!accepted.ok()) {
+    return absl::StrCat("grpc (the next stage refused NCCL: ", accepted.status().message(), ")");
+  }
+  absl::StatusOr<std::unique_ptr<NcclHop>> hop =
+      NcclHop::Connect(*id, {.device = device->ordinal, .rank = 0, .peer = link->next_name}, deadline);
+  if (!hop.ok()) return absl::StrCat("grpc (NCCL link failed: ", hop.status().message(), ")");
+  link->nccl = *std::move(hop);
+  return absl::StrCat("nccl (", options_.device, " -> ", accepted->device(), ")");
+}
+
+grpc::Status WorkerService::NcclAccept(grpc::ServerContext* ctx, const pb::NcclAcceptRequest* req,
+                                       pb::NcclAcceptResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  // No load_mu_: the sender calls this from inside its own Link, which holds its load_mu_,
+  // and this worker may at the same time be in its Link calling that sender's NcclAccept.
+  const std::string hop = absl::StrCat(HopName(), ": NCCL link from ", req->sender());
+  auto refuse = [&hop](grpc::StatusCode code, absl::string_view why) {
+    return grpc::Status(code, absl::StrCat(hop, " refused: ", why));
+  };
+  if (!options_.nccl) return refuse(grpc::StatusCode::FAILED_PRECONDITION, "started with --no-nccl");
+  absl::StatusOr<DeviceSpec> device = ParseDevice(options_.device);
+  if (!device.ok() || device->kind != DeviceSpec::Kind::kCuda) {
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION, absl::StrCat("this worker runs on ", options_.device));
+  }
+  if (req->sender_host_id() != HostId()) {
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                  absl::StrCat("the sender is on host '", req->sender_host_id(), "', this worker on '",
+                               HostId(), "'"));
+  }
+  if (req->timeout_ms() <= 0 || req->id().empty()) {
+    return refuse(grpc::StatusCode::INVALID_ARGUMENT, "no link id or no timeout");
+  }
+  if (absl::Status nccl = NcclHop::Available(); !nccl.ok()) {
+    return refuse(grpc::StatusCode::UNAVAILABLE, nccl.message());
+  }
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(req->timeout_ms());
+  auto inbound = std::make_shared<InboundNccl>();
+  inbound->epoch = req->epoch();
+  inbound->sender = req->sender();
+  inbound->sender_device = req->sender_device();
+  std::shared_ptr<InboundNccl> replaced;  // aborted after the lock is released
+  std::vector<std::thread> finished;
+  {
+    absl::MutexLock l(&mu_);
+    if (!loaded_ || loaded_->epoch != req->epoch()) {
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                    absl::StrCat("it is for epoch ", req->epoch(), " but the loaded stage is ",
+                                 loaded_ ? absl::StrCat("epoch ", loaded_->epoch) : "none"));
+    }
+    replaced = std::move(inbound_);
+    inbound_ = inbound;
+    for (auto it = accept_threads_.begin(); it != accept_threads_.end();) {
+      absl::MutexLock il(&it->second->mu);
+      if (it->second->pending) {
+        ++it;
+      } else {
+        finished.push_back(std::move(it->first));
+        it = accept_threads_.erase(it);
+      }
+    }
+    NcclHopOptions o{.device = device->ordinal, .rank = 1, .peer = req->sender()};
+    accept_threads_.emplace_back(
+        std::thread([inbound, id = req->id(), o, deadline] {
+          absl::StatusOr<std::unique_ptr<NcclHop>> joined = NcclHop::Connect(id, o, deadline);
+          if (!joined.ok()) {
+            std::cerr << "ring-worker: NCCL link from " << o.peer << " failed: " << joined.status() << "\n";
+          }
+          absl::MutexLock il(&inbound->mu);
+          inbound->pending = false;
+          if (joined.ok()) {
+            inbound->hop = *std::move(joined);
+          } else {
+            inbound->status = joined.status();
+          }
+        }),
+        inbound);
+  }
+  for (std::thread& t : finished) t.join();  // past their last statement already
+  resp->set_device(options_.device);
+  return grpc::Status::OK;
+}
+
+std::pair<std::string, std::string> WorkerService::Transports() const {
+  std::shared_ptr<LinkState> link;
+  std::shared_ptr<InboundNccl> inbound;
+  {
+    absl::MutexLock l(&mu_);
+    link = link_;
+    inbound = inbound_;
+  }
+  std::string next, prev;
+  if (link != nullptr && link->ring_size > 1) {
+    absl::MutexLock l(&link->transport_mu);
+    next = link->transport;
+  }
+  if (inbound != nullptr) {
+    absl::MutexLock l(&inbound->mu);
+    const std::string devices = absl::StrCat(inbound->sender_device, " -> ", options_.device);
+    if (inbound->pending) {
+      prev = absl::StrCat("nccl connecting (", devices, ") from ", inbound->sender);
+    } else if (inbound->hop != nullptr && inbound->hop->status().ok()) {
+      prev = absl::StrCat("nccl (", devices, ") from ", inbound->sender);
+    } else {
+      const absl::Status why = inbound->hop != nullptr ? inbound->hop->status() : inbound->status;
+      prev = absl::StrCat("grpc (NCCL link from ", inbound->sender, " failed: ", why.message(), ")");
+    }
+  }
+  return {next, prev};
 }
 
 absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame f, absl::Duration timeout) {
@@ -949,21 +1127,99 @@ absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame 
   f.set_sender(HopName());
   MaybeCorrupt(&f);
   Record(/*sent=*/true, f, link.next_name);
+  timeout = std::min(timeout, options_.relay_timeout);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock push_lock(&link.push_mu);
+  // Only hidden states (the large frames) take the NCCL channel; tokens and errors are
+  // small, and an error must reach stage 0 even when the NCCL link is what failed.
+  std::string nccl_payload;
+  if (link.nccl != nullptr && f.kind() == pb::PAYLOAD_KIND_HIDDEN &&
+      static_cast<int64_t>(f.payload().size()) >= options_.nccl_min_bytes && link.nccl->status().ok()) {
+    nccl_payload = std::move(*f.mutable_payload());
+    f.clear_payload();
+    f.set_nccl_payload_bytes(static_cast<int64_t>(nccl_payload.size()));
+  }
   metrics_->CountFrame(/*sent=*/true, link.next_name, static_cast<int64_t>(f.ByteSizeLong()));
-  SetWaitingOn(absl::StrCat("pushing sequence ", f.sequence_id(), " step ", f.step(), " to ", link.next_name));
-  absl::Status s = link.next->Push(f, std::min(timeout, options_.relay_timeout));
+  SetWaitingOn(absl::StrCat("pushing sequence ", f.sequence_id(), " step ", f.step(), " to ", link.next_name,
+                            nccl_payload.empty() ? "" : " (payload over NCCL)"));
+  absl::Status s = link.next->Push(f, timeout);
+  if (s.ok() && !nccl_payload.empty()) {
+    s = link.nccl->Send(nccl_payload, deadline);
+    if (s.ok()) {
+      metrics_->CountNcclBytes(/*sent=*/true, static_cast<int64_t>(nccl_payload.size()));
+    } else {
+      // The link is dead (NcclLink aborts on any failure): later frames go over gRPC.
+      s = absl::Status(s.code(), absl::StrCat(HopName(), " -> ", link.next_name, ": sequence ", f.sequence_id(),
+                                              " step ", f.step(), ": payload over NCCL: ", s.message()));
+      absl::MutexLock l(&link.transport_mu);
+      link.transport = absl::StrCat("grpc (NCCL link failed: ", s.message(), ")");
+    }
+  }
   SetWaitingOn("idle: waiting for Relay frames");
   if (!s.ok()) SetLastError(s);
   return s;
 }
 
+absl::Status WorkerService::ReceiveNcclPayload(pb::ActivationFrame* f) {
+  if (f->nccl_payload_bytes() <= 0) return absl::OkStatus();
+  const std::string what = absl::StrCat(HopName(), " <- ", f->sender(), ": sequence ", f->sequence_id(), " step ",
+                                        f->step(), ": payload of ", f->nccl_payload_bytes(), " bytes over NCCL");
+  std::shared_ptr<InboundNccl> inbound;
+  {
+    absl::MutexLock l(&mu_);
+    inbound = inbound_;
+  }
+  if (inbound == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ", but this worker has no NCCL link from the previous stage"));
+  }
+  const absl::Time deadline = absl::Now() + options_.relay_timeout;
+  std::shared_ptr<NcclHop> hop;
+  {
+    absl::MutexLock l(&inbound->mu);
+    auto joined = [&inbound]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbound->mu) { return !inbound->pending; };
+    // The sender's Link returns when its end joined; this end may finish a moment later.
+    inbound->mu.AwaitWithDeadline(absl::Condition(&joined), deadline);
+    if (inbound->pending) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": the NCCL link from ", inbound->sender,
+                                                      " is still connecting"));
+    }
+    if (inbound->hop == nullptr) {
+      return absl::UnavailableError(absl::StrCat(what, ": the NCCL link from ", inbound->sender,
+                                                 " failed to connect: ", inbound->status.message()));
+    }
+    hop = inbound->hop;
+  }
+  SetWaitingOn(absl::StrCat("receiving ", what));
+  absl::StatusOr<std::string> bytes = hop->Receive(f->nccl_payload_bytes(), deadline);
+  SetWaitingOn("idle: waiting for Relay frames");
+  if (!bytes.ok()) return absl::Status(bytes.status().code(), absl::StrCat(what, ": ", bytes.status().message()));
+  metrics_->CountNcclBytes(/*sent=*/false, f->nccl_payload_bytes());
+  *f->mutable_payload() = *std::move(bytes);
+  f->clear_nccl_payload_bytes();
+  return absl::OkStatus();
+}
+
 void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& peer) {
+  // Before anything else looks at the frame (even to drop it): the sender's bytes are in
+  // flight on the link, and the next frame's would be mistaken for them.
+  const absl::Status received = ReceiveNcclPayload(&in);
+  if (!received.ok()) SetLastError(received);
   std::shared_ptr<LinkState> link = CurrentLink();
   if (link == nullptr) {
     SetLastError(absl::FailedPreconditionError(absl::StrCat(
         HopName(), ": relayed frame of sequence ", in.sequence_id(), " dropped: this worker is not linked into a ring")));
     return;
   }
+  auto error_frame = [&in](const absl::Status& error) {
+    pb::ActivationFrame err;
+    err.set_sequence_id(in.sequence_id());
+    err.set_step(in.step());
+    err.set_relay(in.relay());
+    EncodeStepError(error, &err);
+    return err;
+  };
+  if (!received.ok()) in = error_frame(received);  // travels on to stage 0 like any step error
   if (link->stage_index == 0) {
     // Round the ring: a token (or an error) for one of this worker's generations.
     std::shared_ptr<Generation> gen;
@@ -985,12 +1241,7 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
   if (!reply.ok()) {
     if (absl::IsNotFound(reply.status())) return;  // released: nobody waits for it
     SetLastError(reply.status());
-    pb::ActivationFrame err;
-    err.set_sequence_id(in.sequence_id());
-    err.set_step(in.step());
-    err.set_relay(in.relay());
-    EncodeStepError(reply.status(), &err);
-    reply = std::move(err);
+    reply = error_frame(reply.status());
   }
   (void)PushNext(*link, *std::move(reply), options_.relay_timeout);
 }

@@ -17,6 +17,9 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -30,6 +33,7 @@
 
 namespace ring::worker {
 
+class NcclHop;
 class RelayStream;
 class StageClient;
 
@@ -70,6 +74,20 @@ struct WorkerOptions {
   // Closed ring: credentials this worker presents to the next stage (the ring token is
   // auth_token; TLS PEM contents, empty tls_ca: plaintext).
   std::string peer_tls_ca, peer_tls_cert, peer_tls_key;
+  // Closed ring: a hop to a stage on the same host may move large hidden-state frames over
+  // NCCL when the coordinator asks (LinkRequest.nccl). false (--no-nccl): always gRPC.
+  bool nccl = true;
+  // Smallest payload that goes over NCCL; smaller frames stay on gRPC. Measured on 2x H200:
+  // one 6144-wide bf16 row (12 KiB) takes ~25-40 us over gRPC on loopback but 69 us over
+  // the host-staged NCCL link, whose fixed cost (non-blocking communicator, helper thread,
+  // two staging copies) only pays off once the bytes dominate; at 256 KiB (~20 rows of a
+  // 6144-wide bf16 model) NCCL's ~4 GB/s adds ~60 us to that fixed cost while gRPC's copies
+  // and HTTP/2 framing already cost more. So decode steps stay on gRPC and prefill chunks
+  // go over NCCL. A guess until the 2x H200 bench (bench/gpu/nccl_ring_h200.sh) measures
+  // the crossover.
+  int64_t nccl_min_bytes = 256 << 10;
+  // How long both ends of a new NCCL hop may take to join it (inside Worker.Link).
+  absl::Duration nccl_connect_timeout = absl::Seconds(10);
 };
 
 // The KV budget a worker without --kv-cache-bytes gives a stage: free memory after the
@@ -125,6 +143,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
                      ringserve::v1::RelaySummary* resp) override;
   grpc::Status Generate(grpc::ServerContext* ctx, const ringserve::v1::GenerateRequest* req,
                         grpc::ServerWriter<ringserve::v1::GenerateEvent>* writer) override;
+  grpc::Status NcclAccept(grpc::ServerContext* ctx, const ringserve::v1::NcclAcceptRequest* req,
+                          ringserve::v1::NcclAcceptResponse* resp) override;
 
  private:
   struct SequenceState {
@@ -146,7 +166,26 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     uint64_t next_epoch = 0;
     std::unique_ptr<StageClient> next_client;
     std::unique_ptr<RelayStream> next;  // null in a ring of one stage
+    // The hop's NCCL data plane; null: every frame goes over `next` alone.
+    std::unique_ptr<NcclHop> nccl;
+    // Held across a whole push: a frame whose payload follows over NCCL writes its header on
+    // `next` and then the bytes, and no other frame's bytes may come between the two.
+    mutable absl::Mutex push_mu;
+    mutable absl::Mutex transport_mu;
+    // Describe.next_transport: "nccl (cuda:0 -> cuda:1)" or "grpc (why)".
+    mutable std::string transport ABSL_GUARDED_BY(transport_mu);
     ~LinkState();
+  };
+  // Closed ring: the NCCL link from the previous stage (Worker.NcclAccept). Joined on a
+  // background thread; a frame that needs it waits for the join (bounded by its deadline).
+  struct InboundNccl {
+    uint64_t epoch = 0;  // the loaded epoch it was accepted for
+    std::string sender;  // "stage i (addr)"
+    std::string sender_device;
+    absl::Mutex mu;
+    bool pending ABSL_GUARDED_BY(mu) = true;
+    absl::Status status ABSL_GUARDED_BY(mu);  // why the join failed
+    std::shared_ptr<NcclHop> hop ABSL_GUARDED_BY(mu);
   };
   // Stage 0 of a closed ring: frames that came round for one running Generate.
   struct Generation {
@@ -177,6 +216,14 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   // Closed ring: what a stage does with a frame from Relay (compute and push on, or at
   // stage 0 hand it to its Generate).
   void HandleRelayed(ringserve::v1::ActivationFrame in, const std::string& peer);
+  // A relayed frame whose payload follows over NCCL (nccl_payload_bytes): receives the
+  // bytes from the inbound link into `payload`. Errors name both stages.
+  absl::Status ReceiveNcclPayload(ringserve::v1::ActivationFrame* f);
+  // Link: sets up `link`'s NCCL data plane when the coordinator asked for one; returns
+  // the hop's transport ("nccl (...)" or "grpc (why)"). Never fails the Link.
+  std::string LinkNccl(const ringserve::v1::LinkRequest& req, absl::Time deadline, LinkState* link);
+  // Describe / FlightRecorder: the transports of this worker's hops.
+  std::pair<std::string, std::string> Transports() const;
   // Sends `f` (a reply of Step or an error) to the next stage under its epoch.
   absl::Status PushNext(const LinkState& link, ringserve::v1::ActivationFrame f, absl::Duration timeout);
   std::shared_ptr<LinkState> CurrentLink() const;
@@ -215,6 +262,10 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::string waiting_on_ ABSL_GUARDED_BY(mu_) = "idle: no stage loaded";
   std::shared_ptr<LinkState> link_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Generation>> generations_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<InboundNccl> inbound_ ABSL_GUARDED_BY(mu_);
+  // NcclAccept's joins; each ends by its deadline. Finished ones are joined at the next
+  // NcclAccept, the rest in the destructor.
+  std::vector<std::pair<std::thread, std::shared_ptr<InboundNccl>>> accept_threads_ ABSL_GUARDED_BY(mu_);
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;

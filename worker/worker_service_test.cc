@@ -11,13 +11,17 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "models/synth.h"
 #include "models/temp_dir_for_test.h"
 #include "worker/frame.h"
+#include "worker/serve_for_test.h"
 #include "worker/stage_client.h"
 #include "ringserve/v1/coordinator.grpc.pb.h"
 
@@ -42,13 +46,8 @@ class WorkerServiceTest : public TempDirTest {
   void Start(WorkerOptions options = {}) {
     options.model_root = dir_.string();
     service_ = std::make_unique<WorkerService>(options);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
+    server_ = ServeOnLoopbackForTest(service_.get(), &address_);
     ASSERT_NE(server_, nullptr);
-    address_ = absl::StrCat("127.0.0.1:", port);
     service_->SetListenAddress(address_);
   }
   void TearDown() override {
@@ -537,6 +536,143 @@ TEST_F(WorkerServiceTest, RepliesCarryTheWorkersTimeForTheHopLatency) {
   EXPECT_LE(*x.worker_seconds, x.round_trip_seconds) << "the worker's time is inside the round trip";
   EXPECT_GE(x.bytes_sent, 4) << "four token ids, one varint byte each at least";
   EXPECT_GE(x.bytes_received, 4 * 128 * 4) << "a [4, 128] hidden state in f32, plus the header";
+}
+
+// The next stage of a closed ring, as far as the worker under test can tell: it records
+// every frame pushed to it over Relay.
+class CapturingNextStage final : public pb::Worker::Service {
+ public:
+  grpc::Status Relay(grpc::ServerContext*, grpc::ServerReader<pb::ActivationFrame>* reader,
+                     pb::RelaySummary*) override {
+    pb::ActivationFrame f;
+    while (reader->Read(&f)) {
+      absl::MutexLock l(&mu_);
+      frames_.push_back(f);
+    }
+    return grpc::Status::OK;
+  }
+  // The first frame pushed, waiting up to `timeout`.
+  std::optional<pb::ActivationFrame> First(absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    auto arrived = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !frames_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
+    if (frames_.empty()) return std::nullopt;
+    return frames_.front();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<pb::ActivationFrame> frames_ ABSL_GUARDED_BY(mu_);
+};
+
+class ClosedRingNcclTest : public WorkerServiceTest {
+ protected:
+  void SetUp() override {
+    WorkerServiceTest::SetUp();
+    Start();
+    next_server_ = ServeOnLoopbackForTest(&next_, &next_address_);
+    ASSERT_NE(next_server_, nullptr);
+  }
+  void TearDown() override {
+    if (next_server_) next_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    WorkerServiceTest::TearDown();
+  }
+  // Loads the last layers as stage 1 of a ring of 2 and links it to the capturing next
+  // stage; returns the loaded stage.
+  pb::LoadStageResponse LoadAndLink(StageClient& c, bool nccl, pb::LinkResponse* linked) {
+    pb::LoadStageRequest req;
+    req.set_model("m");
+    req.set_layer_begin(1);
+    req.set_layer_end(-1);
+    req.set_act_dtype(pb::DTYPE_F32);
+    req.set_stage_index(1);
+    auto loaded = c.LoadStage(req);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    pb::LinkRequest link;
+    link.set_epoch(loaded.ok() ? loaded->epoch() : 0);
+    link.set_stage_index(1);
+    link.set_ring_size(2);
+    link.set_next_address(next_address_);
+    link.set_next_epoch(7);
+    link.set_nccl(nccl);
+    link.set_transport_reason("test");
+    auto l = c.Link(link);
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (l.ok()) *linked = *l;
+    return loaded.ok() ? *loaded : pb::LoadStageResponse{};
+  }
+
+  CapturingNextStage next_;
+  std::unique_ptr<grpc::Server> next_server_;
+  std::string next_address_;
+};
+
+// A relayed frame says its payload follows over NCCL, but this worker has no NCCL link
+// from the previous stage: the step fails with an error naming both stages, which goes on
+// round the ring (to stage 0 and the coordinator) like any step error.
+TEST_F(ClosedRingNcclTest, NcclPayloadWithoutAnInboundLinkIsAStepErrorNamingBothStages) {
+  StageClient c(address_, 1, {});
+  pb::LinkResponse linked;
+  const pb::LoadStageResponse loaded = LoadAndLink(c, /*nccl=*/false, &linked);
+  EXPECT_EQ(linked.next_transport(), "grpc (test)");
+
+  pb::ActivationFrame f;
+  f.set_sequence_id("seq");
+  f.set_step(0);
+  f.set_epoch(loaded.epoch());
+  f.set_first_position(0);
+  f.set_relay(pb::RELAY_ACTION_SAMPLE);
+  f.set_sender("stage 0 (10.0.0.9:7001)");
+  StageOutput hidden;
+  hidden.rows = 1;
+  hidden.hidden.assign(static_cast<size_t>(loaded.model().hidden_size()), 0.5f);
+  ASSERT_TRUE(EncodeStageOutput(hidden, pb::DTYPE_F32, false, &f).ok());
+  ASSERT_EQ(f.kind(), pb::PAYLOAD_KIND_HIDDEN);
+  f.set_nccl_payload_bytes(static_cast<int64_t>(f.payload().size()));
+  f.clear_payload();  // "on the NCCL link", which does not exist
+  std::unique_ptr<RelayStream> relay = c.OpenRelay();
+  ASSERT_TRUE(relay->Push(f, kStep).ok());
+
+  std::optional<pb::ActivationFrame> out = next_.First(absl::Seconds(20));
+  ASSERT_TRUE(out.has_value()) << "nothing was pushed on to the next stage";
+  EXPECT_EQ(out->kind(), pb::PAYLOAD_KIND_ERROR);
+  EXPECT_EQ(out->sequence_id(), "seq");
+  EXPECT_EQ(out->epoch(), 7u);  // the next stage's
+  const absl::Status error = DecodeStepError(*out);
+  EXPECT_TRUE(absl::IsFailedPrecondition(error)) << error;
+  for (const std::string& part : {absl::StrCat("stage 1 (", address_, ")"), std::string("stage 0 (10.0.0.9:7001)"),
+                                  std::string("over NCCL"), std::string("no NCCL link from the previous stage")}) {
+    EXPECT_NE(error.message().find(part), std::string::npos) << part << " not in: " << error;
+  }
+  auto d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_NE(d->last_error().find("no NCCL link"), std::string::npos) << d->last_error();
+  EXPECT_FALSE(d->host_id().empty());
+}
+
+// Asked for NCCL, a CPU worker keeps the hop on gRPC and says why; the Link itself succeeds.
+// The receiving side refuses too.
+TEST_F(ClosedRingNcclTest, CpuWorkerAskedForNcclStaysOnGrpc) {
+  StageClient c(address_, 1, {});
+  pb::LinkResponse linked;
+  const pb::LoadStageResponse loaded = LoadAndLink(c, /*nccl=*/true, &linked);
+  EXPECT_NE(linked.next_transport().find("grpc (this worker runs on cpu"), std::string::npos)
+      << linked.next_transport();
+  auto d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->next_transport(), linked.next_transport());
+
+  pb::NcclAcceptRequest accept;
+  accept.set_id(std::string(256, 'x'));
+  accept.set_sender("stage 0 (10.0.0.9:7001)");
+  accept.set_sender_host_id(d->host_id());
+  accept.set_epoch(loaded.epoch());
+  accept.set_timeout_ms(1000);
+  auto r = c.NcclAccept(accept);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("NCCL link from stage 0 (10.0.0.9:7001) refused"), std::string::npos)
+      << r.status();
 }
 
 }  // namespace

@@ -7,27 +7,11 @@
 #      (its text must be the CPU engine's greedy tokens, decoded), a chat completion.
 # Output under $OUT. Usage: bench/gpu/ring_h200.sh BUNDLE_DIR
 #   BUNDLE_DIR: bin/{ringctl,ring-worker,ring-server} lib/... (deploy/bundle.sh)
-set -uo pipefail
-bundle=$(cd "$1" && pwd)
-out=${OUT:-$PWD/ring_out}
-mkdir -p "$out"
-bin=$bundle/bin
-export LD_LIBRARY_PATH="$bundle/lib:${LD_LIBRARY_PATH:-}"
-work=$(mktemp -d)
-root=$work/models
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
-trap cleanup EXIT
+source "$(dirname "$0")/ring_lib.sh" "$1" ring_out
 "$bin/ringctl" synth --arch glm_moe_dsa --preset tiny --quant mxfp4 --seed 1 --out "$root/tiny-glm" > /dev/null
-start_worker() {  # device log -> prints address
-  "$bin/ring-worker" --listen 127.0.0.1:0 --model-root "$root" --device "$1" > "$out/$2" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do grep -q "listening on" "$out/$2" && break; sleep 0.1; done
-  grep -o 'listening on [^ ]*' "$out/$2" | awk '{print $3}'
-}
-cpu=$(start_worker cpu w_cpu.log)
-gpu1=$(start_worker cuda:0 w_gpu1.log)
-gpu2=$(start_worker cuda:0 w_gpu2.log)
+start_worker w_cpu.log cpu; cpu=$ADDR
+start_worker w_gpu1.log cuda:0; gpu1=$ADDR
+start_worker w_gpu2.log cuda:0; gpu2=$ADDR
 echo "workers: cpu $cpu, gpu $gpu1 $gpu2" | tee "$out/ring.txt"
 # 24 tokens > index_topk 16: the sparse DSA path runs.
 TOK=$(python3 -c "print(','.join(str(7*i%1000+1) for i in range(24)))")
@@ -45,19 +29,7 @@ for name in ["mixed", "gpu"]:
     print(f"{name} ring vs CPU engine: rows {len(ref)}, max per-row NMSE {nmse.max():.3e}, "
           f"argmax agreement {np.mean(x.argmax(1) == ref.argmax(1)) * 100:.1f}%")
 PY
-cat > "$out/ring.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "off"
-auth = "disabled"
-[model]
-name = "tiny-glm"
-path = "tiny-glm"
-local_dir = "$root/tiny-glm"
-act_dtype = "f32"
-[ring]
-workers = ["$gpu1", "$gpu2"]
-TOML
+tiny_glm_server_toml "$out/ring.toml" "$gpu1" "$gpu2"
 "$bin/ring-server" --config "$out/ring.toml" > "$out/server.out" 2> "$out/server.log" &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$out/server.out" && break; sleep 0.1; done
