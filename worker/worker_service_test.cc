@@ -281,12 +281,7 @@ struct ExtraWorker {
     WorkerOptions o;
     o.model_root = root;
     service = std::make_unique<WorkerService>(o);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(service.get());
-    server = b.BuildAndStart();
-    address = absl::StrCat("127.0.0.1:", port);
+    server = ServeOnLoopbackForTest(service.get(), &address);
     service->SetListenAddress(address);
   }
   ~ExtraWorker() { server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2))); }
@@ -389,7 +384,7 @@ TEST_F(WorkerServiceTest, LinkAndGenerateRefuseStaleOrUnlinkedRings) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_NE(r.status().message().find("linked"), std::string::npos) << r.status();
   // A Link for another epoch.
-  EXPECT_EQ(c0.Link(LinkTo(epoch + 5, 0, 1, "", epoch)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c0.Link(LinkTo(epoch + 5, 0, 1, "", epoch)).status().code(), absl::StatusCode::kFailedPrecondition);
   // A Link of an older formation than the one loaded.
   pb::LoadStageRequest lr;
   lr.set_model("m");
@@ -402,7 +397,7 @@ TEST_F(WorkerServiceTest, LinkAndGenerateRefuseStaleOrUnlinkedRings) {
   pb::LinkRequest old = LinkTo(epoch, 0, 1, "", epoch);
   old.set_formation(2);
   old.set_coordinator_id("c");
-  EXPECT_EQ(c0.Link(old).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(c0.Link(old).status().code(), absl::StatusCode::kAborted);
   old.set_formation(3);
   ASSERT_TRUE(c0.Link(old).ok());
   // Generate for an epoch the worker does not hold.
@@ -415,14 +410,10 @@ TEST_F(WorkerServiceTest, LinkAndGenerateRefuseStaleOrUnlinkedRings) {
 // at once with an error naming that hop, not after the step deadline.
 TEST_F(WorkerServiceTest, APushTheNextStageRefusesFailsNamingTheHop) {
   Start();
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   // Some other gRPC service: every Worker RPC is UNIMPLEMENTED there.
   ringserve::v1::Coordinator::Service other;
-  b.RegisterService(&other);
-  auto empty = b.BuildAndStart();
-  const std::string next = absl::StrCat("127.0.0.1:", port);
+  std::string next;
+  auto empty = ServeOnLoopbackForTest(&other, &next);
   StageClient c0(address_, 0, {});
   const uint64_t epoch = Load(c0, 0, 2);
   ASSERT_TRUE(c0.Link(LinkTo(epoch, 0, 2, next, 1)).ok());
@@ -544,6 +535,7 @@ class CapturingNextStage final : public pb::Worker::Service {
  public:
   grpc::Status Relay(grpc::ServerContext*, grpc::ServerReader<pb::ActivationFrame>* reader,
                      pb::RelaySummary*) override {
+    reader->SendInitialMetadata();  // accepted (RelayStream waits for this, as from a worker)
     pb::ActivationFrame f;
     while (reader->Read(&f)) {
       absl::MutexLock l(&mu_);
