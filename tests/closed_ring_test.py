@@ -162,36 +162,34 @@ def star_hop_metrics(port, stages):
 
 
 def fault_tests(a, root, model_dir, work, procs, prompt):
+    p0, w0 = ringproc.start_worker(a, root, os.path.join(work, "f0.log"))
+    p2, w2 = ringproc.start_worker(a, root, os.path.join(work, "f2.log"))
+    procs += [p0, p2]
+
+    def faulty_middle_stage(name, env):
+        # A ring w0 | faulty | w2 (layers 2 | 1 | 1) and one greedy request through it:
+        # (faulty worker's address, server process, port, HTTP status, error body).
+        pf, wf = ringproc.start_worker(a, root, os.path.join(work, f"{name}.log"), env=dict(os.environ, **env))
+        procs.append(pf)
+        srv, port = start_server(a, work, name, model_dir, "tiny-glm", workers=[w0, wf, w2], split=[2, 1, 1])
+        procs.append(srv)
+        status, d = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        return wf, srv, port, status, json.dumps(d)
+
     # A worker that damages the 3rd frame it pushes on (after the checksum, like a bad NIC):
     # the next worker refuses it, the error comes round to stage 0 and to the client.
-    env = dict(os.environ, RING_TEST_CORRUPT_FRAME="3")
-    p0, w0 = ringproc.start_worker(a, root, os.path.join(work, "f0.log"))
-    pc, wc = ringproc.start_worker(a, root, os.path.join(work, "fc.log"), env=env,
-                                   extra=["--metrics-listen", "127.0.0.1:0"])
-    p2, w2 = ringproc.start_worker(a, root, os.path.join(work, "f2.log"), extra=["--metrics-listen", "127.0.0.1:0"])
-    procs += [p0, pc, p2]
-    srv, port = start_server(a, work, "corrupt", model_dir, "tiny-glm", workers=[w0, wc, w2], split=[2, 1, 1])
-    procs.append(srv)
-    status, d = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-    msg = json.dumps(d)
+    wc, srv, port, status, msg = faulty_middle_stage("corrupt", {"RING_TEST_CORRUPT_FRAME": "3"})
     check(status >= 500 and "checksum" in msg and f"stage 2 ({w2}) <- stage 1 ({wc})" in msg,
           f"corrupted frame between workers: {status}, the error names the hop ({msg[:300]})")
-    status, d = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    status, _ = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
     check(status == 200, "the next request is served (one bad frame does not break the ring)")
     srv.kill()
 
     # NaN out of a stage: refused there, named with its layers.
-    env = dict(os.environ, RING_TEST_NAN_AT_STEP="2")
-    pn, wn = ringproc.start_worker(a, root, os.path.join(work, "fn.log"), env=env)
-    procs.append(pn)
-    srv, port = start_server(a, work, "nan", model_dir, "tiny-glm", workers=[w0, wn, w2], split=[2, 1, 1])
-    procs.append(srv)
-    status, d = post(port, {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-    msg = json.dumps(d)
+    wn, srv, _, status, msg = faulty_middle_stage("nan", {"RING_TEST_NAN_AT_STEP": "2"})
     check(status >= 500 and "NaN" in msg and f"stage 1 ({wn}) (layers 2..3)" in msg,
           f"NaN produced by stage 1: {status}, named with its layers ({msg[:300]})")
     srv.kill()
-    pn.kill()
 
     # A stalled middle stage: stage 0's step deadline (4 s) fires; the error names where the
     # step was pushed, the flight recorders show the stalled worker not answering, and the
