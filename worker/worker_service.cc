@@ -1319,6 +1319,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
   int64_t position = 0;
   int32_t emitted = 0;
   bool first = true;
+  std::optional<pb::GenerateEvent> pending;  // a token not yet written to the coordinator
   while (true) {
     for (size_t b = 0; b < feed.size(); b += chunk) {
       const size_t e = std::min(feed.size(), b + chunk);
@@ -1350,6 +1351,12 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
           return fail(absl::Status(s.code(), absl::StrCat(hop, ": sequence ", req->sequence_id(), " step ",
                                                           step, ": ", s.message())));
         }
+        // The previous token goes to the coordinator while the ring computes this step:
+        // a blocking write is off the token's critical path.
+        if (pending && !writer->Write(*pending)) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": the coordinator went away"));
+        }
+        pending.reset();
         // Wait for the step to come round, in short slices so a cancelled call ends soon.
         const absl::Time deadline = started + step_timeout;
         SetWaitingOn(absl::StrCat("waiting for sequence ", req->sequence_id(), " step ", step,
@@ -1411,13 +1418,19 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
         ev.mutable_token()->add_top_ids(id);
         ev.mutable_token()->add_top_logprobs(lp);
       }
-      if (!writer->Write(ev)) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": the coordinator went away"));
-      }
       ++emitted;
       const bool stop = std::find(req->stop_token_ids().begin(), req->stop_token_ids().end(), t.id) !=
                         req->stop_token_ids().end();
-      if (stop || emitted >= req->max_new_tokens()) return grpc::Status::OK;
+      const bool last = stop || emitted >= req->max_new_tokens();
+      if (last || link->ring_size == 1) {
+        // Nothing computes meanwhile (the end, or a ring of one stage): send it now.
+        if (!writer->Write(ev)) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": the coordinator went away"));
+        }
+        if (last) return grpc::Status::OK;
+      } else {
+        pending = std::move(ev);  // sent once the next step is on its way round the ring
+      }
       feed.assign(1, t.id);
       break;  // next decode step
     }
