@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ringserve/v1/coordinator.grpc.pb.h"
 #include "worker/coordinator_registration.h"
@@ -39,15 +40,21 @@ class GrpcCoordinatorTransport final : public CoordinatorTransport {
 
   absl::Status Join(const std::string& address, absl::Duration timeout) override;
   absl::Status Leave(const std::string& address, absl::Duration timeout) override;
+  void CancelJoin() override;
 
  private:
   using MembershipCall = grpc::Status (ringserve::v1::Coordinator::Stub::*)(
       grpc::ClientContext*, const ringserve::v1::JoinRequest&, ringserve::v1::JoinResponse*);
-  absl::Status Call(MembershipCall call, const char* what, const std::string& address, absl::Duration timeout);
+  // `cancellable`: CancelJoin ends it (Join); Leave runs after that and must go out.
+  absl::Status Call(MembershipCall call, const char* what, const std::string& address, absl::Duration timeout,
+                    bool cancellable);
 
   const std::string coordinator_;
   const std::string key_;
   std::unique_ptr<ringserve::v1::Coordinator::Stub> stub_;
+  absl::Mutex mu_;
+  grpc::ClientContext* join_ ABSL_GUARDED_BY(mu_) = nullptr;  // the Join in progress
+  bool join_cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ring::worker

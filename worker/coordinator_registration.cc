@@ -39,6 +39,7 @@ CoordinatorRegistration::~CoordinatorRegistration() {
     absl::MutexLock l(&mu_);
     stopping_ = true;
   }
+  transport_->CancelJoin();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -94,6 +95,8 @@ absl::Status CoordinatorRegistration::Stop() {
     if (left_) return absl::OkStatus();
     left_ = true;
   }
+  // A Join may be waiting on a slow or gone coordinator: a SIGTERM should not wait for it.
+  transport_->CancelJoin();
   if (thread_.joinable()) thread_.join();
   const absl::Status s = transport_->Leave(options_.advertise, options_.leave_timeout);
   if (s.ok()) {

@@ -39,6 +39,9 @@ class CoordinatorTransport {
   virtual ~CoordinatorTransport() = default;
   virtual absl::Status Join(const std::string& address, absl::Duration timeout) = 0;
   virtual absl::Status Leave(const std::string& address, absl::Duration timeout) = 0;
+  // Ends a Join in progress now (it returns an error): shutdown must not wait out its
+  // deadline. Thread-safe; a no-op when no Join runs.
+  virtual void CancelJoin() {}
 };
 
 // Time and waiting for the registration loop; the real one uses absl::Now and the mutex's
@@ -76,8 +79,8 @@ class CoordinatorRegistration {
 
   // Starts the registration thread; the first Join goes out at once.
   void Start();
-  // Ends the loop (waking it from its wait; a Join in progress ends within its deadline),
-  // then calls Leave once, within leave_timeout. Returns Leave's status; later calls
+  // Ends the loop (waking it from its wait and cancelling a Join in progress), then calls
+  // Leave once, within leave_timeout. Returns Leave's status; later calls
   // return OK without calling it again.
   absl::Status Stop();
 

@@ -22,6 +22,9 @@ class FakeTransport final : public CoordinatorTransport {
     std::vector<absl::Duration> join_timeouts ABSL_GUARDED_BY(mu);
     std::vector<std::string> leaves ABSL_GUARDED_BY(mu);
     std::vector<absl::Duration> leave_timeouts ABSL_GUARDED_BY(mu);
+    // A coordinator that never answers: Join blocks (up to its timeout) until CancelJoin.
+    bool hang = false ABSL_GUARDED_BY(mu);
+    bool cancelled = false ABSL_GUARDED_BY(mu);
   };
   explicit FakeTransport(Calls* calls) : calls_(calls) {}
 
@@ -29,10 +32,19 @@ class FakeTransport final : public CoordinatorTransport {
     absl::MutexLock l(&calls_->mu);
     calls_->joins.push_back(address);
     calls_->join_timeouts.push_back(timeout);
+    if (calls_->hang) {
+      auto cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_->mu) { return calls_->cancelled; };
+      calls_->mu.AwaitWithTimeout(absl::Condition(&cancelled), timeout);
+      return absl::CancelledError("join cancelled");
+    }
     if (calls_->script.empty()) return calls_->otherwise;
     absl::Status s = calls_->script.front();
     calls_->script.pop_front();
     return s;
+  }
+  void CancelJoin() override {
+    absl::MutexLock l(&calls_->mu);
+    calls_->cancelled = true;
   }
   absl::Status Leave(const std::string& address, absl::Duration timeout) override {
     absl::MutexLock l(&calls_->mu);
@@ -171,6 +183,30 @@ TEST(CoordinatorRegistrationTest, StopWakesALongWaitLeavesOnceAndReportsLeaveErr
   EXPECT_GT(reg.Snapshot().last_success_unix_seconds(), 0);
   absl::MutexLock l(&calls.mu);
   EXPECT_EQ(calls.joins.size(), 1u);
+  EXPECT_EQ(calls.leaves.size(), 1u);
+}
+
+// SIGTERM while a Join waits on a coordinator that does not answer: Stop cancels the Join
+// instead of waiting out its deadline (an hour here: a hang fails by the test's timeout),
+// then still leaves.
+TEST(CoordinatorRegistrationTest, StopCancelsAJoinInProgress) {
+  FakeTransport::Calls calls;
+  {
+    absl::MutexLock l(&calls.mu);
+    calls.hang = true;
+  }
+  RegistrationOptions o = Options();
+  o.join_timeout = absl::Hours(1);
+  CoordinatorRegistration reg(o, std::make_unique<FakeTransport>(&calls));
+  reg.Start();
+  {
+    absl::MutexLock l(&calls.mu);
+    auto joining = [&calls]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls.mu) { return !calls.joins.empty(); };
+    ASSERT_TRUE(calls.mu.AwaitWithTimeout(absl::Condition(&joining), absl::Seconds(60)));
+  }
+  EXPECT_TRUE(reg.Stop().ok());
+  absl::MutexLock l(&calls.mu);
+  EXPECT_TRUE(calls.cancelled);
   EXPECT_EQ(calls.leaves.size(), 1u);
 }
 
