@@ -49,35 +49,52 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Closed ring: every step's time round the ring and each stage's part of it
-// (RingOptions::on_closed_step).
+// Closed ring: every step's time round the ring and where it went (RingOptions::
+// on_closed_step): each stage's own time (frame in to reply out) and the forward inside
+// it, and each hop's time on the wire (reply ready at one stage to frame read at the next,
+// by the workers' clocks: the same host's here). The hop into stage 0 ends when stage 0's
+// Generate has the token.
 struct StepTrace {
   std::mutex mu;
   double step_s = 0;
   int64_t steps = 0;
-  std::vector<double> stage_s;
+  std::vector<double> stage_s, compute_s, wire_s;
 
-  void Add(double seconds, const std::vector<std::pair<size_t, double>>& stages) {
+  void Add(const ring::ClosedStepTrace& t) {
     std::lock_guard<std::mutex> l(mu);
-    step_s += seconds;
+    step_s += t.seconds;
     ++steps;
-    for (const auto& [i, t] : stages) {
-      if (stage_s.size() <= i) stage_s.resize(i + 1);
-      stage_s[i] += t;
+    const size_t n = t.stages.size();
+    if (stage_s.size() < n) {
+      stage_s.resize(n);
+      compute_s.resize(n);
+      wire_s.resize(n);
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const auto& st = t.stages[j];
+      const size_t i = std::min(st.index, n - 1);
+      stage_s[i] += st.worker_seconds;
+      compute_s[i] += st.compute_seconds;
+      const int64_t next_in = j + 1 < n ? t.stages[j + 1].received_unix_nanos : t.returned_unix_nanos;
+      wire_s[i] += 1e-9 * static_cast<double>(next_in - st.sent_unix_nanos);
     }
   }
-  // ", \"step_ms\": ..., \"stage_compute_ms\": [...], \"hops_ms\": ..." (empty without steps).
+  // ", \"step_ms\": ..., \"stage_compute_ms\": [...], \"hops_ms\": ..., \"forward_ms\": [...],
+  // \"wire_ms\": [...]" (empty without steps). stage_compute_ms: each stage's whole time;
+  // forward_ms: the Stage's forward in it; wire_ms[i]: hop from stage i to the next.
   std::string Json() {
     std::lock_guard<std::mutex> l(mu);
     if (steps == 0) return "";
     double compute = 0;
-    std::string out = absl::StrCat(", \"step_ms\": ", 1e3 * step_s / steps, ", \"stage_compute_ms\": [");
-    for (size_t i = 0; i < stage_s.size(); ++i) {
-      absl::StrAppend(&out, i ? ", " : "", 1e3 * stage_s[i] / steps);
-      compute += stage_s[i];
-    }
-    absl::StrAppend(&out, "], \"hops_ms\": ", 1e3 * (step_s - compute) / steps);
-    return out;
+    auto list = [this](const std::vector<double>& v) {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) absl::StrAppend(&out, i ? ", " : "", 1e3 * v[i] / steps);
+      return out + "]";
+    };
+    for (double t : stage_s) compute += t;
+    return absl::StrCat(", \"step_ms\": ", 1e3 * step_s / steps, ", \"stage_compute_ms\": ", list(stage_s),
+                        ", \"hops_ms\": ", 1e3 * (step_s - compute) / steps, ", \"forward_ms\": ", list(compute_s),
+                        ", \"wire_ms\": ", list(wire_s));
   }
 };
 
@@ -201,9 +218,7 @@ int main(int argc, char** argv) {
   o.step_timeout = absl::Seconds(60);
   o.closed_loop = closed;
   StepTrace trace;
-  o.on_closed_step = [&trace](double seconds, const std::vector<std::pair<size_t, double>>& stages) {
-    trace.Add(seconds, stages);
-  };
+  o.on_closed_step = [&trace](const ring::ClosedStepTrace& t) { trace.Add(t); };
   if (closed && o.workers.empty()) {
     std::fprintf(stderr, "ring_bench: --closed needs --workers\n");
     return 2;

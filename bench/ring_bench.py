@@ -15,6 +15,9 @@ drifts over minutes cancels rather than landing on one side:
                            / tokens/s of one process running all layers, 1 sequence
   aggregate speed-up(N, k) = tokens/s of N stages with k concurrent sequences
                              / tokens/s of the same N stages with 1 sequence
+  batching gain(N, k) = tokens/s of N stages with k sequences, workers --max-batch B
+                        / the same with --max-batch 1 (with --max-batch B,1: one set of
+                        workers per value, all timed in the same rounds)
 
 Tokens/s cells are medians over rounds too. RING_CPU_THREADS (--threads, default 1) is
 set for every process, the baseline included: on a machine with fewer cores than stages
@@ -38,9 +41,11 @@ def exe(args, rel):
     return os.path.join(args.bindir, os.path.basename(rel)) if args.bindir else os.path.join(args.build, rel)
 
 
-def start_worker(args, root, env, device="cpu"):
-    p = subprocess.Popen([exe(args, "worker/ring-worker"), "--listen", "127.0.0.1:0",
-                          "--model-root", root, "--device", device], stdout=subprocess.PIPE,
+def start_worker(args, root, env, device="cpu", max_batch=None):
+    cmd = [exe(args, "worker/ring-worker"), "--listen", "127.0.0.1:0", "--model-root", root, "--device", device]
+    if max_batch is not None:
+        cmd += ["--max-batch", str(max_batch)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True, env=env)
     WORKERS.append(p)
     line = p.stdout.readline()
@@ -63,7 +68,8 @@ def bench(args, env, model, workers=(), sequences=1):
     result = json.loads(r.stdout.strip().splitlines()[-1])
     if "hops_ms" in result and sequences == 1:
         # Closed ring: where one sequence's step went (ring_bench's trace of every step).
-        BREAKDOWN.setdefault(len(workers), []).append((result["stage_compute_ms"], result["hops_ms"]))
+        BREAKDOWN.setdefault(len(workers), []).append((result["stage_compute_ms"], result["hops_ms"],
+                                                       result.get("forward_ms"), result.get("wire_ms")))
     return result["tokens_per_s"]
 
 
@@ -95,6 +101,9 @@ def main():
                          "token, LM head included) or near-equal layer counts")
     ap.add_argument("--topology", default="closed", choices=["closed", "star"],
                     help="the rings' topology (ring-server's ring.topology); the baseline is one process")
+    ap.add_argument("--max-batch", default="",
+                    help="ring-worker --max-batch values, one set of workers each (e.g. 8,1); "
+                         "default: the workers' default")
     args = ap.parse_args()
     env = dict(os.environ, RING_CPU_THREADS=args.threads)
     root = os.path.join(args.work, "models")
@@ -108,44 +117,69 @@ def main():
     stages = [int(s) for s in args.stages.split(",")]
     seqs = [int(k) for k in args.sequences.split(",")]
     devices = args.devices.split(",")
-    addrs = [start_worker(args, root, env, devices[i % len(devices)]) for i in range(max(stages))]
+    batches = [int(b) for b in args.max_batch.split(",")] if args.max_batch else [None]
+    addrs = {b: [start_worker(args, root, env, devices[i % len(devices)], b) for i in range(max(stages))]
+             for b in batches}
     print(f"model {name}, {args.topology} rings, {args.plan} split, decode {args.decode} steps after a {args.prompt}-token prompt, "
-          f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds; load average at start {loadavg()}",
+          f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds, worker --max-batch "
+          f"{', '.join('default' if b is None else str(b) for b in batches)}; load average at start {loadavg()}",
           flush=True)
 
-    base, ring1, ringk = [], {n: [] for n in stages}, {(n, k): [] for n in stages for k in seqs}
-    eff, speedup = {n: [] for n in stages}, {(n, k): [] for n in stages for k in seqs}
+    cfgs = [(b, n) for b in batches for n in stages]
+    base, ring1, ringk = [], {c: [] for c in cfgs}, {(c, k): [] for c in cfgs for k in seqs}
+    eff, speedup = {c: [] for c in cfgs}, {(c, k): [] for c in cfgs for k in seqs}
+    gain = {(n, k): [] for n in stages for k in seqs}
     for rnd in range(args.rounds):
         before = bench(args, env, model_dir)
-        for n in stages:
-            ring1[n].append(bench(args, env, name, addrs[:n]))
+        for c in cfgs:
+            b, n = c
+            ring1[c].append(bench(args, env, name, addrs[b][:n]))
             for k in seqs:
-                ringk[(n, k)].append(bench(args, env, name, addrs[:n], k))
-                speedup[(n, k)].append(ringk[(n, k)][-1] / ring1[n][-1])
+                ringk[(c, k)].append(bench(args, env, name, addrs[b][:n], k))
+                speedup[(c, k)].append(ringk[(c, k)][-1] / ring1[c][-1])
         after = bench(args, env, model_dir)
         base += [before, after]
-        for n in stages:
-            eff[n].append(ring1[n][-1] / ((before + after) / 2))
+        for c in cfgs:
+            eff[c].append(ring1[c][-1] / ((before + after) / 2))
+        if len(batches) > 1:
+            for n in stages:
+                for k in seqs:
+                    gain[(n, k)].append(ringk[((batches[0], n), k)][-1] / ringk[((batches[-1], n), k)][-1])
         print(f"  round {rnd + 1}: one process {before:.2f} / {after:.2f} tok/s; "
-              + "; ".join(f"N={n} {ring1[n][-1]:.2f} (" + ", ".join(f"k={k} {ringk[(n, k)][-1]:.2f}" for k in seqs) + ")"
-                          for n in stages), flush=True)
+              + "; ".join(("" if b is None else f"batch {b} ") + f"N={n} {ring1[(b, n)][-1]:.2f} ("
+                          + ", ".join(f"k={k} {ringk[((b, n), k)][-1]:.2f}" for k in seqs) + ")"
+                          for b, n in cfgs), flush=True)
     med = statistics.median
     print(f"\none process, all {args.layers} layers, 1 sequence: {med(base):.2f} tokens/s "
           f"(median of {len(base)} runs, min {min(base):.2f}, max {max(base):.2f})")
-    print("\n| stages N | ring tokens/s (1 seq) | pipeline efficiency (min..max over rounds) | "
+    print("\n| worker --max-batch | stages N | ring tokens/s (1 seq) | pipeline efficiency (min..max over rounds) | "
           + " | ".join(f"k={k}: tokens/s | speed-up vs 1 seq (min..max) | target 0.8*min(k,N)" for k in seqs) + " |")
-    print("|---:|---:|---:|" + "---:|---:|---:|" * len(seqs))
-    for n in stages:
+    print("|---:|---:|---:|---:|" + "---:|---:|---:|" * len(seqs))
+    for c in cfgs:
+        b, n = c
         cells = []
         for k in seqs:
-            sp = speedup[(n, k)]
-            cells.append(f"{med(ringk[(n, k)]):.2f} | {med(sp):.2f} ({min(sp):.2f}..{max(sp):.2f}) | {0.8 * min(k, n):.1f}")
-        print(f"| {n} | {med(ring1[n]):.2f} | {med(eff[n]):.3f} ({min(eff[n]):.2f}..{max(eff[n]):.2f}) | "
+            sp = speedup[(c, k)]
+            cells.append(f"{med(ringk[(c, k)]):.2f} | {med(sp):.2f} ({min(sp):.2f}..{max(sp):.2f}) | {0.8 * min(k, n):.1f}")
+        print(f"| {'default' if b is None else b} | {n} | {med(ring1[c]):.2f} | {med(eff[c]):.3f} ({min(eff[c]):.2f}..{max(eff[c]):.2f}) | "
               + " | ".join(cells) + " |")
+    if len(batches) > 1:
+        print(f"\nbatching gain, tokens/s with --max-batch {batches[0]} / --max-batch {batches[-1]} "
+              "(median, min..max over rounds):")
+        for n in stages:
+            print(f"  N={n}: " + ", ".join(
+                f"k={k} {med(gain[(n, k)]):.2f} ({min(gain[(n, k)]):.2f}..{max(gain[(n, k)]):.2f})" for k in seqs))
     for n, runs in sorted(BREAKDOWN.items()):
         stages_ms = [med([r[0][i] for r in runs]) for i in range(n)]
         print(f"closed ring, N={n}, 1 sequence, median per step: compute per stage "
               + ", ".join(f"{t:.3f}" for t in stages_ms) + f" ms; all hops {med([r[1] for r in runs]):.3f} ms")
+        if all(r[2] and r[3] for r in runs):
+            fwd = [med([r[2][i] for r in runs]) for i in range(n)]
+            wire = [med([r[3][i] for r in runs]) for i in range(n)]
+            print("  of which the stages' forward " + ", ".join(f"{t:.3f}" for t in fwd)
+                  + " ms (the rest of a stage's time: frame decode/encode, checks); hops on the wire "
+                  + ", ".join(f"{i}->{(i + 1) % n} {t:.3f}" for i, t in enumerate(wire))
+                  + " ms (reply ready to frame read by the next stage; into stage 0: to its Generate having the token)")
     print(f"\nload average at end {loadavg()}")
 
 

@@ -670,8 +670,8 @@ TEST(QMatmul, IsaHookOnlyAcceptsWhatRuns) {
 }
 
 TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
-  // The kernels walk K in tiles of ~24 KiB of x (always with m > 1) and rows in blocks of
-  // 8; long rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
+  // The kernels walk K in tiles of ~24 KiB of x (K > 2048) and rows in blocks of 8; long
+  // rows and 19 rows (two full blocks and a remainder) cover tile and block edges.
   ForEachQuantIsa([] {
     uint32_t seed = 300;
     for (QuantSpec spec :
@@ -689,6 +689,36 @@ TEST(QMatmul, LongRowsUseSeveralKTilesAndRowBlocks) {
       SCOPED_TRACE(spec.ToString() + " long row");
       Owned o = MakeQuant(spec, DType::kBF16, 1, 11, 128 * 73, seed++);
       CheckMatmuls(o.q, 1, seed++);
+    }
+  });
+}
+
+// A row of x gives bit-identical outputs alone and among m rows (continuous batching must
+// not change a sequence's numbers): same K tiling and the same accumulator chains for any m.
+TEST(QMatmul, ARowAloneEqualsTheSameRowInABatch) {
+  ForEachQuantIsa([] {
+    uint32_t seed = 900;
+    for (QuantSpec spec :
+         {QuantSpec{QuantMode::kAffine, 4, 64}, QuantSpec{QuantMode::kMxfp4, 4, 32},
+          QuantSpec{QuantMode::kNvfp4, 4, 16}, QuantSpec{QuantMode::kMxfp8, 8, 32},
+          QuantSpec{QuantMode::kAffine, 8, 64}, QuantSpec{QuantMode::kAffine, 2, 32},
+          QuantSpec{QuantMode::kNone, 0, 0}}) {
+      for (int64_t cols : {int64_t{1024}, int64_t{128 * 37}}) {
+        SCOPED_TRACE(spec.ToString() + " cols " + std::to_string(cols));
+        Owned o = MakeQuant(spec, DType::kBF16, 1, 19, cols, seed++);
+        std::mt19937 rng(seed++);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (int64_t m : {2, 3, 4, 5, 8}) {
+          std::vector<float> x(m * cols), y(m * 19), one(19);
+          for (auto& v : x) v = nd(rng);
+          QMatmulT(x.data(), m, o.q, 0, y.data());
+          for (int64_t i = 0; i < m; ++i) {
+            QMatmulT(x.data() + i * cols, 1, o.q, 0, one.data());
+            for (int r = 0; r < 19; ++r)
+              ASSERT_EQ(y[i * 19 + r], one[r]) << "m=" << m << " row " << i << " out " << r;
+          }
+        }
+      }
     }
   });
 }

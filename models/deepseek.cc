@@ -78,18 +78,20 @@ class MlaStage : public LayeredStage {
     return {L.input_norm, L.post_norm};
   }
   absl::Status ReserveCaches(SequenceState& seq, int64_t rows) const override;
-  absl::Status Attention(int64_t layer, SequenceState& seq, const float* x, int64_t rows,
-                         TopkState& carry, float* out) const override;
+  absl::Status Attention(int64_t layer, const std::vector<Segment>& segs, const float* x,
+                         int64_t rows, float* out) const override;
   absl::Status FeedForward(int64_t layer, const float* x, int64_t rows,
                            float* out) const override;
 
  private:
-  absl::Status Attend(const MlaLayer& L, MlaCache& cache, const float* x, int64_t T,
-                      int64_t offset, TopkState& carry, int64_t layer, float* out) const;
-  // Sets *sparse = false when the context is short enough that the layer stays dense;
-  // otherwise writes [T, index_topk] selected positions to *topk.
-  absl::Status RunIndexer(const MlaLayer& L, MlaCache& cache, const float* x, const float* qr,
-                          int64_t T, int64_t offset, bool* sparse, Buffer* topk) const;
+  // The layer's cache in the segment's sequence.
+  MlaCache& CacheOf(int64_t layer, const Segment& s) const {
+    return static_cast<MlaSequence&>(*s.seq).caches[layer - range().begin];
+  }
+  // Runs the indexer of a full layer and sets each segment's carry: dense when its context is
+  // short enough that the layer stays dense, else [rows, index_topk] selected positions.
+  absl::Status RunIndexer(const MlaLayer& L, int64_t layer, const std::vector<Segment>& segs,
+                          const float* x, const float* qr, int64_t T) const;
   absl::Status Moe(const MlaLayer& L, const float* x, int64_t T, float* out) const;
 
   std::vector<MlaLayer> layers_;
@@ -212,45 +214,78 @@ absl::Status MlaStage::ReserveCaches(SequenceState& seq_base, int64_t rows) cons
   return absl::OkStatus();
 }
 
-absl::Status MlaStage::RunIndexer(const MlaLayer& L, MlaCache& cache, const float* x,
-                                  const float* qr, int64_t T, int64_t offset, bool* sparse,
-                                  Buffer* topk) const {
+absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
+                                  const std::vector<Segment>& segs, const float* x,
+                                  const float* qr, int64_t T) const {
   Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t ih = c.index_n_heads, id = c.index_head_dim;
   RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * ih * id));
-  float* k = cache.index_k.row(offset);  // this step's keys go straight into the cache
+  // This step's keys: with one sequence straight into its cache rows, with several into
+  // scratch rows that each cache takes its share of.
+  Buffer scratch;
+  float* k;
+  if (segs.size() == 1) {
+    k = CacheOf(layer, segs[0]).index_k.row(segs[0].seq->position_);
+  } else {
+    RING_ASSIGN_OR_RETURN(scratch, b.AllocF(T * id));
+    k = scratch.f();
+  }
   RING_RETURN_IF_ERROR(b.Linear(L.wq_b, qr, T, t, q.f()));
   RING_RETURN_IF_ERROR(b.Linear(L.wk, x, T, t, k));
   RING_RETURN_IF_ERROR(b.LayerNorm(k, T, id, L.k_norm_w, L.k_norm_b, 1e-5f, t, k));
-  RING_RETURN_IF_ERROR(b.Rope(index_rope_, q.f(), T, ih, id, ih * id, offset, t));
-  RING_RETURN_IF_ERROR(b.Rope(index_rope_, k, T, 1, id, id, offset, t));
-  const int64_t S = offset + T;
-  *sparse = S > c.index_topk;
-  if (!*sparse) return absl::OkStatus();
+  bool any_sparse = false;
+  for (const Segment& s : segs) {
+    MlaCache& cache = CacheOf(layer, s);
+    const int64_t offset = s.seq->position_;
+    float* ks = cache.index_k.row(offset);
+    if (segs.size() > 1) RING_RETURN_IF_ERROR(b.Copy2D(k + s.row0 * id, id, ks, id, s.rows, id));
+    RING_RETURN_IF_ERROR(
+        b.Rope(index_rope_, q.f() + s.row0 * ih * id, s.rows, ih, id, ih * id, offset, t));
+    RING_RETURN_IF_ERROR(b.Rope(index_rope_, ks, s.rows, 1, id, id, offset, t));
+    const bool sparse = offset + s.rows > c.index_topk;
+    any_sparse = any_sparse || sparse;
+    s.carry->source_layer = layer;
+    s.carry->dense = !sparse;
+    s.carry->k = sparse ? c.index_topk : 0;
+    s.carry->indices = Buffer();
+  }
+  if (!any_sparse) return absl::OkStatus();
   // w = round(weights_proj(x) * heads^-0.5 * dim^-0.5); the scores and top-k in one op.
   RING_ASSIGN_OR_RETURN(Buffer w, b.AllocF(T * ih));
   RING_RETURN_IF_ERROR(b.Linear(L.weights_proj, x, T, t, w.f()));
   const float wscale = static_cast<float>(1.0 / std::sqrt(double(ih)) / std::sqrt(double(id)));
   RING_RETURN_IF_ERROR(b.ScaleRound(w.f(), T * ih, wscale, t));
-  RING_ASSIGN_OR_RETURN(*topk, b.Alloc(T * c.index_topk * 4));
-  cpu::IndexerArgs args;
-  args.q = q.f();
-  args.keys = cache.index_k.row(0);
-  args.w = w.f();
-  args.T = T;
-  args.S = S;
-  args.offset = offset;
-  args.heads = ih;
-  args.dim = id;
-  args.K = c.index_topk;
-  return b.IndexerTopK(args, t, topk->i());
+  for (const Segment& s : segs) {
+    if (s.carry->dense) continue;
+    RING_ASSIGN_OR_RETURN(s.carry->indices, b.Alloc(s.rows * c.index_topk * 4));
+    cpu::IndexerArgs args;
+    args.q = q.f() + s.row0 * ih * id;
+    args.keys = CacheOf(layer, s).index_k.row(0);
+    args.w = w.f() + s.row0 * ih;
+    args.T = s.rows;
+    args.S = s.seq->position_ + s.rows;
+    args.offset = s.seq->position_;
+    args.heads = ih;
+    args.dim = id;
+    args.K = c.index_topk;
+    RING_RETURN_IF_ERROR(b.IndexerTopK(args, t, s.carry->indices.i()));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status MlaStage::Attend(const MlaLayer& L, MlaCache& cache, const float* x, int64_t T,
-                              int64_t offset, TopkState& carry, int64_t layer,
-                              float* out) const {
+absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs,
+                                 const float* x, int64_t T, float* out) const {
+  const MlaLayer& L = layers_[layer - range().begin];
+  for (const Segment& s : segs) {
+    if (L.indexer_shared && s.carry->source_layer < 0 &&
+        s.seq->position_ + s.rows > ctx_.cfg.index_topk) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", layer, " shares the indexer of an earlier layer but no top-k indices "
+          "reached this stage; the previous stage must send them"));
+    }
+  }
   Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
@@ -268,49 +303,48 @@ absl::Status MlaStage::Attend(const MlaLayer& L, MlaCache& cache, const float* x
   } else {
     RING_RETURN_IF_ERROR(b.Linear(L.q_proj, x, T, t, q.f()));
   }
-  // ckv = [latent_raw | k_pe]: the latent is normed and the key rotated into the cache rows
-  // of this step.
+  // ckv = [latent_raw | k_pe]: each sequence's latent is normed and its key rotated in the
+  // cache rows of this step.
   RING_ASSIGN_OR_RETURN(Buffer ckv, b.AllocF(T * (kvl + rope)));
   RING_RETURN_IF_ERROR(b.Linear(L.kv_a_proj, x, T, t, ckv.f()));
-  float* latent = cache.latent.row(offset);
-  float* kpe = cache.k_pe.row(offset);
-  RING_RETURN_IF_ERROR(b.Copy2D(ckv.f(), kvl + rope, latent, kvl, T, kvl));
-  RING_RETURN_IF_ERROR(b.Copy2D(ckv.f() + kvl, kvl + rope, kpe, rope, T, rope));
-  RING_RETURN_IF_ERROR(b.RmsNorm(latent, T, kvl, L.kv_a_norm, 1e-6f, t, latent));
-  RING_RETURN_IF_ERROR(b.Rope(rope_, q.f() + nope, T, H, qd, H * qd, offset, t));
-  RING_RETURN_IF_ERROR(b.Rope(rope_, kpe, T, 1, rope, rope, offset, t));
-  const int64_t S = offset + T;
-
-  // Sparse selection: a full layer runs its indexer; a shared one reuses the carry.
-  bool sparse = false;
-  if (L.indexer && !L.indexer_shared) {
-    Buffer topk;
-    RING_RETURN_IF_ERROR(RunIndexer(L, cache, x, qr.f(), T, offset, &sparse, &topk));
-    carry.source_layer = layer;
-    carry.dense = !sparse;
-    carry.k = sparse ? c.index_topk : 0;
-    carry.indices = sparse ? topk : Buffer();
-  } else if (L.indexer_shared && carry.source_layer >= 0 && !carry.dense) {
-    sparse = true;
+  for (const Segment& s : segs) {
+    MlaCache& cache = CacheOf(layer, s);
+    const int64_t offset = s.seq->position_;
+    float* latent = cache.latent.row(offset);
+    float* kpe = cache.k_pe.row(offset);
+    const float* src = ckv.f() + s.row0 * (kvl + rope);
+    RING_RETURN_IF_ERROR(b.Copy2D(src, kvl + rope, latent, kvl, s.rows, kvl));
+    RING_RETURN_IF_ERROR(b.Copy2D(src + kvl, kvl + rope, kpe, rope, s.rows, rope));
+    RING_RETURN_IF_ERROR(b.RmsNorm(latent, s.rows, kvl, L.kv_a_norm, 1e-6f, t, latent));
+    RING_RETURN_IF_ERROR(
+        b.Rope(rope_, q.f() + s.row0 * H * qd + nope, s.rows, H, qd, H * qd, offset, t));
+    RING_RETURN_IF_ERROR(b.Rope(rope_, kpe, s.rows, 1, rope, rope, offset, t));
   }
 
-  cpu::MlaAttentionArgs args;
-  args.q = q.f();
-  args.latent = cache.latent.row(0);
-  args.k_pe = cache.k_pe.row(0);
-  args.topk = sparse ? carry.indices.i() : nullptr;
-  args.T = T;
-  args.S = S;
-  args.offset = offset;
-  args.K = sparse ? c.index_topk : 0;
-  args.H = H;
-  args.nope = nope;
-  args.rope = rope;
-  args.vd = vd;
-  args.kvl = kvl;
-  args.scale = scale_;
+  // Sparse selection: a full layer runs its indexer; a shared one reuses the carry.
+  if (L.indexer && !L.indexer_shared) RING_RETURN_IF_ERROR(RunIndexer(L, layer, segs, x, qr.f(), T));
   RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * vd));
-  RING_RETURN_IF_ERROR(b.MlaAttention(args, L.embed_q, L.unembed_out, t, attn.f()));
+  for (const Segment& s : segs) {
+    const TopkState& carry = *s.carry;
+    const bool sparse = L.indexer && carry.source_layer >= 0 && !carry.dense;
+    const MlaCache& cache = CacheOf(layer, s);
+    cpu::MlaAttentionArgs args;
+    args.q = q.f() + s.row0 * H * qd;
+    args.latent = cache.latent.row(0);
+    args.k_pe = cache.k_pe.row(0);
+    args.topk = sparse ? carry.indices.i() : nullptr;
+    args.T = s.rows;
+    args.S = s.seq->position_ + s.rows;
+    args.offset = s.seq->position_;
+    args.K = sparse ? c.index_topk : 0;
+    args.H = H;
+    args.nope = nope;
+    args.rope = rope;
+    args.vd = vd;
+    args.kvl = kvl;
+    args.scale = scale_;
+    RING_RETURN_IF_ERROR(b.MlaAttention(args, L.embed_q, L.unembed_out, t, attn.f() + s.row0 * H * vd));
+  }
   return b.Linear(L.o_proj, attn.f(), T, t, out);
 }
 
@@ -341,19 +375,6 @@ absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* 
                                        ids.i(), K, t, y.f()));
   return b.MoeCombine(y.f(), wts.f(), L.has_shared ? shared.f() : nullptr, T, K, hid,
                       cpu::CombineMode::kFp32Sum, t, out);
-}
-
-absl::Status MlaStage::Attention(int64_t layer, SequenceState& seq_base, const float* x,
-                                 int64_t T, TopkState& carry, float* out) const {
-  auto& seq = static_cast<MlaSequence&>(seq_base);
-  const MlaLayer& L = layers_[layer - range().begin];
-  if (L.indexer_shared && carry.source_layer < 0 &&
-      seq.position_ + T > ctx_.cfg.index_topk) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "layer ", layer, " shares the indexer of an earlier layer but no top-k indices "
-        "reached this stage; the previous stage must send them"));
-  }
-  return Attend(L, seq.caches[layer - range().begin], x, T, seq.position_, carry, layer, out);
 }
 
 absl::Status MlaStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {

@@ -41,6 +41,15 @@ struct TopkState {
   Buffer indices;  // [rows, k] int32 when !dense
 };
 
+// One sequence's rows in a (batched) step: rows [row0, row0 + rows) of the step's
+// activations, at positions seq->position_ ..; `carry` is that sequence's IndexShare carry.
+struct Segment {
+  SequenceState* seq = nullptr;
+  int64_t row0 = 0;
+  int64_t rows = 0;
+  TopkState* carry = nullptr;
+};
+
 // The parts every family shares: input checks, embedding on the first stage, the layer
 // loop, and final norm + lm_head on the last. Families implement the layers.
 class LayeredStage : public Stage {
@@ -50,6 +59,8 @@ class LayeredStage : public Stage {
   StageRange range() const override { return ctx_.range; }
   int64_t weight_bytes() const override { return weight_bytes_; }
   absl::StatusOr<StageOutput> Forward(Sequence& seq, const StageInput& in) const override;
+  std::vector<absl::StatusOr<StageOutput>> ForwardBatch(
+      const std::vector<BatchedStep>& steps) const override;
 
  protected:
   Backend& backend() const { return *ctx_.backend; }
@@ -58,10 +69,10 @@ class LayeredStage : public Stage {
   absl::Status LoadEnds(const WeightLoader& w);
   // Every family's decoder layer is the same pre-norm residual block,
   //   h = h + Attention(RmsNorm_in(h));  h = h + FeedForward(RmsNorm_post(h)),
-  // run here; the families supply the three parts. h is [rows, hidden] at positions
-  // seq.position() .. + rows and is updated in place.
-  absl::Status RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
-                        TopkState& carry) const;
+  // run here; the families supply the three parts. h is [rows, hidden] (the segments' rows
+  // one after the other) and is updated in place.
+  absl::Status RunLayer(int64_t layer, const std::vector<Segment>& segs, float* h,
+                        int64_t rows) const;
   // Makes every cache of this stage hold `rows` positions (before any layer runs, so a
   // request that does not fit fails with a clear error and changes nothing).
   virtual absl::Status ReserveCaches(SequenceState& seq, int64_t rows) const = 0;
@@ -69,10 +80,12 @@ class LayeredStage : public Stage {
     TensorView input, post;
   };
   virtual BlockNorms Norms(int64_t layer) const = 0;
-  // out[rows, hidden] = the layer's attention on the normed input x.
-  virtual absl::Status Attention(int64_t layer, SequenceState& seq, const float* x,
-                                 int64_t rows, TopkState& carry, float* out) const = 0;
-  // out[rows, hidden] = the layer's MLP or MoE on the normed input x.
+  // out[rows, hidden] = the layer's attention on the normed input x, each segment over its
+  // own sequence's cache. Projections run on all rows at once; with one segment, the step's
+  // keys go straight into its cache rows (no scratch copy).
+  virtual absl::Status Attention(int64_t layer, const std::vector<Segment>& segs,
+                                 const float* x, int64_t rows, float* out) const = 0;
+  // out[rows, hidden] = the layer's MLP or MoE on the normed input x (rows independent).
   virtual absl::Status FeedForward(int64_t layer, const float* x, int64_t rows,
                                    float* out) const = 0;
 
@@ -83,7 +96,11 @@ class LayeredStage : public Stage {
   QuantWeight head_;  // lm_head, or the embedding when tied
 
  private:
-  absl::StatusOr<StageOutput> ForwardOnBackend(SequenceState& seq, const StageInput& in) const;
+  // Checks one step's input against the model and this stage; its rows.
+  absl::StatusOr<int64_t> CheckStep(const SequenceState& seq, const StageInput& in) const;
+  // Runs the checked steps (with their caches reserved) as one batch; fills outs[i].
+  absl::Status RunSteps(const std::vector<const StageInput*>& ins, const std::vector<Segment>& segs,
+                        std::vector<StageOutput>& outs) const;
   mutable std::mutex mu_;  // serialises Forward on backends without concurrent sequences
 };
 

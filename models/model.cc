@@ -30,8 +30,8 @@ absl::Status LayeredStage::LoadEnds(const WeightLoader& w) {
   return absl::OkStatus();
 }
 
-absl::Status LayeredStage::RunLayer(int64_t layer, SequenceState& seq, float* h, int64_t rows,
-                                    TopkState& carry) const {
+absl::Status LayeredStage::RunLayer(int64_t layer, const std::vector<Segment>& segs, float* h,
+                                    int64_t rows) const {
   Backend& b = backend();
   const int64_t n = rows * ctx_.cfg.hidden_size;
   const float eps = static_cast<float>(ctx_.cfg.rms_norm_eps);
@@ -39,30 +39,71 @@ absl::Status LayeredStage::RunLayer(int64_t layer, SequenceState& seq, float* h,
   RING_ASSIGN_OR_RETURN(Buffer xn, b.AllocF(n));
   RING_ASSIGN_OR_RETURN(Buffer o, b.AllocF(n));
   RING_RETURN_IF_ERROR(b.RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.input, eps, ctx_.act, xn.f()));
-  RING_RETURN_IF_ERROR(Attention(layer, seq, xn.f(), rows, carry, o.f()));
+  RING_RETURN_IF_ERROR(Attention(layer, segs, xn.f(), rows, o.f()));
   RING_RETURN_IF_ERROR(b.Add(h, o.f(), n, ctx_.act, h));
   RING_RETURN_IF_ERROR(b.RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.post, eps, ctx_.act, xn.f()));
   RING_RETURN_IF_ERROR(FeedForward(layer, xn.f(), rows, o.f()));
   return b.Add(h, o.f(), n, ctx_.act, h);
 }
 
-absl::StatusOr<StageOutput> LayeredStage::Forward(Sequence& seq_base,
-                                                  const StageInput& in) const {
-  auto& seq = static_cast<SequenceState&>(seq_base);
-  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
-  if (!backend().concurrent()) lock.lock();
-  RING_RETURN_IF_ERROR(backend().BeginStep());
-  absl::StatusOr<StageOutput> out = ForwardOnBackend(seq, in);
-  const absl::Status end = backend().EndStep();
-  if (!out.ok()) return out.status();
-  if (!end.ok()) return end;
-  seq.position_ += out->rows;
-  return out;
+absl::StatusOr<StageOutput> LayeredStage::Forward(Sequence& seq, const StageInput& in) const {
+  return std::move(ForwardBatch({BatchedStep{&seq, &in}})[0]);
 }
 
-absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
-                                                           const StageInput& in) const {
-  Backend& b = backend();
+std::vector<absl::StatusOr<StageOutput>> LayeredStage::ForwardBatch(
+    const std::vector<BatchedStep>& steps) const {
+  std::vector<absl::StatusOr<StageOutput>> results(steps.size(),
+                                                   absl::InternalError("step not run"));
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (!backend().concurrent()) lock.lock();
+  if (absl::Status s = backend().BeginStep(); !s.ok()) {
+    for (auto& r : results) r = s;
+    return results;
+  }
+  // The steps that pass their checks, and their caches made big enough before any layer
+  // runs (so a step that does not fit fails alone and changes nothing).
+  std::vector<size_t> live;
+  std::vector<const StageInput*> ins;
+  std::vector<Segment> segs;
+  std::vector<TopkState> carries(steps.size());
+  int64_t row0 = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto* seq = static_cast<SequenceState*>(steps[i].seq);
+    bool repeated = false;
+    for (const Segment& s : segs) repeated = repeated || s.seq == seq;
+    if (repeated) {
+      results[i] = absl::InvalidArgumentError("a batch holds one step per sequence");
+      continue;
+    }
+    absl::StatusOr<int64_t> rows = CheckStep(*seq, *steps[i].in);
+    absl::Status s = rows.status();
+    if (s.ok()) s = ReserveCaches(*seq, seq->position_ + *rows);
+    if (!s.ok()) {
+      results[i] = s;
+      continue;
+    }
+    live.push_back(i);
+    ins.push_back(steps[i].in);
+    segs.push_back(Segment{seq, row0, *rows, &carries[i]});
+    row0 += *rows;
+  }
+  std::vector<StageOutput> outs(live.size());
+  absl::Status run = live.empty() ? absl::OkStatus() : RunSteps(ins, segs, outs);
+  const absl::Status end = backend().EndStep();
+  if (run.ok()) run = end;
+  for (size_t j = 0; j < live.size(); ++j) {
+    if (!run.ok()) {
+      results[live[j]] = run;
+      continue;
+    }
+    segs[j].seq->position_ += segs[j].rows;
+    results[live[j]] = std::move(outs[j]);
+  }
+  return results;
+}
+
+absl::StatusOr<int64_t> LayeredStage::CheckStep(const SequenceState& seq,
+                                               const StageInput& in) const {
   const ModelConfig& c = ctx_.cfg;
   const int64_t hidden = c.hidden_size;
   int64_t rows;
@@ -102,78 +143,129 @@ absl::StatusOr<StageOutput> LayeredStage::ForwardOnBackend(SequenceState& seq,
         "top-k carry from layer ", topk_in.source_layer, " has ", topk_in.indices.size(),
         " indices, expected ", rows, " rows x ", topk_in.k));
   }
-  RING_RETURN_IF_ERROR(ReserveCaches(seq, seq.position_ + rows));
+  return rows;
+}
 
+absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
+                                    const std::vector<Segment>& segs,
+                                    std::vector<StageOutput>& outs) const {
+  Backend& b = backend();
+  const ModelConfig& c = ctx_.cfg;
+  const int64_t hidden = c.hidden_size;
+  const int64_t rows = segs.back().row0 + segs.back().rows;
   RING_ASSIGN_OR_RETURN(Buffer h, b.AllocF(rows * hidden));
   b.BeginLayer(-1);
   if (is_first()) {
-    RING_RETURN_IF_ERROR(b.Embed(embed_, in.tokens.data(), rows, ctx_.act, h.f()));
-  } else {
-    RING_RETURN_IF_ERROR(b.Upload(in.hidden.data(), rows * hidden * 4, h.data()));
+    std::vector<int32_t> tokens;
+    tokens.reserve(rows);
+    for (const StageInput* in : ins) tokens.insert(tokens.end(), in->tokens.begin(), in->tokens.end());
+    RING_RETURN_IF_ERROR(b.Embed(embed_, tokens.data(), rows, ctx_.act, h.f()));
   }
-  TopkState carry;
-  if (!is_first()) {
-    carry.source_layer = topk_in.source_layer;
-    carry.dense = topk_in.dense;
-    carry.k = topk_in.k;
-    if (!topk_in.dense && !topk_in.indices.empty()) {
-      RING_ASSIGN_OR_RETURN(carry.indices, b.Alloc(topk_in.indices.size() * 4));
+  bool capture = false;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const StageInput& in = *ins[i];
+    const Segment& s = segs[i];
+    capture = capture || in.capture_layers;
+    if (is_first()) continue;
+    RING_RETURN_IF_ERROR(
+        b.Upload(in.hidden.data(), s.rows * hidden * 4, h.f() + s.row0 * hidden));
+    TopkState& carry = *s.carry;
+    carry.source_layer = in.topk.source_layer;
+    carry.dense = in.topk.dense;
+    carry.k = in.topk.k;
+    if (!in.topk.dense && !in.topk.indices.empty()) {
+      RING_ASSIGN_OR_RETURN(carry.indices, b.Alloc(in.topk.indices.size() * 4));
       RING_RETURN_IF_ERROR(
-          b.Upload(topk_in.indices.data(), topk_in.indices.size() * 4, carry.indices.data()));
+          b.Upload(in.topk.indices.data(), in.topk.indices.size() * 4, carry.indices.data()));
     }
   }
-  std::vector<std::vector<float>> layer_hidden;
   for (int64_t l = range().begin; l < range().end; ++l) {
     b.BeginLayer(l);
-    RING_RETURN_IF_ERROR(RunLayer(l, seq, h.f(), rows, carry));
+    RING_RETURN_IF_ERROR(RunLayer(l, segs, h.f(), rows));
     RING_RETURN_IF_ERROR(b.EndLayer(l, h.f(), rows * hidden));
-    if (in.capture_layers) {
-      layer_hidden.emplace_back(rows * hidden);
-      RING_RETURN_IF_ERROR(b.Download(h.data(), rows * hidden * 4, layer_hidden.back().data()));
+    if (!capture) continue;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (!ins[i]->capture_layers) continue;
+      auto& layer = outs[i].layer_hidden.emplace_back(segs[i].rows * hidden);
+      RING_RETURN_IF_ERROR(
+          b.Download(h.f() + segs[i].row0 * hidden, segs[i].rows * hidden * 4, layer.data()));
     }
   }
   b.BeginLayer(c.num_hidden_layers);
-  StageOutput out;
-  out.layer_hidden = std::move(layer_hidden);
-  out.rows = rows;
-  out.topk.source_layer = carry.source_layer;
-  out.topk.dense = carry.dense;
-  out.topk.k = carry.k;
-  if (!carry.dense && carry.k > 0) {
-    out.topk.indices.resize(rows * carry.k);
-    RING_RETURN_IF_ERROR(b.Download(carry.indices.data(), rows * carry.k * 4,
-                                    out.topk.indices.data()));
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const TopkState& carry = *segs[i].carry;
+    StageOutput& out = outs[i];
+    out.rows = segs[i].rows;
+    out.topk.source_layer = carry.source_layer;
+    out.topk.dense = carry.dense;
+    out.topk.k = carry.k;
+    if (!carry.dense && carry.k > 0) {
+      out.topk.indices.resize(out.rows * carry.k);
+      RING_RETURN_IF_ERROR(b.Download(carry.indices.data(), out.rows * carry.k * 4,
+                                      out.topk.indices.data()));
+    }
   }
   if (!is_last()) {
-    out.hidden.resize(rows * hidden);
-    RING_RETURN_IF_ERROR(b.Download(h.data(), rows * hidden * 4, out.hidden.data()));
-    return out;
+    std::vector<float> all(rows * hidden);
+    RING_RETURN_IF_ERROR(b.Download(h.data(), rows * hidden * 4, all.data()));
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const float* first = all.data() + segs[i].row0 * hidden;
+      outs[i].hidden.assign(first, first + segs[i].rows * hidden);
+    }
+    return absl::OkStatus();
   }
-  const int64_t first_row = ctx_.all_logits ? 0 : rows - 1;
-  const int64_t n = rows - first_row;
+  // The head reads every row of a step (all_logits) or its last; those rows of all steps
+  // are normed into one matrix so that the LM head's weights are read once.
+  std::vector<int64_t> head_row0(segs.size());
+  int64_t n = 0;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    head_row0[i] = n;
+    n += ctx_.all_logits ? segs[i].rows : 1;
+  }
   RING_ASSIGN_OR_RETURN(Buffer normed, b.AllocF(n * hidden));
-  RING_RETURN_IF_ERROR(b.RmsNorm(h.f() + first_row * hidden, n, hidden, final_norm_,
-                                 static_cast<float>(c.rms_norm_eps), ctx_.act, normed.f()));
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const int64_t first_row = ctx_.all_logits ? 0 : segs[i].rows - 1;
+    RING_RETURN_IF_ERROR(b.RmsNorm(h.f() + (segs[i].row0 + first_row) * hidden,
+                                   segs[i].rows - first_row, hidden, final_norm_,
+                                   static_cast<float>(c.rms_norm_eps), ctx_.act,
+                                   normed.f() + head_row0[i] * hidden));
+  }
   RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(n * c.vocab_size));
   RING_RETURN_IF_ERROR(b.Linear(head_, normed.f(), n, ctx_.act, logits.f()));
-  out.argmax.resize(n);
-  RING_RETURN_IF_ERROR(b.ArgMax(logits.f(), n, c.vocab_size, out.argmax.data()));
-  if (in.sample.has_value()) {
-    out.sampled.emplace();
-    RING_RETURN_IF_ERROR(b.Sample(logits.f() + (n - 1) * c.vocab_size, c.vocab_size,
-                                  *in.sample, &*out.sampled));
+  std::vector<int32_t> argmax(n);
+  RING_RETURN_IF_ERROR(b.ArgMax(logits.f(), n, c.vocab_size, argmax.data()));
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const StageInput& in = *ins[i];
+    StageOutput& out = outs[i];
+    const int64_t k = (i + 1 < segs.size() ? head_row0[i + 1] : n) - head_row0[i];
+    const float* seg_logits = logits.f() + head_row0[i] * c.vocab_size;
+    out.argmax.assign(argmax.begin() + head_row0[i], argmax.begin() + head_row0[i] + k);
+    if (in.sample.has_value()) {
+      out.sampled.emplace();
+      RING_RETURN_IF_ERROR(b.Sample(seg_logits + (k - 1) * c.vocab_size, c.vocab_size,
+                                    *in.sample, &*out.sampled));
+    }
+    if (in.argmax_only || in.sample.has_value()) {
+      out.hidden.resize(k * hidden);
+      RING_RETURN_IF_ERROR(
+          b.Download(normed.f() + head_row0[i] * hidden, k * hidden * 4, out.hidden.data()));
+    } else {
+      out.logits.resize(k * c.vocab_size);
+      RING_RETURN_IF_ERROR(b.Download(seg_logits, k * c.vocab_size * 4, out.logits.data()));
+    }
   }
-  if (in.argmax_only || in.sample.has_value()) {
-    out.hidden.resize(n * hidden);
-    RING_RETURN_IF_ERROR(b.Download(normed.data(), n * hidden * 4, out.hidden.data()));
-    return out;
-  }
-  out.logits.resize(n * c.vocab_size);
-  RING_RETURN_IF_ERROR(b.Download(logits.data(), n * c.vocab_size * 4, out.logits.data()));
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace internal
+
+std::vector<absl::StatusOr<StageOutput>> Stage::ForwardBatch(
+    const std::vector<BatchedStep>& steps) const {
+  std::vector<absl::StatusOr<StageOutput>> out;
+  out.reserve(steps.size());
+  for (const BatchedStep& s : steps) out.push_back(Forward(*s.seq, *s.in));
+  return out;
+}
 
 std::vector<StageRange> SplitLayers(int64_t num_layers, int n) {
   std::vector<StageRange> out;

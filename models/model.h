@@ -130,6 +130,12 @@ class Sequence {
   virtual int64_t cache_bytes_per_token() const = 0;
 };
 
+// One sequence's step in Stage::ForwardBatch.
+struct BatchedStep {
+  Sequence* seq = nullptr;
+  const StageInput* in = nullptr;
+};
+
 class Stage {
  public:
   virtual ~Stage() = default;
@@ -140,6 +146,17 @@ class Stage {
   virtual std::unique_ptr<Sequence> NewSequence() const = 0;
   // Processes one step (a prefill chunk or a single decode token) for `seq`.
   virtual absl::StatusOr<StageOutput> Forward(Sequence& seq, const StageInput& in) const = 0;
+  // One step of each of several different sequences in one pass over the weights
+  // (continuous batching): the rows of all steps go through the norms, projections, MLP/MoE
+  // and LM head together, so each weight is read once per batch; RoPE, cache writes and
+  // attention run per sequence at its own position. Result i is what Forward(*steps[i].seq,
+  // *steps[i].in) would return: bit for bit on the CPU backend, and on CUDA while the batch
+  // has at most 8 rows (the decode GEMV, whose per-row sums do not depend on the other rows).
+  // A step with bad input or a cache that does not fit fails alone; a device fault fails
+  // every step of the batch, and no failed step advances its sequence. The default runs
+  // Forward for each step in turn.
+  virtual std::vector<absl::StatusOr<StageOutput>> ForwardBatch(
+      const std::vector<BatchedStep>& steps) const;
   // Bytes of weights this stage references.
   virtual int64_t weight_bytes() const = 0;
 };

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "models/synth.h"
 
@@ -192,6 +193,181 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       return info.param.arch + "_" + QuantModeName(info.param.quant.mode);
     });
+
+// ---- continuous batching (Stage::ForwardBatch) ------------------------------------------
+
+// One step of several sequences through a pipeline of stages: batched (one ForwardBatch per
+// stage) or each sequence alone (Forward). ins[j] is sequence which[j]'s stage-0 input; its
+// sample / argmax_only apply at the last stage.
+std::vector<absl::StatusOr<StageOutput>> PipeStep(
+    const std::vector<std::unique_ptr<Stage>>& stages,
+    std::vector<std::vector<std::unique_ptr<Sequence>>>& seqs, const std::vector<size_t>& which,
+    const std::vector<StageInput>& ins, bool batched) {
+  std::vector<absl::StatusOr<StageOutput>> res(which.size(), absl::InternalError("not run"));
+  std::vector<StageInput> cur = ins;
+  std::vector<size_t> live(which.size());
+  for (size_t j = 0; j < which.size(); ++j) live[j] = j;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const bool last = i + 1 == stages.size();
+    std::vector<BatchedStep> steps;
+    for (size_t j : live) {
+      if (last) {
+        cur[j].sample = ins[j].sample;
+        cur[j].argmax_only = ins[j].argmax_only;
+      }
+      steps.push_back({seqs[i][which[j]].get(), &cur[j]});
+    }
+    std::vector<absl::StatusOr<StageOutput>> outs;
+    if (batched) {
+      outs = stages[i]->ForwardBatch(steps);
+    } else {
+      for (const BatchedStep& st : steps) outs.push_back(stages[i]->Forward(*st.seq, *st.in));
+    }
+    std::vector<size_t> next;
+    for (size_t n = 0; n < live.size(); ++n) {
+      const size_t j = live[n];
+      if (!outs[n].ok() || last) {
+        res[j] = std::move(outs[n]);
+        continue;
+      }
+      cur[j] = StageInput{};
+      cur[j].hidden = std::move(outs[n]->hidden);
+      cur[j].topk = std::move(outs[n]->topk);
+      next.push_back(j);
+    }
+    live = std::move(next);
+  }
+  return res;
+}
+
+void ExpectSameOutput(const StageOutput& a, const StageOutput& b, const std::string& what) {
+  EXPECT_EQ(a.rows, b.rows) << what;
+  EXPECT_EQ(a.hidden, b.hidden) << what;
+  EXPECT_EQ(a.logits, b.logits) << what;
+  EXPECT_EQ(a.argmax, b.argmax) << what;
+  ASSERT_EQ(a.sampled.has_value(), b.sampled.has_value()) << what;
+  if (a.sampled) {
+    EXPECT_EQ(a.sampled->id, b.sampled->id) << what;
+    EXPECT_EQ(a.sampled->logprob, b.sampled->logprob) << what;
+    EXPECT_EQ(a.sampled->top_logprobs, b.sampled->top_logprobs) << what;
+  }
+  EXPECT_EQ(a.topk.source_layer, b.topk.source_layer) << what;
+  EXPECT_EQ(a.topk.dense, b.topk.dense) << what;
+  EXPECT_EQ(a.topk.indices, b.topk.indices) << what;
+}
+
+// Four sequences of different lengths (short ones still dense in the DSA layers, long ones
+// sparse) run alone and as batches: every output is bit-identical, for one stage and for a
+// split whose second stage gets hidden rows and the IndexShare carry. With batch_prefill the
+// prompts (3, 6, 2 and 9 rows) also go as one batch: segments of several rows each.
+void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batch_prefill) {
+  auto cfg = LoadModelConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const int64_t L = cfg->num_hidden_layers;
+  for (const std::vector<StageRange>& ranges :
+       {std::vector<StageRange>{{0, -1}}, std::vector<StageRange>{{0, L / 2}, {L / 2, -1}}}) {
+    std::vector<std::unique_ptr<Stage>> stages;
+    for (const StageRange& r : ranges) {
+      LoadOptions lo;
+      lo.layers = r;
+      lo.device = device;
+      auto st = LoadStage(dir, lo);
+      if (!st.ok() && device.kind == DeviceSpec::Kind::kCuda) {
+        GTEST_SKIP() << "no usable CUDA device: " << st.status();
+      }
+      ASSERT_TRUE(st.ok()) << st.status();
+      stages.push_back(std::move(*st));
+    }
+    const std::vector<int> lengths = {3, 6, 2, 9};
+    const size_t n = lengths.size();
+    // [0]: alone, [1]: batched; each [stage][sequence].
+    std::vector<std::vector<std::vector<std::unique_ptr<Sequence>>>> seqs(2);
+    for (auto& run : seqs) {
+      run.resize(stages.size());
+      for (size_t i = 0; i < stages.size(); ++i)
+        for (size_t j = 0; j < n; ++j) run[i].push_back(stages[i]->NewSequence());
+    }
+    std::vector<size_t> all(n);
+    for (size_t j = 0; j < n; ++j) all[j] = j;
+    std::vector<StageInput> prompts(n);
+    for (size_t j = 0; j < n; ++j) {
+      auto p = Prompt(lengths[j] + static_cast<int>(j));
+      prompts[j].tokens.assign(p.end() - lengths[j], p.end());
+    }
+    auto alone = PipeStep(stages, seqs[0], all, prompts, false);
+    auto batch = PipeStep(stages, seqs[1], all, prompts, batch_prefill);
+    for (size_t j = 0; j < n; ++j) {
+      ASSERT_TRUE(alone[j].ok()) << alone[j].status();
+      ASSERT_TRUE(batch[j].ok()) << batch[j].status();
+      ExpectSameOutput(*batch[j], *alone[j], absl::StrCat("prompt of sequence ", j));
+    }
+    Sampler sampler({.top_k = 20, .seed = 3, .top_logprobs = 2, .logprobs = true});
+    for (int step = 0; step < 3; ++step) {
+      std::vector<StageInput> ins(n);
+      for (size_t j = 0; j < n; ++j) ins[j].tokens = {static_cast<int32_t>(5 + 7 * j + step)};
+      ins[1].sample = sampler.NextRequest();  // the same draw in both runs
+      ins[2].argmax_only = true;
+      alone = PipeStep(stages, seqs[0], all, ins, false);
+      batch = PipeStep(stages, seqs[1], all, ins, true);
+      for (size_t j = 0; j < n; ++j) {
+        ASSERT_TRUE(alone[j].ok()) << alone[j].status();
+        ASSERT_TRUE(batch[j].ok()) << batch[j].status();
+        ExpectSameOutput(*batch[j], *alone[j],
+                         absl::StrCat("decode step ", step, " of sequence ", j, " on ",
+                                      ranges.size(), " stage(s)"));
+      }
+      sampler.Accept(alone[1]->sampled->id);
+    }
+    // A step that fails its checks fails alone and leaves its sequence where it was.
+    std::vector<StageInput> ins(n);
+    for (size_t j = 0; j < n; ++j) ins[j].tokens = {static_cast<int32_t>(40 + j)};
+    ins[2].tokens = {static_cast<int32_t>(cfg->vocab_size)};
+    alone = PipeStep(stages, seqs[0], all, ins, false);
+    batch = PipeStep(stages, seqs[1], all, ins, true);
+    for (size_t j = 0; j < n; ++j) {
+      if (j == 2) {
+        ASSERT_FALSE(batch[j].ok());
+        EXPECT_EQ(batch[j].status().code(), absl::StatusCode::kInvalidArgument) << batch[j].status();
+        EXPECT_EQ(seqs[1][0][j]->position(), seqs[0][0][j]->position());
+        continue;
+      }
+      ASSERT_TRUE(batch[j].ok()) << batch[j].status();
+      ExpectSameOutput(*batch[j], *alone[j], absl::StrCat("step beside a failed one, sequence ", j));
+    }
+  }
+}
+
+class BatchTest : public ::testing::TestWithParam<Family> {};
+
+TEST_P(BatchTest, BatchedStepsAreBitIdenticalToSteppingAlone) {
+  CheckBatchMatchesAlone(TinyModel(GetParam().arch, GetParam().quant), DeviceSpec{}, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, BatchTest,
+    ::testing::Values(Family{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
+                      Family{"deepseek_v32", {QuantMode::kAffine, 4, 64}},
+                      Family{"deepseek_v3", {QuantMode::kNvfp4, 4, 16}},
+                      Family{"qwen3", {QuantMode::kAffine, 4, 64}},
+                      Family{"qwen3_moe", {QuantMode::kMxfp8, 8, 32}},
+                      Family{"qwen3", {QuantMode::kNone, 0, 0}}),
+    [](const auto& info) {
+      return info.param.arch + "_" + QuantModeName(info.param.quant.mode);
+    });
+
+// On a GPU the prompts run alone (a 20-row batch takes the prefill GEMM, whose sums differ
+// from the decode GEMV's) and the decode steps as a 4-row batch.
+TEST(BatchTest, CudaBatchedDecodeIsBitIdenticalToSteppingAlone) {
+  DeviceSpec d;
+  d.kind = DeviceSpec::Kind::kCuda;
+  for (const Family& f : {Family{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
+                          Family{"qwen3", {QuantMode::kAffine, 4, 64}},
+                          Family{"qwen3_moe", {QuantMode::kMxfp8, 8, 32}}}) {
+    SCOPED_TRACE(f.arch);
+    CheckBatchMatchesAlone(TinyModel(f.arch, f.quant), d, false);
+    if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  }
+}
 
 TEST(IndexShare, SharedLayerAtStageStartNeedsTheCarry) {
   const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});

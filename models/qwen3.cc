@@ -53,8 +53,8 @@ class QwenStage : public LayeredStage {
     return {L.input_norm, L.post_norm};
   }
   absl::Status ReserveCaches(SequenceState& seq, int64_t rows) const override;
-  absl::Status Attention(int64_t layer, SequenceState& seq, const float* x, int64_t rows,
-                         TopkState& carry, float* out) const override;
+  absl::Status Attention(int64_t layer, const std::vector<Segment>& segs, const float* x,
+                         int64_t rows, float* out) const override;
   absl::Status FeedForward(int64_t layer, const float* x, int64_t rows,
                            float* out) const override;
 
@@ -136,33 +136,55 @@ absl::Status QwenStage::Moe(const QwenLayer& L, const float* x, int64_t T, float
                       t, out);
 }
 
-absl::Status QwenStage::Attention(int64_t layer, SequenceState& seq_base, const float* xn,
-                                  int64_t T, TopkState& /*carry*/, float* out) const {
-  auto& seq = static_cast<QwenSequence&>(seq_base);
+absl::Status QwenStage::Attention(int64_t layer, const std::vector<Segment>& segs,
+                                  const float* xn, int64_t T, float* out) const {
   Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads;
-  const int64_t d = head_dim_, offset = seq.position_;
-  const QwenLayer& L = layers_[layer - range().begin];
-  KvCache& cache = seq.caches[layer - range().begin];
+  const int64_t d = head_dim_, kvw = KV * d;
+  const int64_t l = layer - range().begin;
+  const QwenLayer& L = layers_[l];
   const float eps = static_cast<float>(c.rms_norm_eps);
+  auto cache_of = [l](const Segment& s) -> KvCache& {
+    return static_cast<QwenSequence&>(*s.seq).caches[l];
+  };
 
-  // k and v of this step are computed straight into their cache rows.
+  // k and v of this step: with one sequence straight into its cache rows, with several into
+  // scratch rows that each sequence's cache then takes its share of.
   RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * H * d));
-  float* k = cache.k.row(offset);
-  float* v = cache.v.row(offset);
+  Buffer kv;
+  float* k;
+  float* v;
+  if (segs.size() == 1) {
+    k = cache_of(segs[0]).k.row(segs[0].seq->position_);
+    v = cache_of(segs[0]).v.row(segs[0].seq->position_);
+  } else {
+    RING_ASSIGN_OR_RETURN(kv, b.AllocF(2 * T * kvw));
+    k = kv.f();
+    v = kv.f() + T * kvw;
+  }
   RING_RETURN_IF_ERROR(b.Linear(L.q_proj, xn, T, t, q.f()));
   RING_RETURN_IF_ERROR(b.Linear(L.k_proj, xn, T, t, k));
   RING_RETURN_IF_ERROR(b.Linear(L.v_proj, xn, T, t, v));
-  RING_RETURN_IF_ERROR(b.HeadNormRope(rope_, q.f(), H, L.q_norm, k, KV, L.k_norm, T, d, eps,
-                                      offset, t));
-  const int64_t S = offset + T;
   RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * d));
-  cpu::AttentionArgs args{q.f(), H * d, cache.k.row(0), KV * d, cache.v.row(0), KV * d,
-                          T, S, H, KV, d, d, 1.f / std::sqrt(static_cast<float>(d)), nullptr,
-                          T > 1 ? offset : -1};
-  RING_RETURN_IF_ERROR(b.Attention(args, t, attn.f()));
+  for (const Segment& s : segs) {
+    KvCache& cache = cache_of(s);
+    const int64_t offset = s.seq->position_;
+    float* ks = cache.k.row(offset);
+    if (segs.size() > 1) {
+      RING_RETURN_IF_ERROR(b.Copy2D(k + s.row0 * kvw, kvw, ks, kvw, s.rows, kvw));
+      RING_RETURN_IF_ERROR(b.Copy2D(v + s.row0 * kvw, kvw, cache.v.row(offset), kvw, s.rows, kvw));
+    }
+    float* qs = q.f() + s.row0 * H * d;
+    RING_RETURN_IF_ERROR(b.HeadNormRope(rope_, qs, H, L.q_norm, ks, KV, L.k_norm, s.rows, d, eps,
+                                        offset, t));
+    cpu::AttentionArgs args{qs, H * d, cache.k.row(0), kvw, cache.v.row(0), kvw,
+                            s.rows, offset + s.rows, H, KV, d, d,
+                            1.f / std::sqrt(static_cast<float>(d)), nullptr,
+                            s.rows > 1 ? offset : -1};
+    RING_RETURN_IF_ERROR(b.Attention(args, t, attn.f() + s.row0 * H * d));
+  }
   return b.Linear(L.o_proj, attn.f(), T, t, out);
 }
 

@@ -73,9 +73,10 @@ Engine::Engine(RingOptions ring_options, Options options, ServerMetrics* metrics
     };
   }
   if (!ring_options_.on_closed_step) {
-    ring_options_.on_closed_step = [m = metrics_](double seconds,
-                                                  const std::vector<std::pair<size_t, double>>& stages) {
-      m->ObserveClosedStep(seconds, stages);
+    ring_options_.on_closed_step = [m = metrics_](const ClosedStepTrace& t) {
+      std::vector<std::pair<size_t, double>> stages;
+      for (const ClosedStepTrace::Stage& s : t.stages) stages.emplace_back(s.index, s.worker_seconds);
+      m->ObserveClosedStep(t.seconds, stages);
     };
   }
   for (int i = 0; i < std::max(1, options_.max_concurrent); ++i) {

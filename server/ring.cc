@@ -340,18 +340,22 @@ class RemoteRing final : public Ring {
   }
   // A closed-ring step's trace (GenerateEvent): activation stats and timing per stage.
   void NoteClosedStep(const pb::GenerateEvent& e) {
-    std::vector<std::pair<size_t, double>> per_stage;
+    ClosedStepTrace trace;
+    trace.seconds = e.step_seconds();
+    trace.started_unix_nanos = e.started_unix_nanos();
+    trace.returned_unix_nanos = e.returned_unix_nanos();
     for (const pb::StageTrace& t : e.trace()) {
       if (t.stage() < 0 || static_cast<size_t>(t.stage()) >= clients_.size()) continue;
       NoteActivation(static_cast<size_t>(t.stage()), t.rms(), t.absmax());
-      per_stage.emplace_back(static_cast<size_t>(t.stage()), t.worker_seconds());
+      trace.stages.push_back({static_cast<size_t>(t.stage()), t.worker_seconds(), t.compute_seconds(),
+                              t.received_unix_nanos(), t.sent_unix_nanos()});
     }
-    if (on_closed_step_) on_closed_step_(e.step_seconds(), per_stage);
+    if (on_closed_step_) on_closed_step_(trace);
   }
 
  private:
   std::function<void(const StageStep&)> on_stage_step_;
-  std::function<void(double, const std::vector<std::pair<size_t, double>>&)> on_closed_step_;
+  std::function<void(const ClosedStepTrace&)> on_closed_step_;
   std::vector<std::unique_ptr<worker::StageClient>> clients_;
   std::vector<uint64_t> epochs_;
   std::vector<RingStageInfo> stages_info_;

@@ -59,6 +59,23 @@ struct StageStep {
 // every other hop gRPC; kGrpc: gRPC everywhere.
 enum class RingTransport { kAuto, kGrpc };
 
+// Where one closed-ring step's time went, from the trace that comes back with its token.
+// Times are the workers' wall clocks: comparable between workers of one host (hop times
+// between hosts are as good as their clock sync).
+struct ClosedStepTrace {
+  double seconds = 0;               // stage 0 starting the step to the token back there
+  int64_t started_unix_nanos = 0;   // stage 0 started the step
+  int64_t returned_unix_nanos = 0;  // the token was back at stage 0
+  struct Stage {
+    size_t index = 0;
+    double worker_seconds = 0;   // frame off the wire to reply ready
+    double compute_seconds = 0;  // the stage's forward, waiting for a batch slot included
+    int64_t received_unix_nanos = 0;
+    int64_t sent_unix_nanos = 0;
+  };
+  std::vector<Stage> stages;  // ring order
+};
+
 struct RingOptions {
   // Remote ring: worker addresses in ring order; `model` is a path under their
   // --model-root. Empty: the stages run in this process and `model` is a directory.
@@ -106,10 +123,9 @@ struct RingOptions {
   // the token straight to stage 0. Off: the coordinator drives every step (a star).
   bool closed_loop = false;
   RingTransport transport = RingTransport::kAuto;  // closed ring only
-  // Closed ring: called for every step with its time round the ring (seen at stage 0) and
-  // each stage's own time on it (ring_closed_step_seconds, ring_stage_compute_seconds).
-  std::function<void(double seconds, const std::vector<std::pair<size_t, double>>& stage_seconds)>
-      on_closed_step;
+  // Closed ring: called for every step with where its time went (ClosedStepTrace;
+  // ring_closed_step_seconds, ring_stage_compute_seconds).
+  std::function<void(const ClosedStepTrace&)> on_closed_step;
 };
 
 // One generation round a closed ring (RingSequence::Generate).

@@ -117,6 +117,11 @@ int main(int argc, char** argv) {
                "Closed ring: keep every hop of this worker on gRPC, even to a GPU on the same host "
                "(by default such a hop moves large hidden-state frames over NCCL when libnccl.so.2 "
                "loads; RING_NCCL_LIBRARY names it)");
+  int64_t max_batch_rows = ring::worker::WorkerOptions{}.max_batch_rows;
+  app.add_option("--max-batch", max_batch_rows,
+                 "Continuous batching: steps of different sequences that arrive while the stage "
+                 "is busy run through it together, up to this many rows (1: every step alone)")
+      ->check(CLI::Range(int64_t{1}, int64_t{256}));
   int64_t nccl_min_bytes = ring::worker::WorkerOptions{}.nccl_min_bytes;
   app.add_option("--nccl-min-bytes", nccl_min_bytes,
                  "Closed ring: smallest frame payload sent over an NCCL hop; smaller frames (decode "
@@ -191,6 +196,7 @@ int main(int argc, char** argv) {
   options.kv_cache_bytes = kv_cache_bytes;
   options.nccl = !no_nccl;
   options.nccl_min_bytes = nccl_min_bytes;
+  options.max_batch_rows = max_batch_rows;
   if (const char* f = std::getenv("RING_TEST_FAULT")) {
     options.TEST_fault = f;
     std::cerr << "ring-worker: TEST fault injection: kernel fault '" << f << "'\n";

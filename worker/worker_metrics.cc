@@ -31,6 +31,11 @@ WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& versi
       tokens_(BuildCounter().Name("ring_worker_tokens_total")
                   .Help("Token rows processed by this worker's stage (prefill rows and decode steps)")
                   .Register(*registry_)),
+      batch_steps_(BuildHistogram().Name("ring_worker_batch_steps")
+                       .Help("Sequences whose steps went through the stage together in one batch "
+                             "(continuous batching; 1: a step alone)")
+                       .Register(*registry_)
+                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 3, 4, 6, 8, 12, 16, 32})),
       frames_(BuildCounter().Name("ring_worker_frames_total")
                   .Help("Activation frames received from / sent to a peer").Register(*registry_)),
       frame_bytes_(BuildCounter().Name("ring_worker_frame_bytes_total")
@@ -124,6 +129,10 @@ void WorkerMetrics::SetStage(const std::string& model, int stage_index, int64_t 
   stage_index_ = stage_index;
   epoch_.Set(static_cast<double>(epoch));
   epoch_changes_.Increment();
+}
+
+void WorkerMetrics::ObserveBatch(int64_t steps) {
+  batch_steps_.Observe(static_cast<double>(steps));
 }
 
 void WorkerMetrics::ObserveStep(Phase phase, double seconds, int64_t tokens, absl::Time now) {

@@ -49,6 +49,9 @@ class WorkerMetrics {
   void SetStage(const std::string& model, int stage_index, int64_t layers, uint64_t epoch);
   // One Forward step of the loaded stage: `tokens` rows took `seconds`.
   void ObserveStep(Phase phase, double seconds, int64_t tokens, absl::Time now = absl::Now());
+  // One batch through the stage (continuous batching, worker/step_batcher.h): how many
+  // sequences' steps it held.
+  void ObserveBatch(int64_t steps);
   // Activation fingerprint of the step's output (the frame this worker sends).
   void ObserveActivation(double rms, double absmax, int64_t nan_count, int64_t inf_count);
   // One frame through this worker: received from / sent to `peer`.
@@ -83,6 +86,7 @@ class WorkerMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Counter>& tokens_;
+  prometheus::Histogram& batch_steps_;
   prometheus::Family<prometheus::Counter>& frames_;
   prometheus::Family<prometheus::Counter>& frame_bytes_;
   prometheus::Family<prometheus::Counter>& checksum_failures_;

@@ -220,6 +220,12 @@ WorkerService::WorkerService(WorkerOptions options)
       a.ok()) {
     attestation_ = *std::move(a);
   }
+  // As many as a batch has sequences: each waits in the batcher with its step.
+  if (options_.max_batch_rows > 1) {
+    for (int64_t i = 0; i < std::min<int64_t>(options_.max_batch_rows, 32); ++i) {
+      relay_threads_.emplace_back([this] { RelayLoop(); });
+    }
+  }
 }
 
 void WorkerService::SetMetricsAddress(std::string address) {
@@ -280,6 +286,12 @@ std::string WorkerService::DegradedReason() const {
 }
 
 WorkerService::~WorkerService() {
+  {
+    absl::MutexLock l(&relay_mu_);
+    relay_stop_ = true;
+  }
+  // Each finishes the frame in hand (a step and a push, both under deadlines).
+  for (std::thread& t : relay_threads_) t.join();
   std::shared_ptr<const Loaded> loaded;
   {
     absl::MutexLock l(&mu_);
@@ -569,6 +581,12 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
         });
   }
   loaded->stage = std::shared_ptr<const Stage>(std::move(*stage));
+  {
+    WorkerMetrics* metrics = metrics_;
+    loaded->batcher = std::make_unique<StepBatcher>(
+        *loaded->stage, options_.max_batch_rows,
+        [metrics](int64_t steps, int64_t /*rows*/) { metrics->ObserveBatch(steps); });
+  }
   loaded->request = *req;
   loaded->info = *info;
   if (options_.kv_cache_bytes > 0) {
@@ -673,8 +691,7 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
 }
 
 absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFrame& in,
-                                                        const std::string& peer) {
-  const absl::Time received = absl::Now();
+                                                        const std::string& peer, absl::Time received) {
   const std::string hop = absl::StrCat(HopName(), " <- ", in.sender().empty() ? peer : in.sender());
   std::shared_ptr<const Loaded> loaded;
   std::shared_ptr<SequenceState> state;
@@ -754,7 +771,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
   input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
   const absl::Time step_start = absl::Now();
-  auto out = loaded->stage->Forward(*state->seq, *input);
+  auto out = loaded->batcher->Run(*state->seq, *input);
   const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   SetWaitingOn("idle: waiting for Forward frames");
   // Settles the reservation: the actual growth on success, none after a failed step.
@@ -828,7 +845,11 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     *reply.mutable_trace() = in.trace();
     pb::StageTrace* t = reply.add_trace();
     t->set_stage(loaded->request.stage_index());
-    t->set_worker_seconds(absl::ToDoubleSeconds(absl::Now() - received));
+    const absl::Time now = absl::Now();
+    t->set_worker_seconds(absl::ToDoubleSeconds(now - received));
+    t->set_compute_seconds(step_seconds);
+    t->set_received_unix_nanos(absl::ToUnixNanos(received));
+    t->set_sent_unix_nanos(absl::ToUnixNanos(now));
     t->set_rms(finite > 0 ? fp.l2() / std::sqrt(static_cast<double>(finite)) : 0);
     t->set_absmax(fp.absmax());
   }
@@ -1200,26 +1221,32 @@ absl::Status WorkerService::ReceiveNcclPayload(pb::ActivationFrame* f) {
   return absl::OkStatus();
 }
 
-void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& peer) {
+namespace {
+
+// A step's failure as the frame that carries it on round the ring to stage 0.
+pb::ActivationFrame RelayErrorFrame(const pb::ActivationFrame& in, const absl::Status& error) {
+  pb::ActivationFrame err;
+  err.set_sequence_id(in.sequence_id());
+  err.set_step(in.step());
+  err.set_relay(in.relay());
+  EncodeStepError(error, &err);
+  return err;
+}
+
+}  // namespace
+
+void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& peer, absl::Time received) {
   // Before anything else looks at the frame (even to drop it): the sender's bytes are in
   // flight on the link, and the next frame's would be mistaken for them.
-  const absl::Status received = ReceiveNcclPayload(&in);
-  if (!received.ok()) SetLastError(received);
+  const absl::Status payload = ReceiveNcclPayload(&in);
+  if (!payload.ok()) SetLastError(payload);
   std::shared_ptr<LinkState> link = CurrentLink();
   if (link == nullptr) {
     SetLastError(absl::FailedPreconditionError(absl::StrCat(
         HopName(), ": relayed frame of sequence ", in.sequence_id(), " dropped: this worker is not linked into a ring")));
     return;
   }
-  auto error_frame = [&in](const absl::Status& error) {
-    pb::ActivationFrame err;
-    err.set_sequence_id(in.sequence_id());
-    err.set_step(in.step());
-    err.set_relay(in.relay());
-    EncodeStepError(error, &err);
-    return err;
-  };
-  if (!received.ok()) in = error_frame(received);  // travels on to stage 0 like any step error
+  if (!payload.ok()) in = RelayErrorFrame(in, payload);  // travels on to stage 0 like any step error
   if (link->stage_index == 0) {
     // Round the ring: a token (or an error) for one of this worker's generations.
     std::shared_ptr<Generation> gen;
@@ -1237,13 +1264,48 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
     (void)PushNext(*link, std::move(in), options_.relay_timeout);  // on towards stage 0, untouched
     return;
   }
-  absl::StatusOr<pb::ActivationFrame> reply = Step(in, peer);
+  if (relay_threads_.empty()) {
+    ComputeRelayed(in, peer, received);
+    return;
+  }
+  absl::MutexLock l(&relay_mu_);
+  relay_queue_.push_back(RelayWork{std::move(in), peer, received});
+}
+
+void WorkerService::ComputeRelayed(const pb::ActivationFrame& in, const std::string& peer,
+                                   absl::Time received) {
+  absl::StatusOr<pb::ActivationFrame> reply = Step(in, peer, received);
   if (!reply.ok()) {
     if (absl::IsNotFound(reply.status())) return;  // released: nobody waits for it
     SetLastError(reply.status());
-    reply = error_frame(reply.status());
+    reply = RelayErrorFrame(in, reply.status());
+  }
+  // The ring as it is now (a re-link while the step ran sends the result to the new next
+  // stage, which refuses it by epoch).
+  std::shared_ptr<LinkState> link = CurrentLink();
+  if (link == nullptr) {
+    SetLastError(absl::FailedPreconditionError(absl::StrCat(
+        HopName(), ": result of sequence ", in.sequence_id(), " dropped: this worker is no longer linked")));
+    return;
   }
   (void)PushNext(*link, *std::move(reply), options_.relay_timeout);
+}
+
+void WorkerService::RelayLoop() {
+  while (true) {
+    RelayWork work;
+    {
+      absl::MutexLock l(&relay_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(relay_mu_) {
+        return relay_stop_ || !relay_queue_.empty();
+      };
+      relay_mu_.Await(absl::Condition(&ready));
+      if (relay_queue_.empty()) return;  // stopping, nothing left
+      work = std::move(relay_queue_.front());
+      relay_queue_.pop_front();
+    }
+    ComputeRelayed(work.frame, work.peer, work.received);
+  }
 }
 
 grpc::Status WorkerService::Relay(grpc::ServerContext* ctx, grpc::ServerReader<pb::ActivationFrame>* reader,
@@ -1255,10 +1317,11 @@ grpc::Status WorkerService::Relay(grpc::ServerContext* ctx, grpc::ServerReader<p
   pb::ActivationFrame in;
   int64_t frames = 0;
   while (reader->Read(&in)) {
+    const absl::Time received = absl::Now();
     ++frames;
     Record(/*sent=*/false, in, peer);
     metrics_->CountFrame(/*sent=*/false, PeerLabel(in), static_cast<int64_t>(in.ByteSizeLong()));
-    HandleRelayed(std::move(in), peer);
+    HandleRelayed(std::move(in), peer, received);
     in.Clear();
   }
   resp->set_frames(frames);
@@ -1339,7 +1402,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
         return fail(s);
       }
       const absl::Time started = absl::Now();
-      absl::StatusOr<pb::ActivationFrame> out = Step(f, ctx->peer());
+      absl::StatusOr<pb::ActivationFrame> out = Step(f, ctx->peer(), started);
       if (!out.ok()) return fail(out.status());
       pb::ActivationFrame back;
       if (link->ring_size == 1) {
@@ -1410,7 +1473,10 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
       const SampledToken& t = **token;
       pb::GenerateEvent ev;
       ev.set_step(step - 1);
-      ev.set_step_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+      const absl::Time returned = absl::Now();
+      ev.set_step_seconds(absl::ToDoubleSeconds(returned - started));
+      ev.set_started_unix_nanos(absl::ToUnixNanos(started));
+      ev.set_returned_unix_nanos(absl::ToUnixNanos(returned));
       *ev.mutable_trace() = back.trace();
       ev.mutable_token()->set_id(t.id);
       ev.mutable_token()->set_logprob(t.logprob);

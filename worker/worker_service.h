@@ -28,6 +28,7 @@
 #include "kernels/cpu/sampling.h"
 #include "models/model.h"
 #include "worker/shadow_checker.h"
+#include "worker/step_batcher.h"
 #include "ringserve/v1/worker.grpc.pb.h"
 #include "worker/worker_metrics.h"
 
@@ -88,6 +89,10 @@ struct WorkerOptions {
   int64_t nccl_min_bytes = 256 << 10;
   // How long both ends of a new NCCL hop may take to join it (inside Worker.Link).
   absl::Duration nccl_connect_timeout = absl::Seconds(10);
+  // Continuous batching (worker/step_batcher.h): steps of different sequences that arrive
+  // while the stage is busy go through it together, up to this many rows (8: the decode
+  // GEMV's batch on a GPU, where 8 rows cost ~1.1-1.2x one). 1: every step alone.
+  int64_t max_batch_rows = 8;
 };
 
 // The KV budget a worker without --kv-cache-bytes gives a stage: free memory after the
@@ -194,6 +199,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   };
   struct Loaded {
     std::shared_ptr<const Stage> stage;
+    std::unique_ptr<StepBatcher> batcher;  // over *stage (declared after it: goes first)
     ringserve::v1::LoadStageRequest request;  // what produced it (for idempotency)
     ringserve::v1::ModelInfo info;
     uint64_t epoch = 0;
@@ -208,14 +214,22 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   // UNAUTHENTICATED unless the call carries the configured token.
   grpc::Status CheckAuth(const grpc::ServerContext* ctx) const;
   // One frame through the stage; the reply is ready to send. Errors name the hop.
+  // `received`: when the frame came off the wire (for the step's trace).
   absl::StatusOr<ringserve::v1::ActivationFrame> Step(const ringserve::v1::ActivationFrame& in,
-                                                      const std::string& peer);
+                                                      const std::string& peer,
+                                                      absl::Time received = absl::Now());
   void Record(bool sent, const ringserve::v1::ActivationFrame& f, const std::string& peer);
   // WorkerOptions::TEST_corrupt_frame: damages the payload of the N-th frame sent.
   void MaybeCorrupt(ringserve::v1::ActivationFrame* f);
   // Closed ring: what a stage does with a frame from Relay (compute and push on, or at
   // stage 0 hand it to its Generate).
-  void HandleRelayed(ringserve::v1::ActivationFrame in, const std::string& peer);
+  void HandleRelayed(ringserve::v1::ActivationFrame in, const std::string& peer, absl::Time received);
+  // Closed ring, stage > 0: computes a relayed frame and pushes the result (or the step's
+  // error) on to the next stage.
+  void ComputeRelayed(const ringserve::v1::ActivationFrame& in, const std::string& peer,
+                      absl::Time received);
+  // The threads that run ComputeRelayed when batching is on (relay_threads_).
+  void RelayLoop();
   // A relayed frame whose payload follows over NCCL (nccl_payload_bytes): receives the
   // bytes from the inbound link into `payload`. Errors name both stages.
   absl::Status ReceiveNcclPayload(ringserve::v1::ActivationFrame* f);
@@ -266,6 +280,19 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   // NcclAccept's joins; each ends by its deadline. Finished ones are joined at the next
   // NcclAccept, the rest in the destructor.
   std::vector<std::pair<std::thread, std::shared_ptr<InboundNccl>>> accept_threads_ ABSL_GUARDED_BY(mu_);
+  // With batching on, a Relay stream's frames are computed on these threads, so that the
+  // stream keeps being read while a step runs and the frames that arrive meanwhile can go
+  // through the stage as the next batch (one reader computing inline would take them one
+  // at a time).
+  struct RelayWork {
+    ringserve::v1::ActivationFrame frame;
+    std::string peer;
+    absl::Time received;
+  };
+  absl::Mutex relay_mu_;
+  std::deque<RelayWork> relay_queue_ ABSL_GUARDED_BY(relay_mu_);
+  bool relay_stop_ ABSL_GUARDED_BY(relay_mu_) = false;
+  std::vector<std::thread> relay_threads_;
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;

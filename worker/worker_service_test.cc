@@ -17,6 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include <thread>
+
 #include "gtest/gtest.h"
 #include "models/synth.h"
 #include "models/temp_dir_for_test.h"
@@ -371,6 +373,46 @@ TEST_F(WorkerServiceTest, ClosedRingOfTwoSamplesLikeOneStageAndResumes) {
   auto got = RunGenerate(c0, "two", e0, sp, 8);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, *want);
+}
+
+// Generations running at the same time share the stages (continuous batching: their steps
+// go through a stage together when they meet there) and each still gets exactly the
+// tokens it gets alone.
+TEST_F(WorkerServiceTest, ConcurrentGenerationsOnARingOfTwoGetTheirOwnTokens) {
+  Start();
+  ExtraWorker w1(dir_.string());
+  StageClient c0(address_, 0, {});
+  StageClient c1(w1.address, 1, {});
+  const uint64_t e0 = Load(c0, 0, 2);
+  const uint64_t e1 = Load(c1, 2, 4);
+  ASSERT_TRUE(c0.Link(LinkTo(e0, 0, 2, w1.address, e1)).ok());
+  ASSERT_TRUE(c1.Link(LinkTo(e1, 1, 2, address_, e0)).ok());
+  constexpr int kGens = 6;
+  std::vector<SamplingParams> params(kGens);
+  for (int i = 0; i < kGens; ++i) {
+    params[i].temperature = i == 0 ? 0.0f : 0.8f;
+    params[i].top_k = 10 * i;
+    params[i].seed = 100 + i;
+  }
+  std::vector<std::vector<int32_t>> alone(kGens);
+  for (int i = 0; i < kGens; ++i) {
+    auto r = RunGenerate(c0, "alone-" + std::to_string(i), e0, params[i], 12);
+    ASSERT_TRUE(r.ok()) << r.status();
+    alone[i] = *r;
+  }
+  std::vector<absl::StatusOr<std::vector<int32_t>>> together(kGens, absl::InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kGens; ++i) {
+    threads.emplace_back([&, i] {
+      StageClient c(address_, 0, {});
+      together[i] = RunGenerate(c, "together-" + std::to_string(i), e0, params[i], 12);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kGens; ++i) {
+    ASSERT_TRUE(together[i].ok()) << together[i].status();
+    EXPECT_EQ(*together[i], alone[i]) << "generation " << i;
+  }
 }
 
 TEST_F(WorkerServiceTest, LinkAndGenerateRefuseStaleOrUnlinkedRings) {

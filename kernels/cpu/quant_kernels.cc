@@ -365,7 +365,9 @@ __attribute__((noinline)) void WordLaneRow(const uint32_t* w, int64_t c0, int64_
                                            const LaneScales& ls, const uint8_t* next,
                                            float* out) {
   constexpr int kEpw = 32 / kBits;
-  constexpr int kChains = MB <= 2 ? 2 : 1;
+  // Two chains whatever MB is: a row's sum must not depend on how many rows share the
+  // call (Stage::ForwardBatch gives a sequence the same result alone and in a batch).
+  constexpr int kChains = 2;
   constexpr uint32_t kMask = (1u << kBits) - 1;
   __m256 y[MB][kChains];
 #pragma GCC unroll 4
@@ -409,7 +411,9 @@ template <int MB>
 __attribute__((noinline)) void Fp4Row(const uint8_t* w, int64_t c0, int64_t c1,
                                       const float* const* xp, const float* sc, const LaneScales& ls,
                                       const uint8_t* next, float* out) {
-  constexpr int kChains = MB <= 2 ? 2 : 1;
+  // Two chains whatever MB is: a row's sum must not depend on how many rows share the
+  // call (Stage::ForwardBatch gives a sequence the same result alone and in a batch).
+  constexpr int kChains = 2;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // to_top[p]: byte p of every dword to byte 3, the other bytes zeroed (index 0x80).
   __m256i to_top[4];
@@ -464,7 +468,9 @@ __attribute__((noinline)) void Fp8Row(const uint8_t* w, int64_t c0, int64_t c1,
                                       const uint8_t* next, float* out) {
   const __m256i sign = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
   const __m256i mag = _mm256_set1_epi16(0x3f80);
-  constexpr int kChains = MB <= 2 ? 2 : 1;
+  // Two chains whatever MB is: a row's sum must not depend on how many rows share the
+  // call (Stage::ForwardBatch gives a sequence the same result alone and in a batch).
+  constexpr int kChains = 2;
   __m256 y[MB][kChains];
 #pragma GCC unroll 4
   for (int i = 0; i < MB; ++i)
@@ -717,13 +723,14 @@ void MatmulT(const float* x, int64_t m, const QSlice& s, float* y) {
   }
 
   // x tiles must stay in L1 while they are reused: rows of W are processed in blocks of
-  // kRowBlock, one K-tile of ~24 KiB of permuted x at a time, when the permuted rows of x
-  // exceed 32 KiB (always for m > 1; for m = 1 from K = 8192 on, where streaming x from L2
-  // for every row cost ~20% at K = 12288). The tiling depends on K and m only, so every
-  // output's summation order is the same for any thread count.
+  // kRowBlock, one K-tile of ~24 KiB of permuted x (for kMaxMB rows) at a time, when
+  // kMaxMB permuted rows of x exceed 32 KiB (K > 2048; streaming x from L2 for every row
+  // cost ~20% at K = 12288). The tiling depends on K only, so every output's summation
+  // order is the same for any thread count and any m: a row of x gives the same result
+  // alone and in a batch (Stage::ForwardBatch relies on it).
   int64_t tile_chunks = nchunks;
-  const int64_t per_chunk = m * plan.chunk_elems * 4;
-  if (nchunks > 0 && (m > 1 || nchunks * per_chunk > (32 << 10)))
+  const int64_t per_chunk = kMaxMB * plan.chunk_elems * 4;
+  if (nchunks > 0 && nchunks * per_chunk > (32 << 10))
     tile_chunks = std::max<int64_t>(1, (24 << 10) / per_chunk);
   constexpr int64_t kRowBlock = 8;
   const int64_t chunk_bytes = plan.chunk_elems * s.spec.bits / 8;

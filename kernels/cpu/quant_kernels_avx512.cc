@@ -39,9 +39,10 @@ RING_AVX512 __attribute__((noinline)) void Nibble16RowT(const uint32_t* w, int64
                                                          const float* const* xp, const float* sc,
                                                          int log2_wpg, const float* table,
                                                          const uint8_t* next, float* out) {
-  // One row of x: two accumulator chains keep the FMA latency hidden; with more rows the
-  // rows themselves are independent chains.
-  constexpr int kChains = MB <= 2 ? 2 : 1;
+  // Two accumulator chains keep the FMA latency hidden with one row of x; kept at two for
+  // any MB because a row's sum must not depend on how many rows share the call
+  // (Stage::ForwardBatch gives a sequence the same result alone and in a batch).
+  constexpr int kChains = 2;
   const __m512 lut = _mm512_loadu_ps(table);
   const bool broadcast = log2_wpg >= 4;  // one group spans the whole chunk
   const __m512i lane_group = _mm512_srlv_epi32(

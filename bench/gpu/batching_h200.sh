@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Continuous batching inside a stage (issue 4) on the 2x H200 machine:
+#   (a) models_test's batch tests on the GPU: decode steps of 4 sequences as one batch give
+#       bit-identical outputs to each stepping alone (GLM-5.2-style, Qwen3, Qwen3-MoE);
+#   (b) bench/ring_bench.py over two CUDA workers (one per GPU), Qwen3-0.6B dims, 28
+#       layers: k = 1, 4, 8 sequences with ring-worker --max-batch 8 and 1 (batching off)
+#       in the same rounds, and where one sequence's step goes (forward per stage, hops);
+#   (c) the same on CPU workers (RING_CPU_THREADS=4 each, 8 layers).
+# Output under $OUT. Usage: bench/gpu/batching_h200.sh BUNDLE_DIR [PARTS="a b c"]
+#   BUNDLE_DIR: bin/{ring-worker,ringctl,ring_bench,models_test} lib/... (deploy/bundle.sh)
+set -uo pipefail
+bundle=$(cd "$1" && pwd)
+out=${OUT:-$PWD/batching_out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$bundle/lib:${LD_LIBRARY_PATH:-}"
+here=$(cd "$(dirname "$0")/../.." && pwd)
+parts=" ${PARTS:-a b c} "
+status=0
+if [[ $parts == *" a "* ]]; then
+  "$bundle/bin/models_test" --gtest_color=no --gtest_filter='*BatchTest*:StageSample.*' \
+    > "$out/models_batch.txt" 2>&1 || status=1
+  tail -3 "$out/models_batch.txt"
+fi
+if [[ $parts == *" b "* ]]; then
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
+    --devices cuda:0,cuda:1 --stages 2 --sequences 4,8 --rounds 3 --decode 64 --max-batch 8,1 \
+    > "$out/ring_batch_gpu.txt" 2>&1 || status=1
+  tail -12 "$out/ring_batch_gpu.txt"
+fi
+if [[ $parts == *" c "* ]]; then
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_cpu --threads 4 \
+    --stages 2 --sequences 4,8 --rounds 3 --max-batch 8,1 > "$out/ring_batch_cpu.txt" 2>&1 || status=1
+  tail -12 "$out/ring_batch_cpu.txt"
+fi
+exit $status
