@@ -28,11 +28,14 @@ the pool threads of idle stages would otherwise compete with the busy one.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import urllib.request
 
 WORKERS = []
+METRICS = {}  # worker address -> its /metrics URL
 BREAKDOWN = {}  # stages -> [(per-stage compute ms, hops ms)] of closed-ring 1-sequence runs
 
 
@@ -42,7 +45,8 @@ def exe(args, rel):
 
 
 def start_worker(args, root, env, device="cpu", max_batch=None):
-    cmd = [exe(args, "worker/ring-worker"), "--listen", "127.0.0.1:0", "--model-root", root, "--device", device]
+    cmd = [exe(args, "worker/ring-worker"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+           "--model-root", root, "--device", device]
     if max_batch is not None:
         cmd += ["--max-batch", str(max_batch)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
@@ -51,7 +55,30 @@ def start_worker(args, root, env, device="cpu", max_batch=None):
     line = p.stdout.readline()
     if "listening on" not in line:
         raise RuntimeError(f"ring-worker did not start: {line!r}")
-    return line.split()[-1]
+    addr = line.split()[3]
+    m = re.search(r"metrics (http://\S+/metrics)", line)
+    if m:
+        METRICS[addr] = m.group(1)
+    return addr
+
+
+def batch_counts(workers):
+    """(sum, count) of ring_worker_batch_steps over these workers: steps and batches so far."""
+    total, batches = 0.0, 0.0
+    for w in workers:
+        if w not in METRICS:
+            continue
+        with urllib.request.urlopen(METRICS[w], timeout=10) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith("ring_worker_batch_steps_sum"):
+                total += float(line.split()[-1])
+            elif line.startswith("ring_worker_batch_steps_count"):
+                batches += float(line.split()[-1])
+    return total, batches
+
+
+BATCH = {}  # (workers, sequences) -> [mean steps per batch of each run]
 
 
 def bench(args, env, model, workers=(), sequences=1):
@@ -62,7 +89,12 @@ def bench(args, env, model, workers=(), sequences=1):
                 "--plan", args.plan]
     else:
         cmd += ["--device", args.devices.split(",")[0]]
+    before = batch_counts(workers)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    after = batch_counts(workers)
+    if after[1] > before[1]:
+        BATCH.setdefault((tuple(workers), sequences), []).append(
+            (after[0] - before[0]) / (after[1] - before[1]))
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
     result = json.loads(r.stdout.strip().splitlines()[-1])
@@ -164,6 +196,11 @@ def main():
         print(f"| {'default' if b is None else b} | {n} | {med(ring1[c]):.2f} | {med(eff[c]):.3f} ({min(eff[c]):.2f}..{max(eff[c]):.2f}) | "
               + " | ".join(cells) + " |")
     if len(batches) > 1:
+        print("\nmean sequences per batch through a stage (all stages, prefill steps included; median over rounds):")
+        for c in cfgs:
+            b, n = c
+            print(f"  --max-batch {b}, N={n}: " + ", ".join(
+                f"k={k} {med(BATCH.get((tuple(addrs[b][:n]), k), [0])):.2f}" for k in [1] + seqs))
         print(f"\nbatching gain, tokens/s with --max-batch {batches[0]} / --max-batch {batches[-1]} "
               "(median, min..max over rounds):")
         for n in stages:

@@ -16,11 +16,21 @@ int64_t StepRows(const Stage& stage, const StageInput& in) {
 
 }  // namespace
 
-StepBatcher::StepBatcher(const Stage& stage, int64_t max_rows, BatchObserver observer)
-    : stage_(stage), max_rows_(std::max<int64_t>(1, max_rows)), observer_(std::move(observer)) {}
+StepBatcher::StepBatcher(const Stage& stage, int64_t max_rows, absl::Duration gather,
+                         BatchObserver observer)
+    : stage_(stage),
+      max_rows_(std::max<int64_t>(1, max_rows)),
+      gather_(gather),
+      observer_(std::move(observer)) {}
 
-absl::StatusOr<StageOutput> StepBatcher::Run(Sequence& seq, const StageInput& in) {
-  Pending me{BatchedStep{&seq, &in}, StepRows(stage_, in), false, absl::InternalError("not run")};
+absl::StatusOr<StageOutput> StepBatcher::Run(Sequence& seq, const StageInput& in, int64_t expect,
+                                             int64_t* batch_steps) {
+  Pending me;
+  me.step = BatchedStep{&seq, &in};
+  me.rows = StepRows(stage_, in);
+  me.expect = std::max<int64_t>(1, expect);
+  me.arrived = absl::Now();
+  me.result = absl::InternalError("not run");
   absl::MutexLock l(&mu_);
   queue_.push_back(&me);
   while (!me.done) {
@@ -31,8 +41,18 @@ absl::StatusOr<StageOutput> StepBatcher::Run(Sequence& seq, const StageInput& in
       mu_.Await(absl::Condition(&turn));
       continue;
     }
-    // Lead: take the queue's head and what follows while it fits max_rows.
+    // Lead. If the head's siblings from the previous stage's batch are on their way, give
+    // them until `gather_` after the head arrived (bounded: one may have failed).
     running_ = true;
+    const Pending* head = queue_.front();
+    const int64_t want = std::min(head->expect, max_rows_ / std::max<int64_t>(1, head->rows));
+    if (want > 1 && static_cast<int64_t>(queue_.size()) < want) {
+      auto gathered = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return static_cast<int64_t>(queue_.size()) >= want;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&gathered), head->arrived + gather_);
+    }
+    // Take the queue's head and what follows while it fits max_rows.
     std::vector<Pending*> batch;
     int64_t rows = 0;
     while (!queue_.empty() &&
@@ -50,12 +70,14 @@ absl::StatusOr<StageOutput> StepBatcher::Run(Sequence& seq, const StageInput& in
     mu_.Lock();
     for (size_t i = 0; i < batch.size(); ++i) {
       batch[i]->result = std::move(results[i]);
+      batch[i]->batch_steps = static_cast<int64_t>(batch.size());
       batch[i]->done = true;
     }
     ++batches_;
     largest_ = std::max<int64_t>(largest_, static_cast<int64_t>(batch.size()));
     running_ = false;
   }
+  if (batch_steps != nullptr) *batch_steps = me.batch_steps;
   return std::move(me.result);
 }
 

@@ -13,6 +13,12 @@
 // Results are those of Stage::Forward (ForwardBatch's contract). A step larger than
 // max_rows (a prefill chunk) runs in a batch of its own. Thread-safe; one step per
 // Sequence at a time (as Stage::Forward).
+//
+// In a pipeline the steps of one batch reach the next stage one after another (each its
+// own frame), and the first would otherwise start a batch of one while its siblings are
+// still on the wire, splitting every batch in two at every hop. So a step may say how many
+// steps of its previous stage's batch are coming (`expect`, carried by the frame); a batch
+// led by such a step waits for them, up to `gather` after it arrived.
 #ifndef RINGSERVE_WORKER_STEP_BATCHER_H_
 #define RINGSERVE_WORKER_STEP_BATCHER_H_
 
@@ -23,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "models/model.h"
 
 namespace ring::worker {
@@ -32,8 +39,12 @@ class StepBatcher {
   // Called after each batch with its steps and rows (for metrics). May be empty.
   using BatchObserver = std::function<void(int64_t steps, int64_t rows)>;
   // `stage` must outlive the batcher. max_rows < 1 is taken as 1 (no batching).
-  StepBatcher(const Stage& stage, int64_t max_rows, BatchObserver observer = nullptr);
-  absl::StatusOr<StageOutput> Run(Sequence& seq, const StageInput& in);
+  StepBatcher(const Stage& stage, int64_t max_rows, absl::Duration gather = absl::Milliseconds(1),
+              BatchObserver observer = nullptr);
+  // `expect`: steps arriving together with this one (itself included; <= 1: none).
+  // *batch_steps (if given): how many steps the batch that ran this one held.
+  absl::StatusOr<StageOutput> Run(Sequence& seq, const StageInput& in, int64_t expect = 1,
+                                  int64_t* batch_steps = nullptr);
 
   // Batches run so far, the most steps one of them held, and steps waiting now.
   int64_t batches() const;
@@ -44,12 +55,16 @@ class StepBatcher {
   struct Pending {
     BatchedStep step;
     int64_t rows = 0;
+    int64_t expect = 1;
+    absl::Time arrived;
     bool done = false;
+    int64_t batch_steps = 0;
     absl::StatusOr<StageOutput> result;
   };
 
   const Stage& stage_;
   const int64_t max_rows_;
+  const absl::Duration gather_;
   const BatchObserver observer_;
   mutable absl::Mutex mu_;
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);

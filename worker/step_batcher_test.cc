@@ -162,5 +162,39 @@ TEST_F(StepBatcherTest, AStepOverTheRowLimitGoesAloneAndFailuresStayWithTheirSte
   EXPECT_EQ(seqs[1]->position(), 6);
 }
 
+// A step that says its previous stage's batch had three steps waits for the other two
+// (arriving later, on other threads) and they run as one batch; when they never come it
+// runs alone once `gather` has passed.
+TEST_F(StepBatcherTest, AStepWaitsForTheRestOfItsPreviousStagesBatch) {
+  GatedStage stage(Load());
+  stage.Open();
+  StepBatcher batcher(stage, 8, absl::Seconds(20));
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (int j = 0; j < 3; ++j) seqs.push_back(stage.NewSequence());
+  StageInput in;
+  in.tokens = {9};
+  std::vector<int64_t> held(3, 0);
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { ASSERT_TRUE(batcher.Run(*seqs[0], in, 3, &held[0]).ok()); });
+  // The first waits for its siblings (the stage has not run anything yet).
+  const bool waiting = WaitQueued(batcher, 1);
+  absl::SleepFor(absl::Milliseconds(50));
+  const bool still_waiting = stage.sizes().empty();
+  for (int j = 1; j < 3; ++j) {
+    threads.emplace_back([&, j] { ASSERT_TRUE(batcher.Run(*seqs[j], in, 3, &held[j]).ok()); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(waiting && still_waiting);
+  EXPECT_EQ(stage.sizes(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(held, (std::vector<int64_t>{3, 3, 3}));
+
+  StepBatcher short_wait(stage, 8, absl::Milliseconds(30));
+  const absl::Time t0 = absl::Now();
+  int64_t alone = 0;
+  ASSERT_TRUE(short_wait.Run(*seqs[0], in, 4, &alone).ok());
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(30));
+  EXPECT_EQ(alone, 1);
+}
+
 }  // namespace
 }  // namespace ring::worker

@@ -122,6 +122,11 @@ int main(int argc, char** argv) {
                  "Continuous batching: steps of different sequences that arrive while the stage "
                  "is busy run through it together, up to this many rows (1: every step alone)")
       ->check(CLI::Range(int64_t{1}, int64_t{256}));
+  int64_t batch_gather_us = absl::ToInt64Microseconds(ring::worker::WorkerOptions{}.batch_gather);
+  app.add_option("--batch-gather-us", batch_gather_us,
+                 "Continuous batching: how long a batch may wait for the rest of the previous "
+                 "stage's batch, whose frames arrive one after another (0: never wait)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   int64_t nccl_min_bytes = ring::worker::WorkerOptions{}.nccl_min_bytes;
   app.add_option("--nccl-min-bytes", nccl_min_bytes,
                  "Closed ring: smallest frame payload sent over an NCCL hop; smaller frames (decode "
@@ -197,6 +202,7 @@ int main(int argc, char** argv) {
   options.nccl = !no_nccl;
   options.nccl_min_bytes = nccl_min_bytes;
   options.max_batch_rows = max_batch_rows;
+  options.batch_gather = absl::Microseconds(batch_gather_us);
   if (const char* f = std::getenv("RING_TEST_FAULT")) {
     options.TEST_fault = f;
     std::cerr << "ring-worker: TEST fault injection: kernel fault '" << f << "'\n";

@@ -584,7 +584,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
   {
     WorkerMetrics* metrics = metrics_;
     loaded->batcher = std::make_unique<StepBatcher>(
-        *loaded->stage, options_.max_batch_rows,
+        *loaded->stage, options_.max_batch_rows, options_.batch_gather,
         [metrics](int64_t steps, int64_t /*rows*/) { metrics->ObserveBatch(steps); });
   }
   loaded->request = *req;
@@ -771,7 +771,8 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
   input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
   const absl::Time step_start = absl::Now();
-  auto out = loaded->batcher->Run(*state->seq, *input);
+  int64_t batch_steps = 1;
+  auto out = loaded->batcher->Run(*state->seq, *input, in.batch_size(), &batch_steps);
   const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   SetWaitingOn("idle: waiting for Forward frames");
   // Settles the reservation: the actual growth on success, none after a failed step.
@@ -842,6 +843,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
         " step ", in.step(), ")"));
   }
   if (in.relay() != pb::RELAY_ACTION_UNSPECIFIED) {
+    reply.set_batch_size(static_cast<uint32_t>(batch_steps));
     *reply.mutable_trace() = in.trace();
     pb::StageTrace* t = reply.add_trace();
     t->set_stage(loaded->request.stage_index());
@@ -1379,6 +1381,9 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
   std::vector<int32_t> feed(req->tokens().begin(), req->tokens().end());
   const size_t chunk = req->prefill_chunk() > 0 ? static_cast<size_t>(req->prefill_chunk()) : feed.size();
   uint64_t step = 0;
+  // The last stage's batch of this sequence's previous step: the steps of that batch come
+  // back to stage 0 about together (StepBatcher gathers them).
+  uint32_t came_back_with = 0;
   int64_t position = 0;
   int32_t emitted = 0;
   bool first = true;
@@ -1393,6 +1398,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
       f.set_first_position(position);
       f.set_sender("coordinator");
       f.set_reply_dtype(wire);
+      f.set_batch_size(came_back_with);
       f.set_relay(e == feed.size() ? pb::RELAY_ACTION_SAMPLE : pb::RELAY_ACTION_ACK);
       if (first) *f.mutable_sampling() = req->sampling();
       first = false;
@@ -1454,6 +1460,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
         SetWaitingOn("idle: waiting for Relay frames");
       }
       if (back.kind() == pb::PAYLOAD_KIND_ERROR) return fail(DecodeStepError(back));
+      came_back_with = back.batch_size();
       absl::StatusOr<std::optional<SampledToken>> token = DecodeSampled(back);
       if (!token.ok()) {
         if (absl::IsDataLoss(token.status())) {

@@ -93,6 +93,9 @@ struct WorkerOptions {
   // while the stage is busy go through it together, up to this many rows (8: the decode
   // GEMV's batch on a GPU, where 8 rows cost ~1.1-1.2x one). 1: every step alone.
   int64_t max_batch_rows = 8;
+  // How long a batch may wait for the rest of the previous stage's batch (frames of one
+  // batch arrive one after another; StepBatcher).
+  absl::Duration batch_gather = absl::Milliseconds(1);
 };
 
 // The KV budget a worker without --kv-cache-bytes gives a stage: free memory after the

@@ -5,7 +5,11 @@
 #   (b) bench/ring_bench.py over two CUDA workers (one per GPU), Qwen3-0.6B dims, 28
 #       layers: k = 1, 4, 8 sequences with ring-worker --max-batch 8 and 1 (batching off)
 #       in the same rounds, and where one sequence's step goes (forward per stage, hops);
-#   (c) the same on CPU workers (RING_CPU_THREADS=4 each, 8 layers).
+#   (c) the same on CPU workers (RING_CPU_THREADS=4 each, 8 layers);
+#   (d) a diagnosis of the hop cost: one sequence on the two CUDA workers with and without
+#       a lowest-priority busy loop on every core (nice 19, so it takes no time from the
+#       ring but keeps the cores out of their idle states): if the hops get much cheaper,
+#       their cost is the wake-up of sleeping cores, not gRPC or the codec.
 # Output under $OUT. Usage: bench/gpu/batching_h200.sh BUNDLE_DIR [PARTS="a b c"]
 #   BUNDLE_DIR: bin/{ring-worker,ringctl,ring_bench,models_test} lib/... (deploy/bundle.sh)
 set -uo pipefail
@@ -31,5 +35,18 @@ if [[ $parts == *" c "* ]]; then
   python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_cpu --threads 4 \
     --stages 2 --sequences 4,8 --rounds 3 --max-batch 8,1 > "$out/ring_batch_cpu.txt" 2>&1 || status=1
   tail -12 "$out/ring_batch_cpu.txt"
+fi
+if [[ $parts == *" d "* ]]; then
+  d() {
+    python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
+      --devices cuda:0,cuda:1 --stages 2 --sequences 2 --rounds 2 --decode 64 > "$out/hops_$1.txt" 2>&1 || status=1
+    echo "== $1"; grep -A1 "closed ring, N=2" "$out/hops_$1.txt"; grep "^| 2 \|^| default" "$out/hops_$1.txt"
+  }
+  d idle
+  spin=()
+  for _ in $(seq "$(nproc)"); do nice -n 19 bash -c 'while :; do :; done' & spin+=($!); done
+  d busy
+  kill "${spin[@]}" 2>/dev/null
+  d idle_again
 fi
 exit $status
