@@ -21,7 +21,8 @@
 //     to the sum, and s*q and b largely cancel (b ~ -8 s), so the weight error relative to
 //     the weight is larger than 2^-9: measured NMSE 0.95e-5 .. 2.6e-5, worst feature
 //     <= 4.6e-5 (H200, 2026-11, every affine GEMM case of this file and the Qwen3-8B
-//     shapes): ~4x headroom, while any wrong group scale is >= 1e-2 (see below).
+//     shapes; <= 8.9e-5 with the M = 9 cases of PrefillGemmTileEdges, H200, 2026-11-30):
+//     ~4x headroom, while any wrong group scale is >= 1e-2 (see below).
 //   A wrong nibble, scale, row or k-permutation gives NMSE >= 1e-3 on the small shapes and
 //   a worst-feature ratio >= 1e-2 on any shape: HarnessCatchesWrongGroupScale checks that a
 //   single wrong group scale fails every matmul path.
@@ -562,6 +563,100 @@ TEST_F(GpuTest, HarnessCatchesWrongGroupScale) {
     EXPECT_FALSE(r.pass) << "a wrong group scale went unnoticed: " << op << " " << shape << " "
                          << w->Mode() << " NMSE " << r.nmse << " worst " << r.worst;
   }
+}
+
+// The prefill GEMM's tile edges, for each of its tile configurations (TEST_SetGemmTile) and
+// the automatic choice: rows not a multiple of any tile (200, 576 = 4.5 x 128, 2.25 x 256),
+// K tails (544 = 4 stages of 128 + one chunk, 576 for groups of 64; 160 = 1 stage + 1
+// chunk), M not a multiple of
+// the token tile (9, 65, 130), and stacked experts with ids (repeats and one bad id).
+TEST_F(GpuTest, PrefillGemmTileEdges) {
+  struct Fmt {
+    FormatCase f;
+    bool all_shapes;  // else only the first shape (the generic decoders)
+  };
+  const Fmt fmts[] = {{{{QuantMode::kMxfp4, 4, 32}, DType::kU8}, true},
+                      {{{QuantMode::kAffine, 4, 64}, DType::kBF16}, true},
+                      {{{QuantMode::kNvfp4, 4, 16}, DType::kU8}, false},
+                      {{{QuantMode::kMxfp8, 8, 32}, DType::kU8}, false},
+                      {{{QuantMode::kAffine, 3, 32}, DType::kBF16}, false},
+                      {{{QuantMode::kAffine, 6, 128}, DType::kBF16}, false},
+                      {{{QuantMode::kNone, 0, 0}, DType::kBF16}, false}};
+  struct Sh {
+    int64_t rows, cols;
+  };
+  const Sh shapes[] = {{200, 544}, {576, 160}, {64, 1024}};
+  uint32_t seed = 700;
+  for (int tile : {-1, 0, 1, 2}) {
+    TEST_SetGemmTile(tile);
+    for (const Fmt& fm : fmts) {
+      for (const Sh& sh : shapes) {
+        if (!fm.all_shapes && sh.rows != shapes[0].rows) continue;
+        const int64_t g = fm.f.spec.mode == QuantMode::kNone ? 32 : fm.f.spec.group_size;
+        const int64_t cols = sh.cols % g == 0 ? sh.cols : (sh.cols / g + 1) * g;
+        auto w = MakeWeight(fm.f.spec, fm.f.dtype, 1, sh.rows, cols, ++seed);
+        ASSERT_NE(w, nullptr);
+        for (int64_t m : {9, 65, 130}) {
+          const std::vector<float> x = RandomFloats(m * cols, seed * 3 + m);
+          QMatmulArgs probe;
+          probe.x_dtype = DType::kBF16;
+          probe.m = m;
+          const std::string kernel = KernelOf(*w, probe);
+          EXPECT_EQ(kernel, "gemm") << w->Mode();
+          Report(absl::StrFormat("qmm_t[%s] tile%d", kernel, tile),
+                 absl::StrFormat("M%d %s", m, w->Shape()), w->Mode(),
+                 GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto), CpuMatmulT(*w, x, m),
+                 MatmulTol(*w, kernel), w->rows);
+        }
+      }
+    }
+    // Stacked experts: 5 problems of M = 70 over 6 experts (ids repeat), then one bad id
+    // that must poison only its own problem.
+    for (const Fmt& fm : {fmts[0], fmts[1]}) {
+      const int64_t experts = 6, rows = 200, cols = 576, m = 70;
+      auto w = MakeWeight(fm.f.spec, fm.f.dtype, experts, rows, cols, ++seed);
+      ASSERT_NE(w, nullptr);
+      const std::vector<int32_t> ids = {4, 0, 5, 4, 2};
+      const int64_t probs = static_cast<int64_t>(ids.size());
+      const std::vector<float> x = RandomFloats(probs * m * cols, seed * 5);
+      std::vector<float> ref;
+      for (int64_t p = 0; p < probs; ++p) {
+        std::vector<float> xp(x.begin() + p * m * cols, x.begin() + (p + 1) * m * cols);
+        std::vector<float> yp = CpuMatmulT(*w, xp, m, ids[p]);
+        ref.insert(ref.end(), yp.begin(), yp.end());
+      }
+      absl::StatusOr<DeviceBuffer> dids = DeviceBuffer::FromVector(ids);
+      ASSERT_TRUE(dids.ok());
+      QMatmulArgs a;
+      a.problems = probs;
+      a.expert_ids = dids->as<int32_t>();
+      a.x_problem_stride = m * cols;
+      a.y_problem_stride = m * rows;
+      const std::vector<float> got =
+          GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto, a, probs * m * rows);
+      a.m = m;
+      a.x_dtype = DType::kBF16;
+      const std::string kernel = KernelOf(*w, a);
+      EXPECT_EQ(kernel, "gemm") << w->Mode();
+      Report(absl::StrFormat("qmm_t[%s] tile%d experts", kernel, tile),
+             absl::StrFormat("5 x M%d of %s", m, w->Shape()), w->Mode(), got, ref,
+             MatmulTol(*w, kernel), rows);
+      const std::vector<int32_t> bad_ids = {1, 6};
+      absl::StatusOr<DeviceBuffer> dbad = DeviceBuffer::FromVector(bad_ids);
+      ASSERT_TRUE(dbad.ok());
+      a.problems = 2;
+      a.expert_ids = dbad->as<int32_t>();
+      const std::vector<float> got_bad =
+          GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto, a, 2 * m * rows);
+      ASSERT_EQ(got_bad.size(), static_cast<size_t>(2 * m * rows));
+      const std::vector<float> ref1 = CpuMatmulT(*w, std::vector<float>(x.begin(), x.begin() + m * cols), m, 1);
+      EXPECT_LE(Nmse(std::vector<float>(got_bad.begin(), got_bad.begin() + m * rows), ref1),
+                MatmulTol(*w, kernel));
+      EXPECT_TRUE(std::all_of(got_bad.begin() + m * rows, got_bad.end(),
+                              [](float v) { return std::isnan(v); }));
+    }
+  }
+  TEST_SetGemmTile(-1);
 }
 
 // Output rounding mirrors cpu::RoundAct.
@@ -1375,7 +1470,8 @@ void RunModelShapes(const std::vector<ModelShape>& shapes, QuantSpec spec, DType
     auto w = MakeWeight(spec, sd, 1, s.rows, s.cols, ++seed);
     ASSERT_NE(w, nullptr);
     std::vector<int64_t> ms = {1, 8};
-    if (s.gemm) ms.push_back(64);
+    // Prefill GEMM: the 128 x 64 tile (M = 64) and a large tile with an M tail (M = 300).
+    if (s.gemm) ms.insert(ms.end(), {64, 300});
     for (int64_t m : ms) {
       const std::vector<float> x = RandomFloats(m * s.cols, seed + m, 1.f, true);
       const std::vector<float> ref = CpuMatmulT(*w, x, m);

@@ -4,24 +4,35 @@
 // the host API and dispatch, the prefill GEMM, the SIMT kernels, transpose=false and the
 // embedding gather. The decode GEMV (M <= 8 on the tensor cores) is in qgemv_gemv.cu.
 //
-// Tensor-core GEMM (QmmTcKernel, M > 8): a warp owns row tiles of 16*WR weight rows and
-// 8*NT activation rows over all of K; four warps per block share the weight tile through
-// L1. Lane (g = lane/4, t = lane%4) loads chunk c = 4*kc + t (32 elements, e.g. one 16-byte
-// load for 4-bit) of weight rows g and g+8 and decodes it into bf16 pairs. The k order
-// inside an mma is free as long as A and B agree, so instead of shuffling weights into the
-// textbook fragment order, each thread feeds its own chunk: for word group W and j in
-// {0,2}, the mma's logical k slots (2t, 2t+1 | 2t+8, 2t+9) carry the chunk's elements
-// (8W+j, 8W+j+4 | 8W+j+1, 8W+j+5), and the B operand (activations of token g) is permuted
-// identically with two byte-permutes per pair. One 128-element k-slice (4 lanes x 32)
-// therefore takes 8 mma.m16n8k16 per 16 rows with no shared memory.
+// Prefill GEMM (QmmGemmKernel, M > 8, mma.sync m16n8k16 bf16, fp32 accumulation): a block
+// computes a tile of kRows weight rows x kToks tokens (256 x 128, 128 x 128 or 128 x 64,
+// picked per launch by LaunchGemm from the padded work per SM). K advances in stages of 128
+// (4 chunks): a cp.async pipeline of 2-3 stages copies the PACKED weights and the bf16
+// activations of a stage into shared memory; weights are decoded to bf16 only in registers,
+// right before the mma, so a decoded weight feeds all kToks tokens of the tile. Warp w owns
+// 32 weight rows (two 16-row mma tiles) and every token of the tile.
+// k order: inside a stage, lane (g = lane/4, t = lane%4) feeds the mma with chunk t, and for
+// word group W (elements 8W..8W+7) and j in {0,2} the mma's logical k slots (2t, 2t+1 |
+// 2t+8, 2t+9) carry the chunk's elements (8W+j, 8W+j+4 | 8W+j+1, 8W+j+5): the order the
+// 4-bit bit tricks decode in (quant_decode.cuh Pairs). Any k order works as long as A and B
+// agree, so the activations are permuted the same way, once per stage by the thread that
+// copied them (permute_x), not once per use.
+// Shared memory: weights [row][4 chunks][KW words] (a lane's 16-byte chunk, conflict-free
+// reads); activations [token][16 units of 16 bytes], the unit index XOR-swizzled so the
+// 8 lanes of a load phase hit 8 different bank groups. Tails (rows, tokens, K chunks) are
+// zero-filled by the copies and get ZeroScale, so they add exact zeros.
+// Numerics (qgemv.cuh): the mma multiplies bf16 weights (fp modes exact; affine rounded to
+// bf16 as T(T(s*q)+b)) with bf16 x, accumulating in fp32.
 // SIMT family (QmmSimtKernel): a warp owns 2 weight rows, lanes stride over chunks, each
 // element is dequantized exactly (fp32) and FMAed with up to MB activation rows, then a
 // butterfly reduction. QmmNKernel (transpose=false) and EmbedKernel use the same decoders.
 #include "kernels/cuda/qgemv.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
@@ -35,159 +46,364 @@ namespace {
 
 using namespace internal;
 
-// ---- tensor-core kernel --------------------------------------------------------------
-constexpr int kMaxTcThreads = 512;
+// ---- prefill GEMM (tensor cores) -------------------------------------------------------------
+// Block tile: kRows weight rows x kToks tokens; warp w owns rows [32w, 32w+32) of the tile (two
+// 16-row mma tiles) and all kToks tokens (kNT 8-token mma tiles), so each decoded weight feeds
+// kToks tokens. A stage covers 128 k (4 chunks: lane t of a quad owns chunk t, see the file
+// comment for the k order).
+constexpr int kGemmStageK = 4 * kChunk;
+// Shared-memory budget for the pipeline stages (H100/H200/B200: 227 KB per block).
+constexpr int kGemmSmemBudget = 224 << 10;
 
-// GEMM blocks are 4 warps, so they may use up to 255 registers per thread.
-constexpr int kGemmThreads = 128;
+// TEST_SetGemmTile: -1 = automatic, else the index of the one configuration allowed.
+std::atomic<int> g_gemm_tile{-1};
 
-template <class F, int WR, int NT, bool kGemv>
-__global__ void __launch_bounds__(kGemv ? kMaxTcThreads : kGemmThreads)
-    QmmTcKernel(QmmParams p, int warps_k) {
+template <int kWarpsR, int kNT, int kMaxStages, int kMinBlocks>
+struct GemmCfg {
+  static constexpr int kThreads = 32 * kWarpsR;
+  static constexpr int kRows = 32 * kWarpsR;
+  static constexpr int kTiles = kNT;
+  static constexpr int kToks = 8 * kNT;
+  static constexpr int kMinBlocksPerSm = kMinBlocks;
+  // Words of one stage: packed weights [kRows][4 chunks][KW], then x [kToks][128] as bf16.
+  template <class F>
+  static constexpr int kWStageWords = kRows * 4 * F::kWords;
+  static constexpr int kXStageWords = kToks * kGemmStageK / 2;
+  // As many stages as the budget holds, up to kMaxStages and at least 2 (LaunchGemm skips a
+  // configuration whose shared memory exceeds the device's per-block limit).
+  template <class F>
+  static constexpr int kStages = std::max(
+      2, std::min(kMaxStages, kGemmSmemBudget / (4 * (kWStageWords<F> + kXStageWords))));
+  template <class F>
+  static constexpr int kSmemBytes = 4 * kStages<F> * (kWStageWords<F> + kXStageWords);
+};
+// The tile configurations LaunchGemm chooses from (index = TEST_SetGemmTile's argument):
+// 0: large problems, 256 rows x 128 tokens, 8 warps, one block per SM (3 stages, 144 KB).
+using GemmLarge = GemmCfg<8, 16, 3, 1>;
+// 1: few row blocks (e.g. 576 rows): 128 x 128, 4 warps, two blocks per SM (2 stages).
+using GemmMid = GemmCfg<4, 16, 2, 2>;
+// 2: M <= 64 per problem (MoE experts, short prompts) or small grids: 128 x 64, 4 warps.
+using GemmSmall = GemmCfg<4, 8, 3, 2>;
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Asynchronous global -> shared copies; `valid` false writes zeros and reads nothing.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  // Chunks in flight per lane: ~32 registers of raw weights, at most 4 chunks (more only
-  // spills for the narrow formats; ptxas -v shows none at these settings for 4-bit).
-  constexpr int kU = 16 / (WR * F::kWords);
-  constexpr int U = kGemv ? (kU < 1 ? 1 : (kU > 4 ? 4 : kU)) : 1;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void CpAsync4(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+#endif
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
+}
+
+// 16-byte unit u (0..15) of a token's 256-byte x row in a stage is stored at unit XSwizzle(u,
+// tok). The reads (below) take unit 4t + w of tokens g and g+1 in one 8-lane phase: without
+// the swizzle t = 0/2 and 1/3 and both tokens share a bank group (4-way conflict); flipping
+// bit 1 for the upper half of the row and bit 0 for odd tokens spreads the 8 reads over all 8
+// bank groups. Writes (8 consecutive units of one token per phase) stay conflict-free.
+__device__ __forceinline__ int XSwizzle(int u, int tok) {
+  return u ^ (((u >> 3) & 1) << 1) ^ (tok & 1);
+}
+
+// A 16-byte shared load kept in PTX program order with the mma around it (both are volatile
+// asm), for the same reason as the barrier in the word-group loop; ptxas still hoists the
+// loads of a word group ahead of its mma where registers allow.
+__device__ __forceinline__ uint4 LoadSharedOrdered(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(SmemAddr(p)));
+  return v;
+}
+
+// Loads KW consecutive words from shared memory with the widest aligned accesses.
+template <int KW>
+__device__ __forceinline__ void LoadSharedWords(const uint32_t* p, uint32_t (&raw)[KW]) {
+  if constexpr (KW % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < KW / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      raw[4 * i] = v.x;
+      raw[4 * i + 1] = v.y;
+      raw[4 * i + 2] = v.z;
+      raw[4 * i + 3] = v.w;
+    }
+  } else if constexpr (KW % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < KW / 2; ++i) {
+      const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+      raw[2 * i] = v.x;
+      raw[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < KW; ++i) raw[i] = p[i];
+  }
+}
+
+// Formats whose Pairs branches per lane between a bit-trick decoder and the general one
+// (mxfp4: scales past 2^1) expose FastScale/PairsFastPath; the GEMM checks a stage's scales
+// once per warp and runs a branch-free loop when all are fast. Other formats' Pairs has no
+// branch.
+template <class F>
+constexpr bool kHasFastPath = requires(const typename F::Scale& sc) { F::FastScale(sc); };
+template <class F>
+__device__ __forceinline__ void FastPairs(const uint32_t* raw, int w, const typename F::Scale& sc,
+                                          uint32_t out[4]) {
+  if constexpr (kHasFastPath<F>) {
+    F::PairsFastPath(raw, w, sc, out);
+  } else {
+    F::Pairs(raw, w, sc, out);
+  }
+}
+
+// y[p][tok, row] for a kRows x kToks tile of one problem (file comment).
+template <class F, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKernel(QmmParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using Loader = ScaleLoader<F>;
   constexpr int KW = F::kWords;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int warps_tok = nwarps / warps_k;
-  const int wt = warp % warps_tok, wk = warp / warps_tok;
+  constexpr int kRows = Cfg::kRows, kToks = Cfg::kToks, kNT = Cfg::kTiles;
+  constexpr int kStages = Cfg::template kStages<F>;
+  constexpr int kWStage = Cfg::template kWStageWords<F>;
+  constexpr int kXStage = Cfg::kXStageWords;
+  extern __shared__ uint4 gemm_smem[];
+  uint32_t* const ws = reinterpret_cast<uint32_t*>(gemm_smem);
+  uint32_t* const xs = ws + kStages * kWStage;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int64_t prob = blockIdx.z;
   int64_t b = 0;
   const bool bad = !ProblemBatch(p, prob, &b);
-  const int64_t row_base = static_cast<int64_t>(blockIdx.x) * (16 * WR);
-  const int64_t tok_base = (static_cast<int64_t>(blockIdx.y) * warps_tok + wt) * (8 * NT);
+  if (bad) b = 0;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kToks;
   const int64_t nchunks = p.w.cols / kChunk;
-  const int64_t nkc = (nchunks + 3) / 4;
+  const int nks = static_cast<int>((nchunks + 3) / 4);
 
-  const uint32_t* wp[WR][2];
-  int64_t sp[WR][2];
-  bool rv[WR][2];
+  // Issues the copies of k-step ks into stage slot `slot`; rows past the matrix, tokens past
+  // m and chunks past K are zero-filled (with ZeroScale below, they contribute exact zeros).
+  // Thread tid always copies the same 16-byte column u of rows r0 + j * step, so the source
+  // of row j is one pointer plus a fixed stride: a few instructions per copy.
+  constexpr int kXTokStep = Cfg::kThreads / 16;
+  constexpr int kXPerThread = kToks / kXTokStep;
+  static_assert(kToks % kXTokStep == 0);
+  const int xu = tid & 15, xtk = tid >> 4;
+  const uint16_t* const xsrc0 = static_cast<const uint16_t*>(XRow(p, prob, 0)) +
+                                (tok0 + xtk) * p.ldx + 8 * xu;
+  const int64_t xstride = kXTokStep * p.ldx;
+  const int64_t xtoks_left = p.m - tok0 - xtk;  // tokens j * kXTokStep < xtoks_left exist
+  // Word offset of this thread's first x unit in a stage (the swizzle depends on the token's
+  // parity, which kXTokStep (even) keeps).
+  const int xoff = xtk * (kGemmStageK / 2) + 4 * XSwizzle(xu, xtk);
+  static_assert(kXTokStep % 2 == 0);
+  auto load_stage = [&](int slot, int ks) {
+    const int64_t c0 = 4 * static_cast<int64_t>(ks);  // first chunk of the stage
+    uint32_t* wdst = ws + slot * kWStage;
+    if constexpr (KW % 4 == 0 && Cfg::kThreads % KW == 0) {
+      constexpr int kUnitsPerRow = KW;  // 4 chunks x KW words / 4 words per unit
+      constexpr int kRowStep = Cfg::kThreads / kUnitsPerRow;
+      const int u = tid % kUnitsPerRow, r0 = tid / kUnitsPerRow;
+      const bool chunk_ok = !bad && c0 + (u * 4) / KW < nchunks;
+      const int64_t rows_left = p.w.rows - row0 - r0;  // rows j * kRowStep < rows_left exist
+      const int64_t step = kRowStep * p.w.row_words;
+      const uint32_t* src = RowPtr(p.w, b, row0 + r0) + c0 * KW + 4 * u;
+      uint32_t* dst = wdst + r0 * 4 * KW + 4 * u;
+      // Not unrolled: unrolled, the compiler keeps each copy's address and row check live
+      // across the k loop, where the accumulators need the registers. Pointers step by a
+      // fixed stride so an iteration is a handful of instructions.
+#pragma unroll 1
+      for (int j = 0; j < kRows / kRowStep; ++j) {
+        const bool ok = chunk_ok && j * kRowStep < rows_left;
+        CpAsync16(dst, ok ? src : p.w.w, ok);
+        src += step;
+        dst += kRowStep * 4 * KW;
+      }
+    } else {
+#pragma unroll 1
+      for (int i = tid; i < kRows * 4 * KW; i += Cfg::kThreads) {
+        const int r = i / (4 * KW), wd = i % (4 * KW);
+        const int64_t row = row0 + r;
+        const int64_t chunk = c0 + wd / KW;
+        const bool ok = !bad && row < p.w.rows && chunk < nchunks;
+        const uint32_t* src = ok ? RowPtr(p.w, b, row) + c0 * KW + wd : p.w.w;
+        CpAsync4(wdst + r * 4 * KW + wd, src, ok);
+      }
+    }
+    uint32_t* xdst = xs + slot * kXStage + xoff;
+    const bool xchunk_ok = c0 + (xu >> 2) < nchunks;
+    const uint16_t* xsrc = xsrc0 + ks * kGemmStageK;
+#pragma unroll 1
+    for (int j = 0; j < kXPerThread; ++j) {
+      const bool ok = xchunk_ok && j * kXTokStep < xtoks_left;
+      CpAsync16(xdst, ok ? xsrc : static_cast<const uint16_t*>(p.x), ok);
+      xsrc += xstride;
+      xdst += kXTokStep * (kGemmStageK / 2);
+    }
+  };
+  // Rewrites this thread's x units of a landed stage in the decoders' pair order
+  // (PairsOf16bitQuad): once here instead of once per use by every warp of the block.
+  // A thread's own cp.async writes are visible to it after its wait_group; the barrier that
+  // follows publishes the result.
+  auto permute_x = [&](int slot) {
+    uint32_t* xdst = xs + slot * kXStage + xoff;
 #pragma unroll
-  for (int wr = 0; wr < WR; ++wr) {
+    for (int j = 0; j < kXPerThread; ++j) {
+      uint4* q = reinterpret_cast<uint4*>(xdst + j * kXTokStep * (kGemmStageK / 2));
+      const uint4 v = *q;
+      uint32_t o[4];
+      qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, o);
+      *q = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  };
+
+  // This lane's weight rows: tile rt, half h -> row 32*warp + 16*rt + g + 8*h of the block.
+  int64_t srow[2][2];
+  bool rv[2][2];
+#pragma unroll
+  for (int rt = 0; rt < 2; ++rt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = row_base + wr * 16 + g + 8 * h;
-      rv[wr][h] = !bad && row < p.w.rows;
-      const int64_t r = rv[wr][h] ? row : 0;
-      wp[wr][h] = RowPtr(p.w, b, r);
-      sp[wr][h] = ScaleRow(p.w, b, r);
+      const int64_t row = row0 + 32 * warp + 16 * rt + g + 8 * h;
+      rv[rt][h] = !bad && row < p.w.rows;
+      srow[rt][h] = ScaleRow(p.w, b, rv[rt][h] ? row : 0);
     }
   }
-  const uint16_t* xp[NT];
-  bool tv[NT];
+  typename Loader::Raw sraw[2][2];
+  auto fetch_scales = [&](int ks) {
+    const int64_t chunk = 4 * static_cast<int64_t>(ks) + t;
+    const int64_t c = chunk < nchunks ? chunk : 0;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int64_t tok = tok_base + nt * 8 + g;
-    tv[nt] = tok < p.m;
-    xp[nt] = static_cast<const uint16_t*>(XRow(p, prob, tv[nt] ? tok : 0));
+    for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sraw[rt][h] = Loader::Fetch(p.w, srow[rt][h], c);
+  };
+
+  float acc[2][kNT][4];
+#pragma unroll
+  for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][n][i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nks) load_stage(s, s);
+    CpAsyncCommit();
   }
+  fetch_scales(0);
 
-  float acc[WR][NT][4];
-#pragma unroll
-  for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[wr][nt][i] = 0.f;
+  for (int ks = 0; ks < nks; ++ks) {
+    CpAsyncWait<kStages - 2>();
+    permute_x(ks % kStages);
+    __syncthreads();  // stage ks visible to all; everyone is done with the slot refilled next
+    if (ks + kStages - 1 < nks) load_stage((ks + kStages - 1) % kStages, ks + kStages - 1);
+    CpAsyncCommit();
 
-  for (int64_t kc0 = wk; kc0 < nkc; kc0 += static_cast<int64_t>(U) * warps_k) {
-    uint32_t raw[U][WR][2][KW];
-    typename F::Scale sc[U][WR][2];
-    bool cv[U];
-    int64_t cc[U];
+    typename F::Scale sc[2][2];
+    const bool chunk_ok = 4 * static_cast<int64_t>(ks) + t < nchunks;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kc = kc0 + static_cast<int64_t>(u) * warps_k;
-      cc[u] = kc * 4 + t;
-      cv[u] = kc < nkc && cc[u] < nchunks;
+    for (int rt = 0; rt < 2; ++rt)
 #pragma unroll
-      for (int wr = 0; wr < WR; ++wr) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (cv[u] && rv[wr][h]) {
-            LoadRaw<KW, kGemv>(wp[wr][h] + cc[u] * KW, raw[u][wr][h]);
-            sc[u][wr][h] = ScaleLoader<F>::Load(p.w, sp[wr][h], cc[u]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < KW; ++i) raw[u][wr][h][i] = 0u;
-            sc[u][wr][h] = F::ZeroScale();
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
+      for (int h = 0; h < 2; ++h)
+        sc[rt][h] = rv[rt][h] && chunk_ok ? Loader::Make(p.w, sraw[rt][h]) : F::ZeroScale();
+    if (ks + 1 < nks) fetch_scales(ks + 1);  // in flight during this stage's math
+
+    const int slot = ks % kStages;
+    const uint32_t* wst = ws + slot * kWStage + (32 * warp + g) * 4 * KW + t * KW;
+    const uint32_t* xst = xs + slot * kXStage + g * (kGemmStageK / 2);
+    // One stage's math. kFast: every lane's scales take the format's branch-free decoder,
+    // so the loop body is one basic block the compiler can software-pipeline.
+    auto stage_math = [&](auto fast_tag) {
+      constexpr bool kFast = decltype(fast_tag)::value;
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        uint32_t xq[NT][4];
+        // Keeps each word group's shared loads and decodes after the previous group's mma
+        // in the PTX, to bound the registers in flight (ptxas still schedules the SASS).
+        asm volatile("" ::: "memory");
+        uint32_t a[2][2][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          if (cv[u] && tv[nt]) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(xp[nt] + cc[u] * kChunk + 8 * w));
-            qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[nt]);
-          } else {
-            xq[nt][0] = xq[nt][1] = xq[nt][2] = xq[nt][3] = 0u;
+        for (int rt = 0; rt < 2; ++rt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t* src = wst + (16 * rt + 8 * h) * 4 * KW;
+            uint32_t raw[KW];
+            if constexpr (KW == 4) {
+              // 4-bit formats read only word w for the pairs of word group w.
+#pragma unroll
+              for (int i = 0; i < 4; ++i) raw[i] = i == w ? src[w] : 0u;
+            } else {
+              LoadSharedWords<KW>(src, raw);
+            }
+            if constexpr (kFast) {
+              FastPairs<F>(raw, w, sc[rt][h], a[rt][h]);
+            } else {
+              F::Pairs(raw, w, sc[rt][h], a[rt][h]);
+            }
           }
         }
-        uint32_t a[WR][2][4];
+        // The general decoders may branch per lane (mxfp4's rare slow scales);
+        // mma.sync.aligned needs the whole warp converged.
+        if constexpr (!kFast) __syncwarp();
+        const int xunit = XSwizzle(4 * t + w, g);
 #pragma unroll
-        for (int wr = 0; wr < WR; ++wr) {
-          F::Pairs(raw[u][wr][0], w, sc[u][wr][0], a[wr][0]);
-          F::Pairs(raw[u][wr][1], w, sc[u][wr][1], a[wr][1]);
-        }
-        // Decoding may branch per lane (e.g. mxfp4's rare slow scales); mma.sync.aligned
-        // needs the whole warp converged.
-        __syncwarp();
+        for (int n = 0; n < kNT; ++n) {
+          // Already in pair order (permute_x): the B operands of the word group's two mma.
+          const uint4 xq = LoadSharedOrdered(xst + n * 8 * (kGemmStageK / 2) + 4 * xunit);
 #pragma unroll
-        for (int wr = 0; wr < WR; ++wr) {
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            MmaBf16(acc[wr][nt], a[wr][0][0], a[wr][1][0], a[wr][0][1], a[wr][1][1], xq[nt][0],
-                    xq[nt][1]);
-            MmaBf16(acc[wr][nt], a[wr][0][2], a[wr][1][2], a[wr][0][3], a[wr][1][3], xq[nt][2],
-                    xq[nt][3]);
+          for (int rt = 0; rt < 2; ++rt) {
+            MmaBf16(acc[rt][n], a[rt][0][0], a[rt][1][0], a[rt][0][1], a[rt][1][1], xq.x, xq.y);
+            MmaBf16(acc[rt][n], a[rt][0][2], a[rt][1][2], a[rt][0][3], a[rt][1][3], xq.z, xq.w);
           }
         }
       }
+    };
+    if constexpr (kHasFastPath<F>) {
+      bool fast = true;
+#pragma unroll
+      for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) fast = fast && F::FastScale(sc[rt][h]);
+      if (__all_sync(0xffffffffu, fast)) {
+        stage_math(std::true_type{});
+      } else {
+        stage_math(std::false_type{});
+      }
+    } else {
+      stage_math(std::true_type{});
     }
   }
+  CpAsyncWait<0>();
 
-  constexpr int V = WR * NT * 4;
-  if (warps_k > 1) {
-    extern __shared__ float red[];  // [nwarps][32][V]
-    float* mine = red + (static_cast<int64_t>(warp) * 32 + lane) * V;
-#pragma unroll
-    for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) mine[(wr * NT + nt) * 4 + i] = acc[wr][nt][i];
-    __syncthreads();
-    if (wk != 0) return;
-    for (int j = 1; j < warps_k; ++j) {
-      const float* other = red + (static_cast<int64_t>(j * warps_tok + wt) * 32 + lane) * V;
-#pragma unroll
-      for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[wr][nt][i] += other[(wr * NT + nt) * 4 + i];
-    }
-  }
   float* ybase = p.y + prob * p.y_pstride;
 #pragma unroll
-  for (int wr = 0; wr < WR; ++wr) {
+  for (int rt = 0; rt < 2; ++rt) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int n = 0; n < kNT; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
-        const int64_t tok = tok_base + nt * 8 + 2 * t + (i & 1);
+        const int64_t row = row0 + 32 * warp + 16 * rt + g + (i >= 2 ? 8 : 0);
+        const int64_t tok = tok0 + 8 * n + 2 * t + (i & 1);
         if (row < p.w.rows && tok < p.m) {
-          ybase[tok * p.ldy + row] = FinishOutput(acc[wr][nt][i], bad, p.round_bf16);
+          ybase[tok * p.ldy + row] = FinishOutput(acc[rt][n][i], bad, p.round_bf16);
         }
       }
     }
@@ -633,6 +849,71 @@ absl::StatusOr<Family> PickFamily(bool bf16_exact, const DeviceQuantWeight& w, c
   return gemm ? Family::kTcGemm : Family::kSimt;
 }
 
+// One GEMM configuration's launch for these arguments, or its cost estimate (`cost`, in
+// padded tile elements per SM; 0 when the configuration does not fit the device).
+template <class F, class Cfg>
+absl::Status GemmWith(const QmmParams& p, int64_t problems, const DeviceInfo& dev,
+                      cudaStream_t stream, std::string* describe, double* cost) {
+  constexpr int kSmem = Cfg::template kSmemBytes<F>;
+  const int64_t row_blocks = (p.w.rows + Cfg::kRows - 1) / Cfg::kRows;
+  const int64_t tok_blocks = (p.m + Cfg::kToks - 1) / Cfg::kToks;
+  if (cost != nullptr) {
+    *cost = 0;
+    if (kSmem > dev.smem_per_block_optin || tok_blocks > 65535) return absl::OkStatus();
+    // Blocks are spread over the SMs; each SM's share of padded tile work bounds the time.
+    const int64_t blocks = row_blocks * tok_blocks * problems;
+    const int64_t per_sm = (blocks + dev.sm_count - 1) / dev.sm_count;
+    *cost = static_cast<double>(per_sm) * Cfg::kRows * Cfg::kToks;
+    return absl::OkStatus();
+  }
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(tok_blocks),
+                  static_cast<unsigned>(problems));
+  if (describe != nullptr) {
+    *describe = absl::StrFormat("gemm %dx%d s%d blk%d smem%d grid%dx%dx%d", Cfg::kRows,
+                                Cfg::kToks, Cfg::template kStages<F>, Cfg::kThreads, kSmem,
+                                grid.x, grid.y, grid.z);
+    return absl::OkStatus();
+  }
+  auto kernel = QmmGemmKernel<F, Cfg>;
+  // Per launch rather than once: the attribute is per device, and it costs ~1 us against
+  // GEMMs of hundreds of us.
+  RING_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+// Picks the GEMM configuration with the least padded work per SM (ties and near-ties go to
+// the larger tiles, which decode each weight for more tokens and reuse shared memory more)
+// and launches it. False when none fits the device's shared memory (the caller then runs
+// the SIMT kernel).
+template <class F>
+absl::StatusOr<bool> LaunchGemm(const QmmParams& p, int64_t problems, cudaStream_t stream,
+                                std::string* describe) {
+  RING_ASSIGN_OR_RETURN(const DeviceInfo* dev, CurrentDevice());
+  double cost[3];
+  RING_RETURN_IF_ERROR((GemmWith<F, GemmLarge>(p, problems, *dev, stream, nullptr, &cost[0])));
+  RING_RETURN_IF_ERROR((GemmWith<F, GemmMid>(p, problems, *dev, stream, nullptr, &cost[1])));
+  RING_RETURN_IF_ERROR((GemmWith<F, GemmSmall>(p, problems, *dev, stream, nullptr, &cost[2])));
+  // Relative speed per unit of tile work: the small tile decodes each weight for half as
+  // many tokens; the mid one shares each weight tile between half as many warps.
+  const double kEfficiency[3] = {1.0, 0.95, 0.8};
+  const int forced = g_gemm_tile.load(std::memory_order_relaxed);
+  int best = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (cost[i] <= 0 || (forced >= 0 && forced != i)) continue;
+    if (best < 0 || cost[i] / kEfficiency[i] < cost[best] / kEfficiency[best]) best = i;
+  }
+  switch (best) {
+    case 0: RING_RETURN_IF_ERROR((GemmWith<F, GemmLarge>(p, problems, *dev, stream, describe, nullptr))); break;
+    case 1: RING_RETURN_IF_ERROR((GemmWith<F, GemmMid>(p, problems, *dev, stream, describe, nullptr))); break;
+    case 2: RING_RETURN_IF_ERROR((GemmWith<F, GemmSmall>(p, problems, *dev, stream, describe, nullptr))); break;
+    default: return false;
+  }
+  return true;
+}
+
 template <class F>
 absl::Status LaunchT(const DeviceQuantWeight& w, const QmmParams& p, const QMatmulArgs& a,
                      Family fam, cudaStream_t stream, std::string* describe) {
@@ -641,23 +922,13 @@ absl::Status LaunchT(const DeviceQuantWeight& w, const QmmParams& p, const QMatm
   if (fam == Family::kTcGemv) return LaunchGemv(w, p, problems, a.overlap, stream, describe);
   if (fam == Family::kTcGemm) {
     if constexpr (F::kBf16Exact) {
-      constexpr int WR = F::kWords >= 8 ? 1 : 2;
-      constexpr int NT = 4, kWarpsTok = 4;
-      const dim3 grid(static_cast<unsigned>((rows + 16 * WR - 1) / (16 * WR)),
-                      static_cast<unsigned>((p.m + 8 * NT * kWarpsTok - 1) / (8 * NT * kWarpsTok)),
-                      static_cast<unsigned>(problems));
-      if (grid.y > 65535) return absl::InvalidArgumentError("too many activation rows");
-      if (describe != nullptr) {
-        *describe = absl::StrFormat("gemm wr%d nt%d blk%d grid%dx%dx%d", WR, NT, kGemmThreads,
-                                    grid.x, grid.y, grid.z);
-        return absl::OkStatus();
-      }
-      static_assert(kWarpsTok * 32 == kGemmThreads);
-      QmmTcKernel<F, WR, NT, false><<<grid, kGemmThreads, 0, stream>>>(p, 1);
-      RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-      return absl::OkStatus();
+      RING_ASSIGN_OR_RETURN(const bool launched, LaunchGemm<F>(p, problems, stream, describe));
+      if (launched) return absl::OkStatus();
+      // No tile configuration fits this device's shared memory (wide formats on GPUs with
+      // ~100 KB per block): the exact SIMT kernel below.
+    } else {
+      return absl::InternalError("tensor-core path picked for a non-bf16 format");
     }
-    return absl::InternalError("tensor-core path picked for a non-bf16 format");
   }
   const int64_t rows_per_block = kSimtWarps * kSimtRowsPerWarp;
   const int mb = p.m == 1 ? 1 : 8;
@@ -796,6 +1067,8 @@ absl::Status EmbedRows(const DeviceQuantWeight& w, const int32_t* ids, int64_t n
     return absl::OkStatus();
   });
 }
+
+void TEST_SetGemmTile(int tile) { g_gemm_tile.store(tile, std::memory_order_relaxed); }
 
 absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& w) {
   int64_t result = 0;

@@ -14,10 +14,14 @@
 //       exact in bf16: products exact) and 4-bit affine with bf16 scales (any group) or
 //       fp16 scales (group 64), computed exactly (integer codes on the tensor cores, scale
 //       and bias per group in fp32). Matches the CPU reference up to fp32 summation order.
-//     prefill GEMM (M > 8): formats whose dequantized values are exact bf16 (fp modes, bf16
-//       weights, and affine with bf16 scales, whose weights T(T(s*q)+b) are rounded to bf16
-//       first as mx.dequantize / MLX's CUDA kernels do: not the CPU reference's fp32
-//       s*q+b, a relative difference <= 2^-8 per weight).
+//     prefill GEMM (M > 8, qgemv.cu): block tiles of up to 256 weight rows x 128 tokens,
+//       packed weights and bf16 x staged through shared memory by a cp.async pipeline and
+//       decoded in registers right before the mma (never materialised in global memory).
+//       Formats whose dequantized values are exact bf16 (fp modes, bf16 weights, and affine
+//       with bf16 scales, whose weights T(T(s*q)+b) are rounded to bf16 first as
+//       mx.dequantize / MLX's CUDA kernels do: not the CPU reference's fp32 s*q+b, a
+//       relative difference <= 2^-8 per weight). Where no tile configuration fits the
+//       device's shared memory (wide formats on ~100 KB-per-block GPUs), SIMT runs instead.
 //   kSimt        fp32 CUDA-core FMA, exact dequantization for every format and x in fp32
 //                or bf16: the portable path and the reference-accurate one. Taken for
 //                fp32 x and for formats neither tensor-core kernel handles at that M.
@@ -122,6 +126,10 @@ absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& 
 // 1 = 32 rows per warp (half the steps per batch; the affine kernel always uses 16);
 // wk_cap = most warps splitting K in a block (<= 0 = automatic).
 void TEST_SetQgemvTuning(int variant, int wk_cap);
+
+// Test hook for the prefill GEMM: -1 = automatic tile choice, 0 = 256 rows x 128 tokens,
+// 1 = 128 x 128, 2 = 128 x 64. A forced tile that does not fit the device runs SIMT.
+void TEST_SetGemmTile(int tile);
 
 }  // namespace ring::cuda
 

@@ -45,43 +45,66 @@ struct QmmParams {
 };
 
 // ---- device helpers --------------------------------------------------------------------
+// Per-chunk scale data of a format, in two steps so a kernel can issue the global loads a
+// stage ahead and build the decoder's Scale only when it needs it: Fetch (the raw bytes of
+// the chunk's scale/bias) and Make (F::Scale from them); Load does both.
 template <class F>
 struct ScaleLoader;
 
 template <int kBits, class ST>
 struct ScaleLoader<qdec::Affine<kBits, ST>> {
   using F = qdec::Affine<kBits, ST>;
-  __device__ static typename F::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    using S = typename ST::Storage;
+  using S = typename ST::Storage;
+  struct Raw {
+    S s, b;
+  };
+  __device__ static Raw Fetch(const WeightView& v, int64_t srow, int64_t chunk) {
     const int64_t i = srow + (chunk >> v.group_shift);
-    const S s = __ldg(static_cast<const S*>(v.scales) + i);
-    const S b = __ldg(static_cast<const S*>(v.biases) + i);
-    return F::MakeScale(ST::Load(s), ST::Load(b));
+    return {__ldg(static_cast<const S*>(v.scales) + i), __ldg(static_cast<const S*>(v.biases) + i)};
+  }
+  __device__ static typename F::Scale Make(const WeightView&, Raw r) {
+    return F::MakeScale(ST::Load(r.s), ST::Load(r.b));
+  }
+  __device__ static typename F::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
+    return Make(v, Fetch(v, srow, chunk));
+  }
+};
+// E8M0 formats: one scale byte per chunk.
+template <class F>
+struct E8M0ScaleLoader {
+  using Raw = uint8_t;
+  __device__ static Raw Fetch(const WeightView& v, int64_t srow, int64_t chunk) {
+    return __ldg(static_cast<const uint8_t*>(v.scales) + srow + chunk);
+  }
+  __device__ static typename F::Scale Make(const WeightView&, Raw r) { return F::MakeScale(r); }
+  __device__ static typename F::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
+    return Make(v, Fetch(v, srow, chunk));
   }
 };
 template <>
-struct ScaleLoader<qdec::Mxfp4> {
-  __device__ static qdec::Mxfp4::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    return qdec::Mxfp4::MakeScale(__ldg(static_cast<const uint8_t*>(v.scales) + srow + chunk));
-  }
-};
+struct ScaleLoader<qdec::Mxfp4> : E8M0ScaleLoader<qdec::Mxfp4> {};
 template <>
-struct ScaleLoader<qdec::Mxfp8> {
-  __device__ static qdec::Mxfp8::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    return qdec::Mxfp8::MakeScale(__ldg(static_cast<const uint8_t*>(v.scales) + srow + chunk));
-  }
-};
+struct ScaleLoader<qdec::Mxfp8> : E8M0ScaleLoader<qdec::Mxfp8> {};
 template <>
 struct ScaleLoader<qdec::Nvfp4> {
+  using Raw = uint16_t;
+  // Two 16-element groups per chunk: scale bytes 2c and 2c+1 (2-byte aligned).
+  __device__ static Raw Fetch(const WeightView& v, int64_t srow, int64_t chunk) {
+    return __ldg(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(v.scales) + srow +
+                                                   2 * chunk));
+  }
+  __device__ static qdec::Nvfp4::Scale Make(const WeightView& v, Raw r) {
+    return qdec::Nvfp4::MakeScale(r, v.gs_factor);
+  }
   __device__ static qdec::Nvfp4::Scale Load(const WeightView& v, int64_t srow, int64_t chunk) {
-    // Two 16-element groups per chunk: scale bytes 2c and 2c+1 (2-byte aligned).
-    const uint16_t two = __ldg(reinterpret_cast<const uint16_t*>(
-        static_cast<const uint8_t*>(v.scales) + srow + 2 * chunk));
-    return qdec::Nvfp4::MakeScale(two, v.gs_factor);
+    return Make(v, Fetch(v, srow, chunk));
   }
 };
 template <class F>
 struct DenseScaleLoader {
+  struct Raw {};
+  __device__ static Raw Fetch(const WeightView&, int64_t, int64_t) { return {}; }
+  __device__ static typename F::Scale Make(const WeightView&, Raw) { return {}; }
   __device__ static typename F::Scale Load(const WeightView&, int64_t, int64_t) { return {}; }
 };
 template <>

@@ -306,6 +306,12 @@ struct Mxfp4 {
     if (!sc.fast) return GenericPairs<Mxfp4>(raw, w, sc, out);
     PairsFast(raw[w], sc.f2, out);
   }
+  // Branch-free split of Pairs for callers that check FastScale once for many chunks (the
+  // prefill GEMM): PairsFastPath equals Pairs whenever FastScale(sc).
+  RING_HD static bool FastScale(const Scale& sc) { return sc.fast; }
+  RING_HD static void PairsFastPath(const uint32_t* raw, int w, const Scale& sc, uint32_t out[4]) {
+    PairsFast(raw[w], sc.f2, out);
+  }
 };
 
 // 4-bit affine codes of one packed word as bf16 pairs (128 + q_j, 128 + q_{j+4}), j = 0..3,

@@ -114,6 +114,29 @@ TEST(QuantDecode, Mxfp4FastPairsEqualExactDecode) {
   }
 }
 
+// The prefill GEMM's branch-free split: PairsFastPath must equal Pairs (hence the exact
+// decode) for every scale FastScale accepts, and FastScale must accept exactly the scales
+// Pairs decodes with the bit trick.
+TEST(QuantDecode, Mxfp4FastPathEqualsPairsWhereFast) {
+  std::mt19937 rng(3);
+  uint32_t raw[4];
+  for (uint32_t u = 0; u < 256; ++u) {
+    const Mxfp4::Scale sc = Mxfp4::MakeScale(u);
+    ASSERT_EQ(Mxfp4::FastScale(sc), u <= 128) << u;
+    if (!Mxfp4::FastScale(sc)) continue;
+    for (int trial = 0; trial < 36; ++trial) {
+      for (auto& w : raw) w = trial < 16 ? trial * 0x11111111u : rng();
+      for (int w = 0; w < 4; ++w) {
+        uint32_t fast[4], ref[4];
+        Mxfp4::PairsFastPath(raw, w, sc, fast);
+        Mxfp4::Pairs(raw, w, sc, ref);
+        for (int j = 0; j < 4; ++j) ASSERT_EQ(fast[j], ref[j]) << "u=" << u << " w=" << w;
+      }
+    }
+  }
+  EXPECT_TRUE(Mxfp4::FastScale(Mxfp4::ZeroScale()));
+}
+
 TEST(QuantDecode, Affine4Bf16FastPairsEqualExactDecode) {
   using F = Affine<4, ScaleBf16>;
   std::mt19937 rng(3);
