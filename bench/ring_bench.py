@@ -15,9 +15,10 @@ drifts over minutes cancels rather than landing on one side:
                            / tokens/s of one process running all layers, 1 sequence
   aggregate speed-up(N, k) = tokens/s of N stages with k concurrent sequences
                              / tokens/s of the same N stages with 1 sequence
-  batching gain(N, k) = tokens/s of N stages with k sequences, workers --max-batch B
-                        / the same with --max-batch 1 (with --max-batch B,1: one set of
-                        workers per value, all timed in the same rounds)
+  variant gain(N, k) = tokens/s of N stages with k sequences, workers started with the
+                       first --variants flags / the same with the last (one set of workers
+                       per variant, all timed in the same rounds), e.g.
+                       --variants '--max-batch 8|--max-batch 1' (continuous batching on/off)
 
 Tokens/s cells are medians over rounds too. RING_CPU_THREADS (--threads, default 1) is
 set for every process, the baseline included: on a machine with fewer cores than stages
@@ -36,7 +37,7 @@ import urllib.request
 
 WORKERS = []
 METRICS = {}  # worker address -> its /metrics URL
-BREAKDOWN = {}  # stages -> [(per-stage compute ms, hops ms)] of closed-ring 1-sequence runs
+BREAKDOWN = {}  # workers -> [(per-stage ms, hops ms, forward ms, wire ms)] of closed-ring 1-sequence runs
 
 
 def exe(args, rel):
@@ -44,11 +45,10 @@ def exe(args, rel):
     return os.path.join(args.bindir, os.path.basename(rel)) if args.bindir else os.path.join(args.build, rel)
 
 
-def start_worker(args, root, env, device="cpu", max_batch=None):
+def start_worker(args, root, env, device="cpu", flags=""):
     cmd = [exe(args, "worker/ring-worker"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
            "--model-root", root, "--device", device]
-    if max_batch is not None:
-        cmd += ["--max-batch", str(max_batch)]
+    cmd += flags.split()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True, env=env)
     WORKERS.append(p)
@@ -100,7 +100,7 @@ def bench(args, env, model, workers=(), sequences=1):
     result = json.loads(r.stdout.strip().splitlines()[-1])
     if "hops_ms" in result and sequences == 1:
         # Closed ring: where one sequence's step went (ring_bench's trace of every step).
-        BREAKDOWN.setdefault(len(workers), []).append((result["stage_compute_ms"], result["hops_ms"],
+        BREAKDOWN.setdefault(tuple(workers), []).append((result["stage_compute_ms"], result["hops_ms"],
                                                        result.get("forward_ms"), result.get("wire_ms")))
     return result["tokens_per_s"]
 
@@ -133,9 +133,10 @@ def main():
                          "token, LM head included) or near-equal layer counts")
     ap.add_argument("--topology", default="closed", choices=["closed", "star"],
                     help="the rings' topology (ring-server's ring.topology); the baseline is one process")
-    ap.add_argument("--max-batch", default="",
-                    help="ring-worker --max-batch values, one set of workers each (e.g. 8,1); "
-                         "default: the workers' default")
+    ap.add_argument("--variants", default="",
+                    help="'|'-separated ring-worker flag sets, one set of workers each, compared in "
+                         "the same rounds (e.g. '--max-batch 8|--max-batch 1'); default: one set, "
+                         "default flags")
     args = ap.parse_args()
     env = dict(os.environ, RING_CPU_THREADS=args.threads)
     root = os.path.join(args.work, "models")
@@ -149,15 +150,15 @@ def main():
     stages = [int(s) for s in args.stages.split(",")]
     seqs = [int(k) for k in args.sequences.split(",")]
     devices = args.devices.split(",")
-    batches = [int(b) for b in args.max_batch.split(",")] if args.max_batch else [None]
+    variants = [v.strip() for v in args.variants.split("|")] if args.variants else [""]
     addrs = {b: [start_worker(args, root, env, devices[i % len(devices)], b) for i in range(max(stages))]
-             for b in batches}
+             for b in variants}
     print(f"model {name}, {args.topology} rings, {args.plan} split, decode {args.decode} steps after a {args.prompt}-token prompt, "
-          f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds, worker --max-batch "
-          f"{', '.join('default' if b is None else str(b) for b in batches)}; load average at start {loadavg()}",
+          f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds, worker flags "
+          f"{' vs '.join(repr(b) if b else 'default' for b in variants)}; load average at start {loadavg()}",
           flush=True)
 
-    cfgs = [(b, n) for b in batches for n in stages]
+    cfgs = [(b, n) for b in variants for n in stages]
     base, ring1, ringk = [], {c: [] for c in cfgs}, {(c, k): [] for c in cfgs for k in seqs}
     eff, speedup = {c: [] for c in cfgs}, {(c, k): [] for c in cfgs for k in seqs}
     gain = {(n, k): [] for n in stages for k in seqs}
@@ -173,18 +174,18 @@ def main():
         base += [before, after]
         for c in cfgs:
             eff[c].append(ring1[c][-1] / ((before + after) / 2))
-        if len(batches) > 1:
+        if len(variants) > 1:
             for n in stages:
                 for k in seqs:
-                    gain[(n, k)].append(ringk[((batches[0], n), k)][-1] / ringk[((batches[-1], n), k)][-1])
+                    gain[(n, k)].append(ringk[((variants[0], n), k)][-1] / ringk[((variants[-1], n), k)][-1])
         print(f"  round {rnd + 1}: one process {before:.2f} / {after:.2f} tok/s; "
-              + "; ".join(("" if b is None else f"batch {b} ") + f"N={n} {ring1[(b, n)][-1]:.2f} ("
+              + "; ".join((f"[{b}] " if b else "") + f"N={n} {ring1[(b, n)][-1]:.2f} ("
                           + ", ".join(f"k={k} {ringk[((b, n), k)][-1]:.2f}" for k in seqs) + ")"
                           for b, n in cfgs), flush=True)
     med = statistics.median
     print(f"\none process, all {args.layers} layers, 1 sequence: {med(base):.2f} tokens/s "
           f"(median of {len(base)} runs, min {min(base):.2f}, max {max(base):.2f})")
-    print("\n| worker --max-batch | stages N | ring tokens/s (1 seq) | pipeline efficiency (min..max over rounds) | "
+    print("\n| worker flags | stages N | ring tokens/s (1 seq) | pipeline efficiency (min..max over rounds) | "
           + " | ".join(f"k={k}: tokens/s | speed-up vs 1 seq (min..max) | target 0.8*min(k,N)" for k in seqs) + " |")
     print("|---:|---:|---:|---:|" + "---:|---:|---:|" * len(seqs))
     for c in cfgs:
@@ -193,22 +194,25 @@ def main():
         for k in seqs:
             sp = speedup[(c, k)]
             cells.append(f"{med(ringk[(c, k)]):.2f} | {med(sp):.2f} ({min(sp):.2f}..{max(sp):.2f}) | {0.8 * min(k, n):.1f}")
-        print(f"| {'default' if b is None else b} | {n} | {med(ring1[c]):.2f} | {med(eff[c]):.3f} ({min(eff[c]):.2f}..{max(eff[c]):.2f}) | "
+        print(f"| {b or 'default'} | {n} | {med(ring1[c]):.2f} | {med(eff[c]):.3f} ({min(eff[c]):.2f}..{max(eff[c]):.2f}) | "
               + " | ".join(cells) + " |")
-    if len(batches) > 1:
+    if len(variants) > 1:
         print("\nmean sequences per batch through a stage (all stages, prefill steps included; median over rounds):")
         for c in cfgs:
             b, n = c
-            print(f"  --max-batch {b}, N={n}: " + ", ".join(
+            print(f"  [{b or 'default'}], N={n}: " + ", ".join(
                 f"k={k} {med(BATCH.get((tuple(addrs[b][:n]), k), [0])):.2f}" for k in [1] + seqs))
-        print(f"\nbatching gain, tokens/s with --max-batch {batches[0]} / --max-batch {batches[-1]} "
+        print(f"\nvariant gain, tokens/s with [{variants[0]}] / [{variants[-1]}] "
               "(median, min..max over rounds):")
         for n in stages:
             print(f"  N={n}: " + ", ".join(
                 f"k={k} {med(gain[(n, k)]):.2f} ({min(gain[(n, k)]):.2f}..{max(gain[(n, k)]):.2f})" for k in seqs))
-    for n, runs in sorted(BREAKDOWN.items()):
+    for b, n in cfgs:
+        runs = BREAKDOWN.get(tuple(addrs[b][:n]))
+        if not runs:
+            continue
         stages_ms = [med([r[0][i] for r in runs]) for i in range(n)]
-        print(f"closed ring, N={n}, 1 sequence, median per step: compute per stage "
+        print((f"[{b}] " if b else "") + f"closed ring, N={n}, 1 sequence, median per step: compute per stage "
               + ", ".join(f"{t:.3f}" for t in stages_ms) + f" ms; all hops {med([r[1] for r in runs]):.3f} ms")
         if all(r[2] and r[3] for r in runs):
             fwd = [med([r[2][i] for r in runs]) for i in range(n)]

@@ -91,6 +91,11 @@ int64_t StepBatcher::largest_batch() const {
   return largest_;
 }
 
+bool StepBatcher::idle() const {
+  absl::MutexLock l(&mu_);
+  return !running_ && queue_.empty();
+}
+
 int64_t StepBatcher::queued() const {
   absl::MutexLock l(&mu_);
   return static_cast<int64_t>(queue_.size());

@@ -50,6 +50,8 @@ class StepBatcher {
   int64_t batches() const;
   int64_t largest_batch() const;
   int64_t queued() const;
+  // No batch running and none waiting.
+  bool idle() const;
 
  private:
   struct Pending {

@@ -233,6 +233,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
                       absl::Time received);
   // The threads that run ComputeRelayed when batching is on (relay_threads_).
   void RelayLoop();
+  // Nothing computing or waiting to compute on this worker's stage.
+  bool StageIdle();
   // A relayed frame whose payload follows over NCCL (nccl_payload_bytes): receives the
   // bytes from the inbound link into `payload`. Errors name both stages.
   absl::Status ReceiveNcclPayload(ringserve::v1::ActivationFrame* f);

@@ -9,7 +9,10 @@
 #   (d) a diagnosis of the hop cost: one sequence on the two CUDA workers with and without
 #       a lowest-priority busy loop on every core (nice 19, so it takes no time from the
 #       ring but keeps the cores out of their idle states): if the hops get much cheaper,
-#       their cost is the wake-up of sleeping cores, not gRPC or the codec.
+#       their cost is the wake-up of sleeping cores, not gRPC or the codec;
+#   (e) whether Linux's PM QoS fixes what (d) finds: the same with /dev/cpu_dma_latency held
+#       at 0 (cores kept out of deep idle states while it is open), between two runs without.
+#       The request is machine-wide, so the runs go one after another, not mixed.
 # Output under $OUT. Usage: bench/gpu/batching_h200.sh BUNDLE_DIR [PARTS="a b c"]
 #   BUNDLE_DIR: bin/{ring-worker,ringctl,ring_bench,models_test} lib/... (deploy/bundle.sh)
 set -uo pipefail
@@ -27,13 +30,13 @@ if [[ $parts == *" a "* ]]; then
 fi
 if [[ $parts == *" b "* ]]; then
   python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
-    --devices cuda:0,cuda:1 --stages 2 --sequences 4,8 --rounds 3 --decode 64 --max-batch 8,1 \
+    --devices cuda:0,cuda:1 --stages 2 --sequences 4,8 --rounds 3 --decode 64 --variants '--max-batch 8|--max-batch 1' \
     > "$out/ring_batch_gpu.txt" 2>&1 || status=1
   tail -12 "$out/ring_batch_gpu.txt"
 fi
 if [[ $parts == *" c "* ]]; then
   python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_cpu --threads 4 \
-    --stages 2 --sequences 4,8 --rounds 3 --max-batch 8,1 > "$out/ring_batch_cpu.txt" 2>&1 || status=1
+    --stages 2 --sequences 4,8 --rounds 3 --variants '--max-batch 8|--max-batch 1' > "$out/ring_batch_cpu.txt" 2>&1 || status=1
   tail -12 "$out/ring_batch_cpu.txt"
 fi
 if [[ $parts == *" d "* ]]; then
@@ -48,5 +51,22 @@ if [[ $parts == *" d "* ]]; then
   d busy
   kill "${spin[@]}" 2>/dev/null
   d idle_again
+fi
+if [[ $parts == *" e "* ]]; then
+  ls -la /dev/cpu_dma_latency > "$out/pmqos.txt" 2>&1
+  e() {  # NAME
+    python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
+      --devices cuda:0,cuda:1 --stages 2 --sequences 2 --rounds 2 --decode 64 \
+      > "$out/pmqos_$1.txt" 2>&1 || status=1
+    echo "== $1"; grep -A1 "closed ring, N=2" "$out/pmqos_$1.txt"; grep "^| " "$out/pmqos_$1.txt" | tail -1
+  }
+  e default
+  python3 -c 'import os, struct, time
+fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY); os.write(fd, struct.pack("i", 0)); time.sleep(3600)' &
+  hold=$!
+  sleep 1
+  e latency0
+  kill $hold 2>/dev/null
+  e default_again
 fi
 exit $status
