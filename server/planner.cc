@@ -43,8 +43,9 @@ std::string RingPlan::ToText() const {
                                           1e3 * s.seconds_per_token));
   }
   absl::StrAppend(&out, absl::StrFormat(
-                            "predicted decode (weight bytes / measured bandwidth, hops not counted): "
+                            "predicted decode (%s, hops not counted): "
                             "%.1f tokens/s single stream, %.1f tokens/s with >= %d sequences in flight\n",
+                            calibrated ? "calibration forward per worker" : "weight bytes / measured bandwidth",
                             single_stream_tokens_per_s, pipelined_tokens_per_s, stages.size()));
   return out;
 }
@@ -66,6 +67,10 @@ absl::StatusOr<RingPlan> PlanRing(const std::vector<PlanWorker>& workers, const 
     if (x.bandwidth_bytes_per_s > 0) known_min_bw = std::min(known_min_bw, x.bandwidth_bytes_per_s);
   }
   if (!std::isfinite(known_min_bw)) known_min_bw = 1e9;
+  // Calibrated times are used only when every worker has them: a mix of measured step times
+  // and bandwidth estimates would not compare.
+  bool calibrated = true;
+  for (const auto& x : workers) calibrated = calibrated && x.layer_seconds > 0;
   if (options.context_tokens < 0 || options.sequences < 0) {
     return absl::InvalidArgumentError("plan: context and sequences must be >= 0");
   }
@@ -90,7 +95,8 @@ absl::StatusOr<RingPlan> PlanRing(const std::vector<PlanWorker>& workers, const 
     // Time per token: the bytes a decode step reads. The embedding table is memory the
     // first stage holds, but a step reads one row of it, not the table.
     const int64_t read_bytes = s.weight_bytes - (a == 0 ? model.first_stage_extra_bytes : 0);
-    s.seconds_per_token = static_cast<double>(read_bytes) / bw;
+    s.seconds_per_token = calibrated ? (b - a) * workers[k].layer_seconds + (b == l ? workers[k].head_seconds : 0)
+                                     : static_cast<double>(read_bytes) / bw;
     return s;
   };
   auto fits = [](const PlanStage& s) { return s.weight_bytes + s.kv_bytes <= s.usable_bytes; };
@@ -102,6 +108,7 @@ absl::StatusOr<RingPlan> PlanRing(const std::vector<PlanWorker>& workers, const 
       worst = std::max(worst, s.seconds_per_token);
     }
     p.stages = std::move(stages);
+    p.calibrated = calibrated;
     p.single_stream_tokens_per_s = total > 0 ? 1.0 / total : 0;
     p.pipelined_tokens_per_s = worst > 0 ? 1.0 / worst : 0;
     return p;

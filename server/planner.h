@@ -2,8 +2,10 @@
 //
 // Splits a model's layers into contiguous stages over the ring's workers, in ring order,
 // by each worker's free memory (weights + KV cache budget + headroom must fit) and
-// measured memory bandwidth (decode reads every weight once per token, so a stage's time
-// per token is about its weight bytes / bandwidth). Among the splits that fit, it picks
+// measured speed: with a calibration forward from every worker (the decode step time of
+// one layer and of the LM head on its device), a stage's time per token is its layers x
+// that layer time (+ the head's on the last stage); without, weight bytes / measured
+// memory bandwidth (decode reads every weight once per token). Among the splits that fit, it picks
 // the one whose slowest stage is fastest (dynamic programming over contiguous splits);
 // a manual split is checked against the same limits. Infeasible plans are refused with
 // the reason (which worker, how many bytes short).
@@ -25,6 +27,10 @@ struct PlanWorker {
   std::string address;
   int64_t memory_free_bytes = 0;
   double bandwidth_bytes_per_s = 0;  // <= 0: unknown (treated as the slowest known)
+  // Calibration forward on the worker's device (Describe with calibrate): one layer's and
+  // the LM head's decode step. 0: not measured (then every worker is planned by bytes).
+  double layer_seconds = 0;
+  double head_seconds = 0;
 };
 
 struct PlanModel {
@@ -53,6 +59,7 @@ struct PlanStage {
 
 struct RingPlan {
   std::vector<PlanStage> stages;
+  bool calibrated = false;  // times from calibration forwards (else bytes / bandwidth)
   // Roofline predictions from weight bytes and measured bandwidth (hops not counted):
   double single_stream_tokens_per_s = 0;  // one sequence: every stage in turn
   double pipelined_tokens_per_s = 0;      // >= N sequences in flight: the slowest stage

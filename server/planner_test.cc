@@ -64,6 +64,33 @@ TEST(PlannerTest, HeadCountsForTimeEmbeddingOnlyForMemory) {
   EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{1, 3}));
 }
 
+// With a calibration forward from every worker, times are measured layer and head step
+// times, not bytes: a GPU whose layers cost launch overhead more than bytes, and whose
+// head is cheap, gets its share by time; one worker without calibration means bytes for all.
+TEST(PlannerTest, CalibratedTimesReplaceBytesOverBandwidth) {
+  PlanModel m = Uniform(12, kGiB);
+  m.last_stage_extra_bytes = 6 * kGiB;  // by bytes the head is worth 6 layers
+  PlanWorker a{"a", 100 * kGiB, 1e11, /*layer_seconds=*/1e-3, /*head_seconds=*/1e-4};
+  PlanWorker b{"b", 100 * kGiB, 1e11, 1e-3, 1e-4};
+  auto p = PlanRing({a, b}, m, NoKv());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->calibrated);
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{6, 6}));
+  EXPECT_NEAR(p->stages[1].seconds_per_token, 6e-3 + 1e-4, 1e-12);
+  EXPECT_NE(p->ToText().find("calibration forward"), std::string::npos);
+  // A worker twice as slow per layer takes a third of the layers.
+  b.layer_seconds = 2e-3;
+  p = PlanRing({a, b}, m, NoKv());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{8, 4}));
+  // Without b's calibration: bytes / bandwidth for both (the head pushes layers to a).
+  b.layer_seconds = 0;
+  p = PlanRing({a, b}, m, NoKv());
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->calibrated);
+  EXPECT_EQ(p->LayerCounts(), (std::vector<int64_t>{9, 3}));
+}
+
 TEST(PlannerTest, KvBudgetIsReserved) {
   PlanModel m = Uniform(4, kGiB);
   m.kv_bytes_per_token_per_layer = 1 << 20;  // 1 MiB per token per layer

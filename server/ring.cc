@@ -522,7 +522,7 @@ absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& o) {
   for (size_t i = 0; i < o.workers.size(); ++i) {
     worker::StageClient c(o.workers[i], static_cast<int>(i), co);
     // Every worker probes the model: each must have it, and it must be the same one.
-    RING_ASSIGN_OR_RETURN(pb::DescribeResponse d, c.Describe(o.model));
+    RING_ASSIGN_OR_RETURN(pb::DescribeResponse d, c.Describe(o.model, o.plan_calibrate));
     if (i == 0) {
       model.layer_bytes.assign(d.probed().layer_bytes().begin(), d.probed().layer_bytes().end());
       model.first_stage_extra_bytes = d.probed().first_stage_extra_bytes();
@@ -538,7 +538,17 @@ absl::StatusOr<RingPlan> PlanForWorkers(const RingOptions& o) {
         free += model.layer_bytes[l];
       }
     }
-    workers.push_back({o.workers[i], free, d.memory_bandwidth_bytes_per_s()});
+    PlanWorker pw{o.workers[i], free, d.memory_bandwidth_bytes_per_s()};
+    if (o.plan_calibrate) {
+      if (d.calibration().error().empty()) {
+        pw.layer_seconds = d.calibration().layer_seconds();
+        pw.head_seconds = d.calibration().head_seconds();
+      } else {
+        std::cerr << "ring: " << c.name() << ": " << d.calibration().error()
+                  << "; the plan goes by weight bytes / memory bandwidth\n";
+      }
+    }
+    workers.push_back(pw);
   }
   PlanOptions po;
   po.context_tokens = o.plan_context_tokens;

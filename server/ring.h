@@ -98,9 +98,13 @@ struct RingOptions {
   // Inter-node auth (worker/stage_client.h): shared token and/or TLS, PEM contents.
   std::string auth_token;
   std::string tls_ca, tls_cert, tls_key;
-  // Remote ring without a split: plan it by the workers' free memory and measured
-  // bandwidth (server/planner.h) instead of an even split.
+  // Remote ring without a split: plan it by the workers' free memory and measured speed
+  // (server/planner.h) instead of an even split.
   bool auto_plan = false;
+  // Planning measures speed with a calibration forward on every worker (one layer and the
+  // LM head of the model on its device, cached by the worker); false, or when a worker
+  // cannot, by weight bytes / measured memory bandwidth.
+  bool plan_calibrate = true;
   // Remote ring: called after every stage's part of a step with its timing and bytes
   // (ring-server: ring_stage_round_trip_seconds, ring_hop_latency_seconds and
   // ring_hop_bytes_total).

@@ -22,6 +22,7 @@ struct PlanFlags {
   std::string workers, model, split, auth_token_file;
   int64_t context = 4096, sequences = 1;
   bool json = false;
+  bool no_calibrate = false;
 };
 
 int RunPlan(const PlanFlags& f) {
@@ -29,6 +30,7 @@ int RunPlan(const PlanFlags& f) {
   o.model = f.model;
   o.plan_context_tokens = f.context;
   o.plan_sequences = f.sequences;
+  o.plan_calibrate = !f.no_calibrate;
   for (absl::string_view w : absl::StrSplit(f.workers, ',', absl::SkipWhitespace())) o.workers.emplace_back(w);
   for (absl::string_view s : absl::StrSplit(f.split, ',', absl::SkipWhitespace())) {
     int64_t v;
@@ -61,6 +63,7 @@ int RunPlan(const PlanFlags& f) {
     j["split"] = plan->LayerCounts();
     j["single_stream_tokens_per_s"] = plan->single_stream_tokens_per_s;
     j["pipelined_tokens_per_s"] = plan->pipelined_tokens_per_s;
+    j["calibrated"] = plan->calibrated;
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << plan->ToText();
@@ -78,6 +81,10 @@ Registration reg("plan", "Dry-run the split of a model over workers: memory per 
                    cmd->add_option("--split", f->split, "Check this manual split (layer counts) instead");
                    cmd->add_option("--auth-token-file", f->auth_token_file, "Shared ring token");
                    cmd->add_flag("--json", f->json, "Print JSON");
+                   cmd->add_flag("--no-calibrate", f->no_calibrate,
+                                 "Plan by weight bytes / memory bandwidth instead of a calibration forward on "
+                                 "every worker (which loads one layer and the LM head there; workers serving a "
+                                 "stage answer from what they measured before)");
                    return [f] { return RunPlan(*f); };
                  });
 

@@ -173,11 +173,12 @@ std::string StageClient::name() const {
   return absl::StrCat("stage ", stage_index_, " (", address_, ")");
 }
 
-absl::StatusOr<pb::DescribeResponse> StageClient::Describe(const std::string& probe_model) {
+absl::StatusOr<pb::DescribeResponse> StageClient::Describe(const std::string& probe_model, bool calibrate) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, options_.call_timeout);
+  Prepare(&ctx, calibrate ? options_.load_timeout : options_.call_timeout);
   pb::DescribeRequest req;
   req.set_probe_model(probe_model);
+  req.set_calibrate(calibrate);
   pb::DescribeResponse resp;
   RING_RETURN_IF_ERROR(FromGrpcStatus(stub_->Describe(&ctx, req, &resp), "Describe " + name()));
   return resp;

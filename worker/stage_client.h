@@ -171,7 +171,10 @@ class StageClient {
  public:
   StageClient(std::string address, int stage_index, StageClientOptions options);
 
-  absl::StatusOr<ringserve::v1::DescribeResponse> Describe(const std::string& probe_model = "");
+  // With `calibrate` (and a probe_model) the worker also runs its calibration forward,
+  // which may load weights: the call gets the load timeout.
+  absl::StatusOr<ringserve::v1::DescribeResponse> Describe(const std::string& probe_model = "",
+                                                           bool calibrate = false);
   absl::StatusOr<ringserve::v1::LoadStageResponse> LoadStage(ringserve::v1::LoadStageRequest req);
   // Admission verify of a layer range (Worker.VerifyStage); load_timeout applies.
   absl::StatusOr<ringserve::v1::VerifyStageResponse> VerifyStage(ringserve::v1::VerifyStageRequest req);

@@ -109,6 +109,50 @@ int64_t KvBytesPerTokenPerLayer(const ModelConfig& c) {
   return floats * 4;
 }
 
+// The calibration forward: the median decode step time of stage [begin, end) of `dir` on
+// `device`, one sequence at a short context (inputs are arbitrary but deterministic).
+absl::StatusOr<double> TimeDecodeStep(const std::string& dir, const std::string& device, int64_t begin,
+                                      int64_t end) {
+  LoadOptions lo;
+  lo.layers = {begin, end};
+  RING_ASSIGN_OR_RETURN(lo.device, ParseDevice(device));
+  lo.max_context = 64;
+  lo.all_logits = false;
+  RING_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, ring::LoadStage(dir, lo));
+  auto seq = stage->NewSequence();
+  const int64_t hidden = stage->config().hidden_size;
+  const int64_t vocab = std::max<int64_t>(2, stage->config().vocab_size);
+  uint32_t lcg = 12345;
+  auto input = [&](int64_t rows) {
+    StageInput in;
+    if (stage->is_first()) {
+      for (int64_t r = 0; r < rows; ++r) in.tokens.push_back(static_cast<int32_t>(1 + (r * 37) % (vocab - 1)));
+    } else {
+      in.hidden.resize(rows * hidden);
+      for (float& v : in.hidden) {
+        lcg = lcg * 1664525u + 1013904223u;
+        v = static_cast<float>(lcg >> 8) / static_cast<float>(1 << 24) * 2.f - 1.f;
+      }
+      // A stage that starts at an IndexShare layer needs the carry; at this context a full
+      // indexer layer would have selected everything (dense) anyway.
+      in.topk.source_layer = begin - 1;
+      in.topk.dense = true;
+    }
+    in.argmax_only = stage->is_last();  // as a closed ring's last stage runs
+    return in;
+  };
+  RING_RETURN_IF_ERROR(stage->Forward(*seq, input(4)).status());
+  std::vector<double> times;
+  for (int i = 0; i < 9; ++i) {
+    const StageInput in = input(1);
+    const absl::Time t0 = absl::Now();
+    RING_RETURN_IF_ERROR(stage->Forward(*seq, in).status());
+    if (i >= 2) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));  // after warm-up
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
 absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::string& model) {
   RING_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(root, model));
   RING_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
@@ -382,7 +426,8 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
   if (auto a = CheckAuth(ctx); !a.ok()) return a;
   resp->set_backend(options_.device);
   resp->add_devices(options_.device);
-  const int64_t mem_free = MemAvailableBytes();
+  // Where a stage would go: the GPU's memory for a CUDA worker.
+  const int64_t mem_free = CacheMemoryFreeBytes(options_.device);
   resp->set_memory_free_bytes(mem_free);
   metrics_->SetMemoryFree(mem_free);
   resp->set_tokens_per_second(metrics_->TokensPerSecond());
@@ -434,8 +479,46 @@ grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::Describ
     auto info = ProbeModel(options_.model_root, req->probe_model());
     if (!info.ok()) return ToGrpcStatus(info.status());
     *resp->mutable_probed() = *info;
+    if (req->calibrate()) *resp->mutable_calibration() = Calibrate(req->probe_model(), *info);
   }
   return grpc::Status::OK;
+}
+
+pb::Calibration WorkerService::Calibrate(const std::string& model, const pb::ModelInfo& info) {
+  {
+    absl::MutexLock l(&calibration_mu_);
+    if (auto it = calibrations_.find(info.model_hash()); it != calibrations_.end()) return it->second;
+  }
+  pb::Calibration c;
+  // One at a time, and never beside a stage load: both take device memory.
+  absl::MutexLock load_lock(&load_mu_);
+  {
+    absl::MutexLock l(&mu_);
+    if (loaded_) {
+      c.set_error(absl::StrCat("not measured: ", HopNameLocked(),
+                               " is serving a stage (it calibrates before its first load)"));
+      return c;
+    }
+  }
+  auto dir = ResolveModelDir(options_.model_root, model);
+  const int64_t layers = info.num_layers();
+  const int64_t mid = (layers - 1) / 2;
+  absl::StatusOr<double> layer = dir.ok() ? TimeDecodeStep(*dir, options_.device, mid, mid + 1) : dir.status();
+  absl::StatusOr<double> last = layer;
+  if (layer.ok() && mid != layers - 1) last = TimeDecodeStep(*dir, options_.device, layers - 1, layers);
+  if (!layer.ok() || !last.ok()) {
+    c.set_error(absl::StrCat("calibration forward failed: ", (layer.ok() ? last : layer).status().message()));
+    SetLastError(absl::Status(absl::StatusCode::kInternal, c.error()));
+    return c;  // not cached: a later Describe may succeed (e.g. once memory is free)
+  }
+  c.set_layer(mid);
+  c.set_layer_seconds(*layer);
+  c.set_head_seconds(mid == layers - 1 ? 0.0 : std::max(0.0, *last - *layer));
+  std::cerr << "ring-worker: calibration forward of " << model << " on " << options_.device << ": layer " << mid
+            << " " << 1e3 * c.layer_seconds() << " ms, LM head " << 1e3 * c.head_seconds() << " ms per decode step\n";
+  absl::MutexLock l(&calibration_mu_);
+  calibrations_[info.model_hash()] = c;
+  return c;
 }
 
 grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadStageRequest* req,

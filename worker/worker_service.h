@@ -235,6 +235,9 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   void RelayLoop();
   // Nothing computing or waiting to compute on this worker's stage.
   bool StageIdle();
+  // Describe with calibrate: the calibration forward of `model` on this worker's device,
+  // cached by model hash (an error in the result when it cannot be measured now).
+  ringserve::v1::Calibration Calibrate(const std::string& model, const ringserve::v1::ModelInfo& info);
   // A relayed frame whose payload follows over NCCL (nccl_payload_bytes): receives the
   // bytes from the inbound link into `payload`. Errors name both stages.
   absl::Status ReceiveNcclPayload(ringserve::v1::ActivationFrame* f);
@@ -294,6 +297,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     std::string peer;
     absl::Time received;
   };
+  absl::Mutex calibration_mu_;
+  std::map<uint64_t, ringserve::v1::Calibration> calibrations_ ABSL_GUARDED_BY(calibration_mu_);
   absl::Mutex relay_mu_;
   std::deque<RelayWork> relay_queue_ ABSL_GUARDED_BY(relay_mu_);
   bool relay_stop_ ABSL_GUARDED_BY(relay_mu_) = false;

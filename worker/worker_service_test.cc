@@ -415,6 +415,33 @@ TEST_F(WorkerServiceTest, ConcurrentGenerationsOnARingOfTwoGetTheirOwnTokens) {
   }
 }
 
+// The planner's calibration forward: one layer's and the LM head's decode step on the
+// worker's device, measured once per model (a second Describe answers from the cache) and
+// refused, with the reason, on a worker that is already serving a stage without having it.
+TEST_F(WorkerServiceTest, CalibrationForwardIsMeasuredOnceAndNotWhileServing) {
+  Start();
+  StageClient c(address_, 0, {});
+  auto d = c.Describe("m", /*calibrate=*/true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->calibration().error().empty()) << d->calibration().error();
+  EXPECT_GT(d->calibration().layer_seconds(), 0);
+  EXPECT_GE(d->calibration().head_seconds(), 0);
+  EXPECT_EQ(d->calibration().layer(), (d->probed().num_layers() - 1) / 2);
+  Load(c, 0, 4);
+  auto again = c.Describe("m", true);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->calibration().layer_seconds(), d->calibration().layer_seconds());
+  EXPECT_FALSE(c.Describe("m").value().has_calibration());
+
+  ExtraWorker serving(dir_.string());
+  StageClient s(serving.address, 0, {});
+  Load(s, 0, 4);
+  auto refused = s.Describe("m", true);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_NE(refused->calibration().error().find("serving a stage"), std::string::npos)
+      << refused->calibration().error();
+}
+
 TEST_F(WorkerServiceTest, LinkAndGenerateRefuseStaleOrUnlinkedRings) {
   Start();
   StageClient c0(address_, 0, {});
