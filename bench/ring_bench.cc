@@ -49,7 +49,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Closed ring: every step's time round the ring and where it went (RingOptions::
+// Closed ring: every decode step's time round the ring and where it went (RingOptions::
 // on_closed_step): each stage's own time (frame in to reply out) and the forward inside
 // it, and each hop's time on the wire (reply ready at one stage to frame read at the next,
 // by the workers' clocks: the same host's here). The hop into stage 0 ends when stage 0's
@@ -61,6 +61,7 @@ struct StepTrace {
   std::vector<double> stage_s, compute_s, wire_s;
 
   void Add(const ring::ClosedStepTrace& t) {
+    if (t.prefill) return;  // decode steps only: a prompt's step is of another size
     std::lock_guard<std::mutex> l(mu);
     step_s += t.seconds;
     ++steps;

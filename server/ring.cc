@@ -339,9 +339,10 @@ class RemoteRing final : public Ring {
     if (on_stage_step_) on_stage_step_(step);
   }
   // A closed-ring step's trace (GenerateEvent): activation stats and timing per stage.
-  void NoteClosedStep(const pb::GenerateEvent& e) {
+  void NoteClosedStep(const pb::GenerateEvent& e, bool prefill) {
     ClosedStepTrace trace;
     trace.seconds = e.step_seconds();
+    trace.prefill = prefill;
     trace.started_unix_nanos = e.started_unix_nanos();
     trace.returned_unix_nanos = e.returned_unix_nanos();
     for (const pb::StageTrace& t : e.trace()) {
@@ -399,10 +400,10 @@ absl::Status RemoteSequence::Generate(const ClosedLoopRequest& req,
   bool first = true;
   while (true) {
     absl::StatusOr<std::optional<pb::GenerateEvent>> e = call->Next(first ? wait * prefill_steps : wait);
-    first = false;
     if (!e.ok()) return e.status();
     if (!e->has_value()) break;
-    ring_->NoteClosedStep(**e);
+    ring_->NoteClosedStep(**e, first);
+    first = false;
     const pb::TokenChoice& c = (*e)->token();
     SampledToken t;
     t.id = c.id();

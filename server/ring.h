@@ -64,6 +64,7 @@ enum class RingTransport { kAuto, kGrpc };
 // between hosts are as good as their clock sync).
 struct ClosedStepTrace {
   double seconds = 0;               // stage 0 starting the step to the token back there
+  bool prefill = false;             // the step that carried the prompt (its last chunk)
   int64_t started_unix_nanos = 0;   // stage 0 started the step
   int64_t returned_unix_nanos = 0;  // the token was back at stage 0
   struct Stage {

@@ -12,7 +12,10 @@
 #       their cost is the wake-up of sleeping cores, not gRPC or the codec;
 #   (e) whether Linux's PM QoS fixes what (d) finds: the same with /dev/cpu_dma_latency held
 #       at 0 (cores kept out of deep idle states while it is open), between two runs without.
-#       The request is machine-wide, so the runs go one after another, not mixed.
+#       The request is machine-wide, so the runs go one after another, not mixed;
+#   (f) a model whose stages carry more work: Qwen3-8B dimensions (36 layers, int4) on the
+#       two GPUs, 1 and 4 sequences: pipeline efficiency where a token's compute is larger
+#       than the hops.
 # Output under $OUT. Usage: bench/gpu/batching_h200.sh BUNDLE_DIR [PARTS="a b c"]
 #   BUNDLE_DIR: bin/{ring-worker,ringctl,ring_bench,models_test} lib/... (deploy/bundle.sh)
 set -uo pipefail
@@ -30,7 +33,7 @@ if [[ $parts == *" a "* ]]; then
 fi
 if [[ $parts == *" b "* ]]; then
   python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
-    --devices cuda:0,cuda:1 --stages 2 --sequences 4,8 --rounds 3 --decode 64 --variants '--max-batch 8|--max-batch 1' \
+    --devices cuda:0,cuda:1 --stages 2 --sequences 4,8 --rounds ${ROUNDS:-3} --decode 64 --variants '--max-batch 8|--max-batch 1' \
     > "$out/ring_batch_gpu.txt" 2>&1 || status=1
   tail -12 "$out/ring_batch_gpu.txt"
 fi
@@ -68,5 +71,11 @@ fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY); os.write(fd, struct.pack("i",
   e latency0
   kill $hold 2>/dev/null
   e default_again
+fi
+if [[ $parts == *" f "* ]]; then
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_8b --preset qwen3-8b --layers 36 \
+    --devices cuda:0,cuda:1 --stages 2 --sequences 4 --rounds ${ROUNDS:-2} --decode 32 --timeout 600 \
+    > "$out/ring_8b.txt" 2>&1 || status=1
+  tail -8 "$out/ring_8b.txt"
 fi
 exit $status
