@@ -43,6 +43,21 @@ __device__ void TopKSmall(const float* x, int n, int k, bool* taken, int32_t* id
     if (taken[i]) ids[c++] = i;
 }
 
+// The chosen ids (ascending) and their weights: sigmoid scores, normalised over the k
+// (summed in id order) when asked, times the scaling factor.
+__device__ void WriteSigmoidRoute(const float* s, const int32_t* ids, int K,
+                                  const cpu::SigmoidRouting& r, int32_t* ids_out, float* w_out) {
+  float wts[kMaxK];
+  float denom = 0.f;
+  for (int k = 0; k < K; ++k) denom += (wts[k] = s[ids[k]]);
+  for (int k = 0; k < K; ++k) {
+    if (K > 1 && r.norm_topk_prob) wts[k] /= denom;
+    wts[k] *= r.routed_scaling_factor;
+    ids_out[k] = ids[k];
+    w_out[k] = wts[k];
+  }
+}
+
 __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64_t T,
                                    cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -72,15 +87,7 @@ __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64
       for (int e = 0; e < gs; ++e) sel[drop[i] * gs + e] = 0.f;
   }
   TopKSmall(sel, E, K, taken, ids);
-  float wts[kMaxK];
-  float denom = 0.f;
-  for (int k = 0; k < K; ++k) denom += (wts[k] = s[ids[k]]);
-  for (int k = 0; k < K; ++k) {
-    if (K > 1 && r.norm_topk_prob) wts[k] /= denom;
-    wts[k] *= r.routed_scaling_factor;
-    ids_out[row * K + k] = ids[k];
-    w_out[row * K + k] = wts[k];
-  }
+  WriteSigmoidRoute(s, ids, K, r, ids_out + row * K, w_out + row * K);
 }
 
 
@@ -148,15 +155,7 @@ __global__ void __launch_bounds__(kRouteBlockThreads)
   int c = 0;
   for (int e = 0; e < E && c < K; ++e)
     if (taken[e]) ids[c++] = e;
-  float wts[kMaxK];
-  float denom = 0.f;
-  for (int k = 0; k < K; ++k) denom += (wts[k] = s[ids[k]]);
-  for (int k = 0; k < K; ++k) {
-    if (K > 1 && r.norm_topk_prob) wts[k] /= denom;
-    wts[k] *= r.routed_scaling_factor;
-    ids_out[row * K + k] = ids[k];
-    w_out[row * K + k] = wts[k];
-  }
+  WriteSigmoidRoute(s, ids, K, r, ids_out + row * K, w_out + row * K);
 }
 
 __global__ void RouteSoftmaxKernel(const float* gates, int64_t T, int E, int K, bool norm,
