@@ -1,6 +1,7 @@
 // Kernels behind indexer.cuh.
 //
-// IndexerScoresKernel: block = kScoreWarps warps for one query row r and a range of keys; the
+// IndexerScoresKernel: block = kScoreWarps warps for one query row r and a range of keys (64;
+// 8 in decode, one per warp, so that one row's grid fills the GPU); the
 // row's queries [heads, dim] sit in shared memory. A warp owns one key at a time: per head a
 // lane-split dot product and butterfly sum, then lane 0 applies the reference's rounding
 // (round, relu, round(* w_h)) and accumulates over heads in head order (T > 1: each partial
@@ -23,6 +24,8 @@ namespace {
 
 constexpr int kScoreWarps = 8;
 constexpr int kKeysPerBlock = 64;
+// Decode (one query row): fewer keys per block, so that the grid fills the GPU.
+constexpr int kKeysPerBlockDecode = 8;
 constexpr int kTopKThreads = 512;
 
 __device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
@@ -34,15 +37,15 @@ __device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
 }
 
 __global__ void __launch_bounds__(kScoreWarps * 32)
-    IndexerScoresKernel(cpu::IndexerArgs a, cpu::ActDType rt, float* scores) {
+    IndexerScoresKernel(cpu::IndexerArgs a, cpu::ActDType rt, int keys_per_block, float* scores) {
   extern __shared__ float qs[];  // [heads, dim]
   const int64_t r = blockIdx.y;
   const int64_t hd = a.heads * a.dim;
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = a.q[r * hd + i];
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock;
-  const int64_t j1 = min(a.S, j0 + kKeysPerBlock);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * keys_per_block;
+  const int64_t j1 = min(a.S, j0 + keys_per_block);
   for (int64_t j = j0 + warp; j < j1; j += kScoreWarps) {
     const float* kj = a.keys + j * a.dim;
     float tot = 0.f;
@@ -191,9 +194,9 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
   }
   RING_ASSIGN_OR_RETURN(StreamBuffer scores,
                         StreamBuffer::Allocate(a.T * a.S * sizeof(float), stream));
-  const dim3 grid(static_cast<unsigned>((a.S + kKeysPerBlock - 1) / kKeysPerBlock),
-                  static_cast<unsigned>(a.T));
-  IndexerScoresKernel<<<grid, kScoreWarps * 32, smem, stream>>>(a, round, scores.as<float>());
+  const int kpb = a.T == 1 ? kKeysPerBlockDecode : kKeysPerBlock;
+  const dim3 grid(static_cast<unsigned>((a.S + kpb - 1) / kpb), static_cast<unsigned>(a.T));
+  IndexerScoresKernel<<<grid, kScoreWarps * 32, smem, stream>>>(a, round, kpb, scores.as<float>());
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream);
 }

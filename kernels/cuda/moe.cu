@@ -43,6 +43,21 @@ __device__ void TopKSmall(const float* x, int n, int k, bool* taken, int32_t* id
     if (taken[i]) ids[c++] = i;
 }
 
+// The chosen ids (ascending) and their weights: sigmoid scores, normalised over the k
+// (summed in id order) when asked, times the scaling factor.
+__device__ void WriteSigmoidRoute(const float* s, const int32_t* ids, int K,
+                                  const cpu::SigmoidRouting& r, int32_t* ids_out, float* w_out) {
+  float wts[kMaxK];
+  float denom = 0.f;
+  for (int k = 0; k < K; ++k) denom += (wts[k] = s[ids[k]]);
+  for (int k = 0; k < K; ++k) {
+    if (K > 1 && r.norm_topk_prob) wts[k] /= denom;
+    wts[k] *= r.routed_scaling_factor;
+    ids_out[k] = ids[k];
+    w_out[k] = wts[k];
+  }
+}
+
 __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64_t T,
                                    cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -72,15 +87,75 @@ __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64
       for (int e = 0; e < gs; ++e) sel[drop[i] * gs + e] = 0.f;
   }
   TopKSmall(sel, E, K, taken, ids);
-  float wts[kMaxK];
-  float denom = 0.f;
-  for (int k = 0; k < K; ++k) denom += (wts[k] = s[ids[k]]);
-  for (int k = 0; k < K; ++k) {
-    if (K > 1 && r.norm_topk_prob) wts[k] /= denom;
-    wts[k] *= r.routed_scaling_factor;
-    ids_out[row * K + k] = ids[k];
-    w_out[row * K + k] = wts[k];
+  WriteSigmoidRoute(s, ids, K, r, ids_out + row * K, w_out + row * K);
+}
+
+
+// RouteSigmoidKernel for n_group == 1, one block of kRouteBlockThreads per row: the scores in
+// shared memory, then k rounds of a block arg-max over the untaken experts (higher value,
+// then lower index: the set TopKSmall takes); thread 0 forms the weights in ascending id
+// order as the one-thread kernel does, so ids and weights are bit-identical to it.
+constexpr int kRouteBlockThreads = 256;
+
+__global__ void __launch_bounds__(kRouteBlockThreads)
+    RouteSigmoidBlockKernel(const float* logits, const float* bias, int64_t T,
+                            cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
+  __shared__ float s[kMaxRoutedExperts], sel[kMaxRoutedExperts];
+  __shared__ bool taken[kMaxRoutedExperts];
+  __shared__ float wv[kRouteBlockThreads / 32];
+  __shared__ int wi[kRouteBlockThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int E = static_cast<int>(r.E), K = static_cast<int>(r.k);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    s[e] = 1.f / (1.f + expf(-logits[row * E + e]));
+    sel[e] = s[e] + bias[e];
+    taken[e] = false;
   }
+  __syncthreads();
+  for (int k = 0; k < K; ++k) {
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      if (taken[e]) continue;
+      if (bi < 0 || sel[e] > bv) {  // ascending e per thread: ties keep the lower index
+        bv = sel[e];
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      wv[warp] = bv;
+      wi[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = wv[0];
+      int i = wi[0];
+      for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
+        if (wi[w] >= 0 && (i < 0 || wv[w] > v || (wv[w] == v && wi[w] < i))) {
+          v = wv[w];
+          i = wi[w];
+        }
+      }
+      taken[i] = true;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  int32_t ids[kMaxK];
+  int c = 0;
+  for (int e = 0; e < E && c < K; ++e)
+    if (taken[e]) ids[c++] = e;
+  WriteSigmoidRoute(s, ids, K, r, ids_out + row * K, w_out + row * K);
 }
 
 __global__ void RouteSoftmaxKernel(const float* gates, int64_t T, int E, int K, bool norm,
@@ -155,8 +230,13 @@ absl::Status RouteSigmoid(const float* logits, const float* bias, int64_t T,
     return absl::InvalidArgumentError("routing: bad n_group / topk_group");
   }
   if (T <= 0) return absl::OkStatus();
-  RouteSigmoidKernel<<<Blocks(T, kRouteThreads), kRouteThreads, 0, stream>>>(logits, bias, T, r,
-                                                                              ids, weights);
+  if (r.n_group == 1 && T <= 0x7fffffff) {
+    RouteSigmoidBlockKernel<<<static_cast<unsigned>(T), kRouteBlockThreads, 0, stream>>>(
+        logits, bias, T, r, ids, weights);
+  } else {
+    RouteSigmoidKernel<<<Blocks(T, kRouteThreads), kRouteThreads, 0, stream>>>(logits, bias, T,
+                                                                                r, ids, weights);
+  }
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -1057,7 +1057,11 @@ TEST_F(GpuTest, AttentionGqa) {
   // additive mask, and a 512-wide head (GLM's absorbed MLA width).
   for (S s : {S{7, 7, 4, 2, 32, 0, false}, S{5, 25, 8, 2, 128, 20, false},
               S{1, 40, 8, 2, 128, -1, false}, S{6, 30, 4, 4, 64, -1, true},
-              S{1, 300, 16, 1, 512, -1, true}, S{3, 70, 32, 8, 128, 67, false}}) {
+              S{1, 300, 16, 1, 512, -1, true}, S{3, 70, 32, 8, 128, 67, false},
+              // L >= 16: the tiled prefill kernel (ragged query tiles and key chunks, head
+              // widths up to its 256, causal after a prefix, mask).
+              S{37, 37, 4, 2, 128, 0, false}, S{40, 100, 4, 4, 64, 60, true},
+              S{20, 20, 3, 1, 256, 0, false}, S{16, 50, 2, 2, 192, -1, true}}) {
     for (cpu::ActDType t : kActs) {
       const bool bf = t == cpu::ActDType::kBF16;
       const std::vector<float> q = RandomFloats(s.L * s.hq * s.d, 1001, 1.f, bf);
@@ -1091,18 +1095,30 @@ TEST_F(GpuTest, AttentionGqa) {
 
 // MLA core in its four regimes: dense / sparse x expanded (prefill chunk after a cached
 // prefix) / absorbed (decode), for mxfp4 and affine embed_q/unembed_out.
+// Small dims (expanded and absorbed forms), then GLM-5.2's latent/rope/head dims with 10
+// heads (not a multiple of the decode kernel's 8 heads per block) in decode: sparse over
+// 2048 of 2100 keys, and dense over 5000 keys (several 32-key chunks per split).
 TEST_F(GpuTest, MlaAttention) {
-  const int64_t H = 4, nope = 64, rope = 32, vd = 64, kvl = 128;
+  struct Dims {
+    int64_t H, nope, rope, vd, kvl;
+  };
   struct S {
     int64_t T, offset, K;
   };
   uint32_t seed = 1100;
+  for (const Dims& dims : {Dims{4, 64, 32, 64, 128}, Dims{10, 192, 64, 256, 512}}) {
+  const int64_t H = dims.H, nope = dims.nope, rope = dims.rope, vd = dims.vd, kvl = dims.kvl;
+  const bool glm = kvl == 512;
   for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
                               FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
     auto embed_q = MakeWeight(f.spec, f.dtype, H, kvl, nope, ++seed);
     auto unembed = MakeWeight(f.spec, f.dtype, H, vd, kvl, ++seed);
     ASSERT_TRUE(embed_q && unembed);
-    for (S s : {S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0}}) {
+    const std::vector<S> cases =
+        glm ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}}
+            : std::vector<S>{S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0},
+                             S{1, 149, 0}, S{1, 299, 200}, S{20, 13, 0}, S{40, 30, 32}};
+    for (S s : cases) {
       for (cpu::ActDType t : kActs) {
         const bool bf = t == cpu::ActDType::kBF16;
         const int64_t T = s.T, Sn = s.offset + s.T, K = s.K;
@@ -1154,6 +1170,7 @@ TEST_F(GpuTest, MlaAttention) {
                ref, AttnTol(t) * kMlaFactor);
       }
     }
+  }
   }
 }
 
@@ -1239,7 +1256,7 @@ TEST_F(GpuTest, MoeRouting) {
     float scale;
   };
   for (D d : {D{16, 4, 4, 2, true, 2.5f}, D{256, 8, 1, 1, true, 2.5f}, D{256, 8, 8, 4, true, 2.5f},
-              D{8, 2, 1, 1, false, 1.f}, D{64, 6, 8, 3, true, 16.f}}) {
+              D{8, 2, 1, 1, false, 1.f}, D{64, 6, 8, 3, true, 16.f}, D{512, 8, 1, 1, true, 2.5f}}) {
     const int64_t T = 37;
     const std::vector<float> logits = RandomFloats(T * d.E, 1400 + d.E, 2.f, true);
     const std::vector<float> bias = RandomFloats(d.E, 1401, 0.3f, false);

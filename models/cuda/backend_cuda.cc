@@ -34,6 +34,9 @@
 // RING_CUDA_STEP_STATS=1: when the backend goes, it prints per step the wall time, the time
 // spent waiting for the GPU, and how many ops ran directly or in graphs (bench/gpu/
 // decode_perf_h200.sh).
+// RING_CUDA_LAYER_MARKS=1 (diagnostic, for a kernel trace: bench/gpu/kernel_trace.cc): at each
+// BeginLayer the held-back ops are flushed (graph runs then end at layer boundaries) and a
+// 4-byte memset of value layer + 2 is queued, which the trace shows as the layer's start.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -134,6 +137,11 @@ int64_t NowNs() {
       .count();
 }
 
+bool LayerMarksEnabledByEnv() {
+  const char* v = std::getenv("RING_CUDA_LAYER_MARKS");
+  return v != nullptr && std::strcmp(v, "0") != 0;
+}
+
 bool GraphsEnabledByEnv() {
   const char* v = std::getenv("RING_CUDA_GRAPHS");
   return v == nullptr || std::strcmp(v, "0") != 0;
@@ -142,7 +150,10 @@ bool GraphsEnabledByEnv() {
 class CudaBackend final : public Backend, public std::enable_shared_from_this<CudaBackend> {
  public:
   explicit CudaBackend(int ordinal)
-      : ordinal_(ordinal), graphs_enabled_(GraphsEnabledByEnv()), stats_on_(StatsEnabledByEnv()) {}
+      : ordinal_(ordinal),
+        graphs_enabled_(GraphsEnabledByEnv()),
+        stats_on_(StatsEnabledByEnv()),
+        marks_on_(LayerMarksEnabledByEnv()) {}
   ~CudaBackend() override {
     if (stats_on_ && stats_.steps > 0) {
       const double n = static_cast<double>(stats_.steps);
@@ -165,6 +176,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       }
       idle_.clear();
     }
+    if (mark_ != nullptr) cudaFreeAsync(mark_, stream_);
     cudaStreamSynchronize(stream_);
     if (staging_ != nullptr) cudaFreeHost(staging_);
     cudaStreamDestroy(stream_);
@@ -219,6 +231,17 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     ++stats_.steps;
     stats_.step_ns += NowNs() - step_t0_;
     return flushed;
+  }
+
+  void BeginLayer(int64_t layer) override {
+    if (!marks_on_ || !in_step_) return;
+    if (!Unrecorded().ok()) return;  // the error surfaces again at the next flush
+    if (mark_ == nullptr) {
+      absl::StatusOr<void*> p = PoolAlloc(4);
+      if (!p.ok()) return;
+      mark_ = *p;
+    }
+    cudaMemsetAsync(mark_, static_cast<int>(layer + 2), 4, stream_);
   }
 
   // ---- memory ----
@@ -742,6 +765,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
 
   // RING_CUDA_STEP_STATS.
   const bool stats_on_;
+  // RING_CUDA_LAYER_MARKS: the 4 bytes the layer marks are written to.
+  const bool marks_on_;
+  void* mark_ = nullptr;
   int64_t step_t0_ = 0;
   struct {
     int64_t steps = 0, direct = 0, graphed = 0, launches = 0, captures = 0;

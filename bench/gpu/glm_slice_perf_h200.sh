@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# GLM-5.2 4-layer slice (3 dense layers with a full DSA indexer + 1 MoE layer with an
+# IndexShare shared indexer; random mxfp4 weights from `ringctl synth`) on the H200, in one
+# run per bundle: prefill tokens/s of a 2048-token prompt, decode ms/step after it (sparse
+# DSA) and after a 16-token prompt, the bytes a decode step reads and the roofline at the
+# bandwidth probed in the same run (bench/glm_slice_bench.cc); then the same binary under a
+# CUPTI kernel trace (bench/gpu/kernel_trace.cc), once plain (per-kernel GPU time, idle time
+# between kernels) and once with RING_CUDA_LAYER_MARKS=1 (per-layer times and the 78-layer
+# extrapolation; bench/gpu/glm_trace_report.py).
+#
+#   bench/gpu/glm_slice_perf_h200.sh BUNDLE [BUNDLE...]
+# Each BUNDLE (deploy/bundle.sh) holds bin/glm_slice_bench, bin/ringctl (for synth) and
+# lib/libring_kernel_trace.so + lib/libcupti.so.13; the report script sits beside this one.
+# Output under $OUT: slice_<bundle>.txt (timing), trace_<bundle>.txt (reports).
+set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 BUNDLE [BUNDLE...]" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$PWD/gpu_out}
+mkdir -p "$out"
+m=/tmp/ring_glm52x4
+first=$(cd "$1" && pwd)
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+} > "$out/machine.txt" 2>&1
+if [ ! -d "$m" ]; then
+  t0=$(date +%s)
+  LD_LIBRARY_PATH="$first/lib" timeout 300 "$first/bin/ringctl" synth --arch glm_moe_dsa \
+    --preset glm-5.2 --layers 4 --quant mxfp4 --out "$m" > /tmp/synth.txt 2>&1 || { cat /tmp/synth.txt; exit 1; }
+  echo "synth: $(( $(date +%s) - t0 )) s" >> "$out/machine.txt"
+fi
+status=0
+for b in "$@"; do
+  bundle=$(cd "$b" && pwd)
+  v=$(basename "$bundle")
+  bench=$bundle/bin/glm_slice_bench
+  export LD_LIBRARY_PATH="$bundle/lib"
+  echo "== $v: timing" | tee -a "$out/slice_$v.txt"
+  timeout 240 "$bench" --model "$m" --prompt 2048 --decode ${DECODE:-64} --reps ${REPS:-2} \
+    >> "$out/slice_$v.txt" 2>&1 || status=1
+  for mode in plain marks; do
+    envs="CUDA_INJECTION64_PATH=$bundle/lib/libring_kernel_trace.so RING_KERNEL_TRACE=/tmp/trace_${v}_$mode.txt"
+    [ $mode = marks ] && envs="$envs RING_CUDA_LAYER_MARKS=1"
+    env $envs timeout 240 "$bench" --model "$m" --prompt 2048 --decode 32 --reps 1 \
+      > "/tmp/bench_${v}_$mode.txt" 2>&1 || status=1
+    echo "== $v: kernel trace ($mode)" >> "$out/trace_$v.txt"
+    grep -E "^(prefill|decode|  decode)" "/tmp/bench_${v}_$mode.txt" >> "$out/trace_$v.txt"
+    python3 "$here/glm_trace_report.py" "/tmp/bench_${v}_$mode.txt" "/tmp/trace_${v}_$mode.txt" \
+      $([ $mode = marks ] && echo --marks) >> "$out/trace_$v.txt" 2>&1 || status=1
+  done
+  grep -A4 "^summary" "$out/slice_$v.txt"
+  grep -E "^== |GPU span|78-layer|  (layer|head|embedding)" "$out/trace_$v.txt"
+done
+exit $status

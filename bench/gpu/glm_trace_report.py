@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Where the GPU time of the GLM slice's decode steps goes, from a kernel trace.
+
+  glm_trace_report.py BENCH_OUT TRACE [--marks]
+
+BENCH_OUT: glm_slice_bench's output of the traced run (step order, bytes per layer, probed
+bandwidth). TRACE: bench/gpu/kernel_trace.cc's file of the same run. Steps are cut at the
+device-to-host copy that ends every step (the final-normed hidden row, hidden_size * 4
+bytes, argmax_only). Per decode step group (after the long / the short prompt; the first
+two steps of each left out, they capture graphs): GPU span of a step (first record start
+to last record end), busy time (union of kernels, copies, memsets), idle time inside the
+span (gaps between kernels), the gap between steps (host), and a per-kernel table.
+With --marks (the run had RING_CUDA_LAYER_MARKS=1): per-layer times (from one layer mark to
+the next; the head until the step's end) and the 78-layer GLM-5.2 extrapolation next to
+its roofline: 3 dense layers with a full indexer, 18 MoE layers with a full indexer, 57
+MoE layers sharing one (shared spec section 1.6), plus embedding and head.
+"""
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+
+def parse_bench(path):
+    info = {"layers": {}, "gbps": None, "hidden_bytes": None}
+    for line in open(path):
+        m = re.match(r"read bandwidth probe: (\d+) GB/s", line)
+        if m:
+            info["gbps"] = float(m.group(1))
+        m = re.match(r"step order: prefill (\d+) \(warm-up\), prefill (\d+) x (\d+), decode (\d+), "
+                     r"prefill (\d+), decode (\d+)", line)
+        if m:
+            info["order"] = [int(x) for x in m.groups()]
+        m = re.match(r"\s+layer (\d+) \((\w+), indexer (\w+)\): ([\d.]+) MB \(non-expert ([\d.]+) MB, "
+                     r"of it indexer ([\d.]+) MB", line)
+        if m:
+            info["layers"][int(m.group(1))] = dict(kind=m.group(2), indexer=m.group(3),
+                                                   mb=float(m.group(4)), idx_mb=float(m.group(6)))
+        m = re.match(r"decode bytes per token \(weights\): embedding row ([\d.]+) B, head ([\d.]+) MB", line)
+        if m:
+            info["head_mb"] = float(m.group(2)) + float(m.group(1)) / 1e6
+    return info
+
+
+def demangle(names):
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                             check=True).stdout.split("\n")
+    except Exception:  # noqa: BLE001 (no c++filt: keep the mangled names)
+        out = names
+    short = {}
+    for n, d in zip(names, out):
+        d = d.replace("ring::cuda::", "").replace("(anonymous namespace)::", "")
+        d = re.sub(r"\(.*$", "", d)  # drop the parameter list
+        short[n] = d[:90]
+    return short
+
+
+def union(intervals):
+    tot, end = 0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            tot += e - s
+            end = e
+        elif e > end:
+            tot += e - end
+            end = e
+    return tot
+
+
+def main():
+    bench, trace = sys.argv[1], sys.argv[2]
+    marks = "--marks" in sys.argv
+    info = parse_bench(bench)
+    recs = []
+    for line in open(trace):
+        p = line.rstrip("\n").split(" ", 6)
+        if p[0] == "K":
+            recs.append(("K", int(p[1]), int(p[2]), p[6]))
+        elif p[0] in "CS":
+            recs.append((p[0], int(p[1]), int(p[2]), int(p[3]), int(p[4])))
+    recs.sort(key=lambda r: r[1])
+    # Step ends: the hidden-row download (copy kind 2 = device to host) of hidden_size floats.
+    hid_bytes = 6144 * 4
+    steps, cur = [], []
+    for r in recs:
+        cur.append(r)
+        if r[0] == "C" and r[3] == 2 and r[4] == hid_bytes:
+            steps.append(cur)
+            cur = []
+    o = info["order"]
+    n_pre = 1 + o[2]
+    groups = {"decode after the long prompt": steps[n_pre + 2:n_pre + o[3]],
+              "decode after the short prompt": steps[n_pre + o[3] + 1 + 2:n_pre + o[3] + 1 + o[5]],
+              "prefill (timed reps)": steps[1:n_pre]}
+    print(f"trace: {len(recs)} records, {len(steps)} steps (expected {n_pre + o[3] + 1 + o[5]})")
+    names = sorted({r[3] for r in recs if r[0] == "K"})
+    short = demangle(names)
+    prev_end = {}
+    for i, s in enumerate(steps):
+        prev_end[id(s)] = steps[i - 1][-1][2] if i > 0 else None
+    layer_ms_all = {}
+    for gname, g in groups.items():
+        if not g:
+            continue
+        n = len(g)
+        span = sum(s[-1][2] - s[0][1] for s in g) / n / 1e6
+        busy = sum(union([(r[1], r[2]) for r in s]) for s in g) / n / 1e6
+        ktime = sum(r[2] - r[1] for s in g for r in s if r[0] == "K") / n / 1e6
+        nk = sum(1 for s in g for r in s if r[0] == "K") / n
+        gaps = [s[0][1] - prev_end[id(s)] for s in g if prev_end[id(s)] is not None]
+        gap = sum(gaps) / max(1, len(gaps)) / 1e6
+        print(f"\n== {gname}: {n} steps; per step: GPU span {span:.3f} ms, busy {busy:.3f} ms, "
+              f"idle inside the span {span - busy:.3f} ms ({100 * (span - busy) / span:.0f}%), "
+              f"kernels {nk:.0f} ({ktime:.3f} ms), gap before the step (host) {gap:.3f} ms")
+        per = defaultdict(lambda: [0.0, 0])
+        for s in g:
+            for r in s:
+                key = short[r[3]] if r[0] == "K" else {"C": "[memcpy]", "S": "[memset]"}[r[0]]
+                per[key][0] += (r[2] - r[1]) / 1e3
+                per[key][1] += 1
+        rows = sorted(per.items(), key=lambda kv: -kv[1][0])
+        print(f"| kernel | us/step | launches/step | % of busy |")
+        print(f"|---|---:|---:|---:|")
+        for k, (us, cnt) in rows[:25]:
+            print(f"| `{k}` | {us / n:.1f} | {cnt / n:.1f} | {100 * us / n / 1e3 / busy:.1f}% |")
+        if not marks or gname.startswith("prefill"):
+            continue
+        # Per layer: from the mark of value v (layer v - 2; 1 = embedding) to the next.
+        lay = defaultdict(float)
+        for s in g:
+            ms = [(r[1], r[3]) for r in s if r[0] == "S" and r[4] == 4]
+            for j, (t, v) in enumerate(ms):
+                t_next = ms[j + 1][0] if j + 1 < len(ms) else s[-1][2]
+                lay[v - 2] += (t_next - t) / 1e6
+        lay = {k: v / n for k, v in sorted(lay.items())}
+        layer_ms_all[gname] = lay
+        L = len(info["layers"])
+        print("\nper layer (GPU timeline, layer mark to next mark), ms:")
+        for k, v in lay.items():
+            name = "embedding" if k == -1 else "head (norm, lm_head, argmax)" if k == L else f"layer {k}"
+            extra = ""
+            if 0 <= k < L and info["gbps"]:
+                li = info["layers"][k]
+                roof = li["mb"] * 1e6 / (info["gbps"] * 1e9) * 1e3
+                extra = f"  ({li['kind']}, indexer {li['indexer']}: {li['mb']:.1f} MB, roofline {roof:.3f} ms, {v / roof:.2f}x)"
+            if k == L and info["gbps"]:
+                roof = info["head_mb"] * 1e6 / (info["gbps"] * 1e9) * 1e3
+                extra = f"  ({info['head_mb']:.1f} MB, roofline {roof:.3f} ms, {v / roof:.2f}x)"
+            print(f"  {name}: {v:.3f}{extra}")
+        # Indexer kernels per full layer (scores + top-k), for the MoE full-layer estimate.
+        idx_us = 0.0
+        for s in g:
+            for r in s:
+                if r[0] == "K" and re.search(r"Indexer|TopKRows", short[r[3]]):
+                    idx_us += (r[2] - r[1]) / 1e3
+        full = [k for k, li in info["layers"].items() if li["indexer"] == "full"]
+        idx_us /= n * max(1, len(full))
+        dense = [lay[k] for k, li in info["layers"].items() if li["kind"] == "dense" and k in lay]
+        moe = [lay[k] for k, li in info["layers"].items() if li["kind"] == "moe" and li["indexer"] != "full" and k in lay]
+        if not dense or not moe or not info["gbps"]:
+            continue
+        t_dense, t_moe = sum(dense) / len(dense), sum(moe) / len(moe)
+        idx_mb = max(li["idx_mb"] for li in info["layers"].values())
+        gb = info["gbps"] * 1e9
+        # A full MoE layer = a shared one + its indexer: the indexer's kernels as measured on
+        # the dense layers + its weights read at the probed bandwidth (estimate).
+        t_idx = idx_us / 1e3 + idx_mb * 1e6 / gb * 1e3
+        t_ends = lay.get(-1, 0) + lay.get(L, 0)
+        t78 = 3 * t_dense + 18 * (t_moe + t_idx) + 57 * t_moe + t_ends
+        d_mb = sum(info["layers"][k]["mb"] for k in info["layers"] if info["layers"][k]["kind"] == "dense") / len(dense)
+        m_mb = sum(info["layers"][k]["mb"] for k in info["layers"] if info["layers"][k]["kind"] == "moe") / len(moe)
+        b78 = (3 * d_mb + 18 * (m_mb + idx_mb) + 57 * m_mb + info["head_mb"]) * 1e6
+        r78 = b78 / gb * 1e3
+        print(f"\n78-layer GLM-5.2 extrapolation ({gname}): 3 x dense {t_dense:.3f} + 18 x (MoE {t_moe:.3f} "
+              f"+ indexer {t_idx:.3f}) + 57 x MoE {t_moe:.3f} + embedding/head {t_ends:.3f} = {t78:.2f} ms/token "
+              f"({1e3 / t78:.1f} tok/s); weights {b78 / 1e9:.2f} GB -> roofline {r78:.2f} ms "
+              f"({1e3 / r78:.1f} tok/s) at {info['gbps']:.0f} GB/s; measured/roofline {t78 / r78:.2f}x "
+              "(KV-cache bytes not in the roofline)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+// A CUDA injection library (CUDA_INJECTION64_PATH) that records every kernel, memcpy and
+// memset of the process through CUPTI's activity API and writes them, one line each, to
+// the file named by RING_KERNEL_TRACE when the process exits:
+//   K <start_ns> <end_ns> <graph_id> <grid> <block> <name>
+//   C <start_ns> <end_ns> <copy_kind> <bytes>
+//   S <start_ns> <end_ns> <value> <bytes>
+// Timestamps are the GPU's (CUPTI's clock), so gaps between records are GPU idle time.
+// bench/gpu/glm_slice_perf_h200.sh analyses the file (per-kernel time, idle time per step;
+// the CUDA backend's RING_CUDA_LAYER_MARKS=1 memsets mark layer boundaries).
+// Used where nsys cannot make a report (the device machine's Nsight Systems, KINDS.md).
+//
+// Build (here; libcupti.so.13 travels with it):
+//   g++ -O2 -shared -fPIC -o libring_kernel_trace.so bench/gpu/kernel_trace.cc \
+//       -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcupti
+#include <cupti.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+namespace {
+
+constexpr size_t kBufferBytes = size_t{8} << 20;
+std::FILE* g_out = nullptr;
+std::mutex g_mu;
+
+void Check(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return;
+  const char* msg = nullptr;
+  cuptiGetResultString(r, &msg);
+  std::fprintf(stderr, "kernel_trace: %s: %s\n", what, msg != nullptr ? msg : "?");
+}
+
+void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = kBufferBytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  std::lock_guard<std::mutex> l(g_mu);
+  CUpti_Activity* rec = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (g_out == nullptr) continue;
+    switch (rec->kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+        std::fprintf(g_out, "K %llu %llu %u %dx%dx%d %dx%dx%d %s\n",
+                     static_cast<unsigned long long>(k->start),
+                     static_cast<unsigned long long>(k->end), k->graphId, k->gridX, k->gridY,
+                     k->gridZ, k->blockX, k->blockY, k->blockZ, k->name != nullptr ? k->name : "?");
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+        std::fprintf(g_out, "C %llu %llu %u %llu\n", static_cast<unsigned long long>(c->start),
+                     static_cast<unsigned long long>(c->end), unsigned{c->copyKind},
+                     static_cast<unsigned long long>(c->bytes));
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* s = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+        std::fprintf(g_out, "S %llu %llu %u %llu\n", static_cast<unsigned long long>(s->start),
+                     static_cast<unsigned long long>(s->end), s->value,
+                     static_cast<unsigned long long>(s->bytes));
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  std::free(buffer);
+}
+
+void AtExit() {
+  cuptiActivityFlushAll(1);
+  std::lock_guard<std::mutex> l(g_mu);
+  if (g_out != nullptr) std::fclose(g_out);
+  g_out = nullptr;
+}
+
+}  // namespace
+
+extern "C" int InitializeInjection() {
+  const char* path = std::getenv("RING_KERNEL_TRACE");
+  g_out = std::fopen(path != nullptr ? path : "kernel_trace.txt", "w");
+  if (g_out == nullptr) {
+    std::fprintf(stderr, "kernel_trace: cannot write %s\n", path != nullptr ? path : "kernel_trace.txt");
+    return 0;
+  }
+  Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted), "register callbacks");
+  Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
+  Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy");
+  Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset");
+  std::atexit(AtExit);
+  return 1;
+}
