@@ -128,6 +128,19 @@ struct Family {
   QuantSpec quant;
 };
 
+// Every family, each in a different quant mode.
+std::vector<Family> AllFamilies() {
+  return {Family{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
+          Family{"deepseek_v32", {QuantMode::kAffine, 4, 64}},
+          Family{"deepseek_v3", {QuantMode::kNvfp4, 4, 16}},
+          Family{"qwen3", {QuantMode::kAffine, 4, 64}},
+          Family{"qwen3_moe", {QuantMode::kMxfp8, 8, 32}},
+          Family{"qwen3", {QuantMode::kNone, 0, 0}}};
+}
+std::string FamilyName(const ::testing::TestParamInfo<Family>& info) {
+  return info.param.arch + "_" + QuantModeName(info.param.quant.mode);
+}
+
 class StageSplitTest : public ::testing::TestWithParam<Family> {};
 
 TEST_P(StageSplitTest, SplitsAreBitIdenticalToOneStage) {
@@ -184,15 +197,7 @@ TEST_P(StageSplitTest, DecodePathAgreesWithPrefillPath) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, StageSplitTest,
-    ::testing::Values(Family{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
-                      Family{"deepseek_v32", {QuantMode::kAffine, 4, 64}},
-                      Family{"deepseek_v3", {QuantMode::kNvfp4, 4, 16}},
-                      Family{"qwen3", {QuantMode::kAffine, 4, 64}},
-                      Family{"qwen3_moe", {QuantMode::kMxfp8, 8, 32}},
-                      Family{"qwen3", {QuantMode::kNone, 0, 0}}),
-    [](const auto& info) {
-      return info.param.arch + "_" + QuantModeName(info.param.quant.mode);
-    });
+    ::testing::ValuesIn(AllFamilies()), FamilyName);
 
 // ---- continuous batching (Stage::ForwardBatch) ------------------------------------------
 
@@ -345,15 +350,7 @@ TEST_P(BatchTest, BatchedStepsAreBitIdenticalToSteppingAlone) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, BatchTest,
-    ::testing::Values(Family{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
-                      Family{"deepseek_v32", {QuantMode::kAffine, 4, 64}},
-                      Family{"deepseek_v3", {QuantMode::kNvfp4, 4, 16}},
-                      Family{"qwen3", {QuantMode::kAffine, 4, 64}},
-                      Family{"qwen3_moe", {QuantMode::kMxfp8, 8, 32}},
-                      Family{"qwen3", {QuantMode::kNone, 0, 0}}),
-    [](const auto& info) {
-      return info.param.arch + "_" + QuantModeName(info.param.quant.mode);
-    });
+    ::testing::ValuesIn(AllFamilies()), FamilyName);
 
 // On a GPU the prompts run alone (a 20-row batch takes the prefill GEMM, whose sums differ
 // from the decode GEMV's) and the decode steps as a 4-row batch.

@@ -22,11 +22,7 @@ class ShadowCheckerTest : public TempDirTest {
  protected:
   void SetUp() override {
     TempDirTest::SetUp();
-    SynthOptions o;
-    o.arch = "glm_moe_dsa";
-    o.preset = "tiny";
-    o.out_dir = (dir_ / "m").string();
-    ASSERT_TRUE(SynthesizeCheckpoint(o).ok());
+    SynthTiny("m", "glm_moe_dsa");
   }
 
   std::unique_ptr<Stage> Load(double jitter = 0, const std::string& fault = "") {

@@ -54,12 +54,7 @@ class StepBatcherTest : public TempDirTest {
  protected:
   void SetUp() override {
     TempDirTest::SetUp();
-    SynthOptions o;
-    o.arch = "qwen3";
-    o.preset = "tiny";
-    o.quant = {QuantMode::kAffine, 4, 64};
-    o.out_dir = (dir_ / "m").string();
-    ASSERT_TRUE(SynthesizeCheckpoint(o).ok());
+    SynthTiny("m", "qwen3", QuantSpec{QuantMode::kAffine, 4, 64});
   }
   std::unique_ptr<Stage> Load() {
     auto s = LoadStage((dir_ / "m").string());

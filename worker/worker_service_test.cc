@@ -38,12 +38,7 @@ class WorkerServiceTest : public TempDirTest {
  protected:
   void SetUp() override {
     TempDirTest::SetUp();
-    SynthOptions o;
-    o.arch = "qwen3";
-    o.preset = "tiny";
-    o.quant = {QuantMode::kNone, 0, 0};
-    o.out_dir = (dir_ / "m").string();
-    ASSERT_TRUE(SynthesizeCheckpoint(o).ok());
+    SynthTiny("m", "qwen3", QuantSpec{QuantMode::kNone, 0, 0});
   }
   void Start(WorkerOptions options = {}) {
     options.model_root = dir_.string();
