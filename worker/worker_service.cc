@@ -23,6 +23,7 @@
 #include "kernels/status.h"
 #include "models/config.h"
 #include "models/verify.h"
+#include "worker/core_warmer.h"
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
 #include "worker/nccl_hop.h"
@@ -269,6 +270,10 @@ WorkerService::WorkerService(WorkerOptions options)
     for (int64_t i = 0; i < std::min<int64_t>(options_.max_batch_rows, 32); ++i) {
       relay_threads_.emplace_back([this] { RelayLoop(); });
     }
+  }
+  if (options_.warm_cores > 0) {
+    warmer_ = std::make_unique<CoreWarmer>(
+        CoreWarmerOptions{.threads = options_.warm_cores, .linger = options_.warm_linger});
   }
 }
 
@@ -775,6 +780,7 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
 
 absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFrame& in,
                                                         const std::string& peer, absl::Time received) {
+  if (warmer_ != nullptr) warmer_->Touch();  // the next frame will come soon: keep cores up
   const std::string hop = absl::StrCat(HopName(), " <- ", in.sender().empty() ? peer : in.sender());
   std::shared_ptr<const Loaded> loaded;
   std::shared_ptr<SequenceState> state;
@@ -1341,8 +1347,27 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
       if (it != generations_.end()) gen = it->second;
     }
     if (gen == nullptr) return;  // the generation ended (cancelled): a late frame
+    // A lone token for an idle stage starts the generation's next step right here (see
+    // Generation); anything else goes to the Generate thread, where steps of several
+    // sequences can meet in a batch.
+    const bool may_advance = in.kind() != pb::PAYLOAD_KIND_ERROR &&
+                             (relay_threads_.empty() || (in.batch_size() <= 1 && StageIdle()));
+    DecodeCursor c;
+    {
+      absl::MutexLock l(&gen->mu);
+      if (!may_advance || !gen->decoding || gen->claimed || gen->closed || !gen->arrived.empty() ||
+          in.step() != gen->cursor.step) {
+            gen->arrived.push_back(std::move(in));
+        return;
+      }
+      gen->claimed = true;
+      c = gen->cursor;
+    }
+    Advanced a = AdvanceGeneration(*gen, &c, in, /*start_next=*/true);
     absl::MutexLock l(&gen->mu);
-    gen->arrived.push_back(std::move(in));
+    gen->cursor = c;
+    gen->claimed = false;
+    gen->advanced.push_back(std::move(a));
     return;
   }
   if (in.kind() == pb::PAYLOAD_KIND_ERROR) {
@@ -1458,6 +1483,13 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
     return fail(absl::InvalidArgumentError(absl::StrCat(hop, ": Generate needs tokens and max_new_tokens >= 1")));
   }
   auto gen = std::make_shared<Generation>();
+  gen->sequence_id = req->sequence_id();
+  gen->link = link;
+  gen->wire = req->wire_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : req->wire_dtype();
+  gen->step_timeout = absl::Milliseconds(req->step_timeout_ms() > 0 ? req->step_timeout_ms() : 30000);
+  gen->max_new_tokens = req->max_new_tokens();
+  gen->stop_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
+  gen->peer = ctx->peer();
   {
     absl::MutexLock l(&mu_);
     if (sequences_.count(req->sequence_id()) > 0 || generations_.count(req->sequence_id()) > 0) {
@@ -1468,145 +1500,239 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const pb::Generat
     }
   }
   if (!stale.ok()) return fail(stale);
+  bool holding = true;  // this thread holds gen's claim (until it first waits)
+  // On every return: no Relay thread may start a step of this generation afterwards, and
+  // one that is starting one is waited for (bounded: its push has the step's deadline).
   struct Unregister {
     WorkerService* self;
-    const std::string& id;
+    Generation& gen;
+    bool& holding;
     ~Unregister() {
-      absl::MutexLock l(&self->mu_);
-      self->generations_.erase(id);
+      {
+        absl::MutexLock l(&self->mu_);
+        self->generations_.erase(gen.sequence_id);
+      }
+      absl::MutexLock l(&gen.mu);
+      gen.closed = true;
+      if (holding) gen.claimed = false;
+      auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gen.mu) { return !gen.claimed; };
+      gen.mu.AwaitWithDeadline(absl::Condition(&free), absl::Now() + gen.step_timeout);
     }
-  } unregister{this, req->sequence_id()};
-  const absl::Duration step_timeout =
-      absl::Milliseconds(req->step_timeout_ms() > 0 ? req->step_timeout_ms() : 30000);
-  const pb::DType wire = req->wire_dtype() == pb::DTYPE_UNSPECIFIED ? pb::DTYPE_F32 : req->wire_dtype();
-  std::vector<int32_t> feed(req->tokens().begin(), req->tokens().end());
-  const size_t chunk = req->prefill_chunk() > 0 ? static_cast<size_t>(req->prefill_chunk()) : feed.size();
-  uint64_t step = 0;
-  // The last stage's batch of this sequence's previous step: the steps of that batch come
-  // back to stage 0 about together (StepBatcher gathers them).
-  uint32_t came_back_with = 0;
-  int64_t position = 0;
-  int32_t emitted = 0;
-  bool first = true;
-  std::optional<pb::GenerateEvent> pending;  // a token not yet written to the coordinator
+  } unregister{this, *gen, holding};
+  auto write = [&](const pb::GenerateEvent& ev) {
+    return writer->Write(ev) ? grpc::Status::OK
+                             : grpc::Status(grpc::StatusCode::CANCELLED,
+                                            absl::StrCat(hop, ": the coordinator went away"));
+  };
+  const std::vector<int32_t> prompt(req->tokens().begin(), req->tokens().end());
+  const size_t chunk = req->prefill_chunk() > 0 ? static_cast<size_t>(req->prefill_chunk()) : prompt.size();
+  size_t fed = 0;  // prompt tokens started so far
+  DecodeCursor c;
+  auto start_chunk = [&]() {
+    const size_t e = std::min(prompt.size(), fed + chunk);
+    std::vector<int32_t> tokens(prompt.begin() + static_cast<std::ptrdiff_t>(fed),
+                                prompt.begin() + static_cast<std::ptrdiff_t>(e));
+    const bool first = fed == 0;
+    fed = e;
+    return StartStep(*gen, &c, std::move(tokens), /*sample=*/e == prompt.size(),
+                     first ? &req->sampling() : nullptr);
+  };
+  absl::StatusOr<std::optional<pb::ActivationFrame>> started = start_chunk();
+  if (!started.ok()) return fail(started.status());
+  std::optional<pb::ActivationFrame> back = *std::move(started);  // a ring of one: the reply
+  const bool ring = link->ring_size > 1;
   while (true) {
-    for (size_t b = 0; b < feed.size(); b += chunk) {
-      const size_t e = std::min(feed.size(), b + chunk);
-      pb::ActivationFrame f;
-      f.set_sequence_id(req->sequence_id());
-      f.set_step(step);
-      f.set_epoch(link->epoch);
-      f.set_first_position(position);
-      f.set_sender("coordinator");
-      f.set_reply_dtype(wire);
-      f.set_batch_size(came_back_with);
-      f.set_relay(e == feed.size() ? pb::RELAY_ACTION_SAMPLE : pb::RELAY_ACTION_ACK);
-      if (first) *f.mutable_sampling() = req->sampling();
-      first = false;
-      StageInput in;
-      in.tokens.assign(feed.begin() + b, feed.begin() + e);
-      if (absl::Status s = EncodeStageInput(in, static_cast<int64_t>(in.tokens.size()), wire, &f); !s.ok()) {
-        return fail(s);
+    if (!back.has_value()) {
+      // Hand the claim over while the step goes round: a Relay thread may advance the
+      // generation (once the prompt is in) or queue the frame that comes back for us.
+      if (holding) {
+        absl::MutexLock l(&gen->mu);
+        gen->cursor = c;
+        gen->decoding = ring && fed == prompt.size();
+        gen->claimed = false;
+        holding = false;
       }
-      const absl::Time started = absl::Now();
-      absl::StatusOr<pb::ActivationFrame> out = Step(f, ctx->peer(), started);
-      if (!out.ok()) return fail(out.status());
-      pb::ActivationFrame back;
-      if (link->ring_size == 1) {
-        back = *std::move(out);  // this stage is also the last: it sampled
-      } else {
-        // Within the step's deadline: a next stage that takes nothing (stalled) must not
-        // hold this past the time the coordinator waits for the token.
-        if (absl::Status s = PushNext(*link, *std::move(out), step_timeout); !s.ok()) {
-          return fail(absl::Status(s.code(), absl::StrCat(hop, ": sequence ", req->sequence_id(), " step ",
-                                                          step, ": ", s.message())));
-        }
-        // The previous token goes to the coordinator while the ring computes this step:
-        // a blocking write is off the token's critical path.
-        if (pending && !writer->Write(*pending)) {
-          return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": the coordinator went away"));
-        }
-        pending.reset();
-        // Wait for the step to come round, in short slices so a cancelled call ends soon.
-        const absl::Time deadline = started + step_timeout;
-        SetWaitingOn(absl::StrCat("waiting for sequence ", req->sequence_id(), " step ", step,
-                                  " to come round the ring from ", link->next_name));
-        bool got = false;
-        while (!got) {
-          {
-            absl::MutexLock l(&gen->mu);
-            auto ready = [&gen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gen->mu) { return !gen->arrived.empty(); };
-            gen->mu.AwaitWithDeadline(absl::Condition(&ready),
-                                      std::min(deadline, absl::Now() + absl::Milliseconds(100)));
-            while (!gen->arrived.empty() && !got) {
-              pb::ActivationFrame a = std::move(gen->arrived.front());
-              gen->arrived.pop_front();
-              if (a.step() == step || a.kind() == pb::PAYLOAD_KIND_ERROR) {
-                back = std::move(a);
-                got = true;
-              }  // else: a stale frame of an earlier step; dropped
-            }
-          }
-          if (got) break;
-          if (ctx->IsCancelled()) {
-            return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": Generate cancelled"));
-          }
-          if (absl::Now() >= deadline) {
-            SetWaitingOn("idle: waiting for Relay frames");
-            return fail(absl::DeadlineExceededError(absl::StrCat(
-                hop, ": sequence ", req->sequence_id(), " step ", step, " did not come round the ring within ",
-                absl::FormatDuration(step_timeout), " (pushed to ", link->next_name, ")")));
-          }
-        }
-        SetWaitingOn("idle: waiting for Relay frames");
+      std::deque<Advanced> done;
+      absl::Status s = AwaitRound(*gen, ctx, &c, &done, &back);
+      holding = back.has_value();
+      if (!s.ok()) return absl::IsCancelled(s) ? ToGrpcStatus(s) : fail(s);
+      for (const Advanced& a : done) {
+        if (!a.status.ok()) return fail(a.status);
+        if (grpc::Status w = write(a.event); !w.ok()) return w;
+        if (a.last) return grpc::Status::OK;
       }
-      if (back.kind() == pb::PAYLOAD_KIND_ERROR) return fail(DecodeStepError(back));
-      came_back_with = back.batch_size();
-      absl::StatusOr<std::optional<SampledToken>> token = DecodeSampled(back);
-      if (!token.ok()) {
-        if (absl::IsDataLoss(token.status())) {
-          metrics_->CountChecksumFailure(PeerLabel(back));
-          absl::MutexLock l(&mu_);
-          ++checksum_failures_;
-        }
-        return fail(absl::Status(token.status().code(),
-                                 absl::StrCat(hop, " <- ", back.sender(), ": ", token.status().message())));
+      if (!back.has_value()) continue;
+    }
+    // This thread holds the claim: advance by the frame that came back.
+    const bool prompt_left = fed < prompt.size();
+    Advanced a = AdvanceGeneration(*gen, &c, *back, /*start_next=*/ring && !prompt_left);
+    back.reset();
+    if (!a.status.ok()) return fail(a.status);
+    if (a.ack) {
+      if (!prompt_left) {
+        return fail(absl::InternalError(absl::StrCat(hop, ": an ack came back for the prompt's last chunk")));
       }
-      position += static_cast<int64_t>(e - b);
-      ++step;
-      if (e < feed.size()) continue;  // a prefill chunk's ack
-      if (!token->has_value()) {
-        return fail(absl::InternalError(absl::StrCat(hop, " <- ", back.sender(), ": no token for step ", step - 1)));
+      started = start_chunk();
+      if (!started.ok()) return fail(started.status());
+      back = *std::move(started);
+      continue;
+    }
+    if (prompt_left) {
+      return fail(absl::InternalError(absl::StrCat(hop, ": a token came back for a prompt chunk")));
+    }
+    // In a ring the next step is already on its way: the token goes out while it computes.
+    if (grpc::Status w = write(a.event); !w.ok()) return w;
+    if (a.last) return grpc::Status::OK;
+    if (!ring) {
+      started = StartStep(*gen, &c, {a.token}, /*sample=*/true, nullptr);
+      if (!started.ok()) return fail(started.status());
+      back = *std::move(started);
+    }
+  }
+}
+
+absl::StatusOr<std::optional<pb::ActivationFrame>> WorkerService::StartStep(
+    Generation& g, DecodeCursor* c, std::vector<int32_t> tokens, bool sample,
+    const pb::SamplingSpec* sampling) {
+  pb::ActivationFrame f;
+  f.set_sequence_id(g.sequence_id);
+  f.set_step(c->step);
+  f.set_epoch(g.link->epoch);
+  f.set_first_position(c->position);
+  f.set_sender("coordinator");
+  f.set_reply_dtype(g.wire);
+  f.set_batch_size(c->came_back_with);
+  f.set_relay(sample ? pb::RELAY_ACTION_SAMPLE : pb::RELAY_ACTION_ACK);
+  if (sampling != nullptr) *f.mutable_sampling() = *sampling;
+  c->rows = static_cast<int64_t>(tokens.size());
+  c->sample = sample;
+  StageInput in;
+  in.tokens = std::move(tokens);
+  RING_RETURN_IF_ERROR(EncodeStageInput(in, c->rows, g.wire, &f));
+  c->started = absl::Now();
+  RING_ASSIGN_OR_RETURN(pb::ActivationFrame out, Step(f, g.peer, c->started));
+  if (g.link->ring_size == 1) return std::optional<pb::ActivationFrame>(std::move(out));
+  // Within the step's deadline: a next stage that takes nothing (stalled) must not hold
+  // this past the time the coordinator waits for the token.
+  if (absl::Status s = PushNext(*g.link, std::move(out), g.step_timeout); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(HopName(), ": sequence ", g.sequence_id, " step ", c->step, ": ",
+                                               s.message()));
+  }
+  return std::optional<pb::ActivationFrame>();
+}
+
+WorkerService::Advanced WorkerService::AdvanceGeneration(Generation& g, DecodeCursor* c,
+                                                         const pb::ActivationFrame& back, bool start_next) {
+  Advanced r;
+  if (back.kind() == pb::PAYLOAD_KIND_ERROR) {
+    r.status = DecodeStepError(back);
+    return r;
+  }
+  c->came_back_with = back.batch_size();
+  absl::StatusOr<std::optional<SampledToken>> token = DecodeSampled(back);
+  if (!token.ok()) {
+    if (absl::IsDataLoss(token.status())) {
+      metrics_->CountChecksumFailure(PeerLabel(back));
+      absl::MutexLock l(&mu_);
+      ++checksum_failures_;
+    }
+    r.status = absl::Status(token.status().code(),
+                            absl::StrCat(HopName(), " <- ", back.sender(), ": ", token.status().message()));
+    return r;
+  }
+  const uint64_t step = c->step;
+  c->position += c->rows;
+  ++c->step;
+  if (!c->sample) {
+    r.ack = true;  // a prefill chunk went through
+    return r;
+  }
+  if (!token->has_value()) {
+    r.status = absl::InternalError(absl::StrCat(HopName(), " <- ", back.sender(), ": no token for step ", step));
+    return r;
+  }
+  const SampledToken& t = **token;
+  pb::GenerateEvent& ev = r.event;
+  ev.set_step(step);
+  const absl::Time returned = absl::Now();
+  ev.set_step_seconds(absl::ToDoubleSeconds(returned - c->started));
+  ev.set_started_unix_nanos(absl::ToUnixNanos(c->started));
+  ev.set_returned_unix_nanos(absl::ToUnixNanos(returned));
+  *ev.mutable_trace() = back.trace();
+  ev.mutable_token()->set_id(t.id);
+  ev.mutable_token()->set_logprob(t.logprob);
+  for (const auto& [id, lp] : t.top_logprobs) {
+    ev.mutable_token()->add_top_ids(id);
+    ev.mutable_token()->add_top_logprobs(lp);
+  }
+  ++c->emitted;
+  r.token = t.id;
+  r.last = std::find(g.stop_ids.begin(), g.stop_ids.end(), t.id) != g.stop_ids.end() ||
+           c->emitted >= g.max_new_tokens;
+  if (!r.last && start_next) {
+    absl::StatusOr<std::optional<pb::ActivationFrame>> s = StartStep(g, c, {t.id}, /*sample=*/true, nullptr);
+    if (!s.ok()) r.status = s.status();
+  }
+  return r;
+}
+
+absl::Status WorkerService::AwaitRound(Generation& g, grpc::ServerContext* ctx, DecodeCursor* c,
+                                       std::deque<Advanced>* done, std::optional<pb::ActivationFrame>* back) {
+  const std::string next = g.link->next_name;
+  uint64_t step;
+  {
+    absl::MutexLock l(&g.mu);
+    step = g.cursor.step;
+  }
+  SetWaitingOn(absl::StrCat("waiting for sequence ", g.sequence_id, " step ", step,
+                            " to come round the ring from ", next));
+  while (true) {
+    bool claimed;
+    absl::Time deadline;
+    {
+      absl::MutexLock l(&g.mu);
+      auto ready = [&g]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu) {
+        return !g.advanced.empty() || (!g.claimed && !g.arrived.empty());
+      };
+      // Wait in short slices so a cancelled call ends soon.
+      g.mu.AwaitWithDeadline(absl::Condition(&ready),
+                             std::min(g.cursor.started + g.step_timeout, absl::Now() + absl::Milliseconds(100)));
+      while (!g.advanced.empty()) {
+        done->push_back(std::move(g.advanced.front()));
+        g.advanced.pop_front();
       }
-      const SampledToken& t = **token;
-      pb::GenerateEvent ev;
-      ev.set_step(step - 1);
-      const absl::Time returned = absl::Now();
-      ev.set_step_seconds(absl::ToDoubleSeconds(returned - started));
-      ev.set_started_unix_nanos(absl::ToUnixNanos(started));
-      ev.set_returned_unix_nanos(absl::ToUnixNanos(returned));
-      *ev.mutable_trace() = back.trace();
-      ev.mutable_token()->set_id(t.id);
-      ev.mutable_token()->set_logprob(t.logprob);
-      for (const auto& [id, lp] : t.top_logprobs) {
-        ev.mutable_token()->add_top_ids(id);
-        ev.mutable_token()->add_top_logprobs(lp);
+      if (!done->empty()) return absl::OkStatus();
+      while (!g.claimed && !g.arrived.empty()) {
+        pb::ActivationFrame a = std::move(g.arrived.front());
+        g.arrived.pop_front();
+        if (a.step() == g.cursor.step || a.kind() == pb::PAYLOAD_KIND_ERROR) {
+          *back = std::move(a);
+          g.claimed = true;
+          *c = g.cursor;
+          break;
+        }  // else: a stale frame of an earlier step; dropped
       }
-      ++emitted;
-      const bool stop = std::find(req->stop_token_ids().begin(), req->stop_token_ids().end(), t.id) !=
-                        req->stop_token_ids().end();
-      const bool last = stop || emitted >= req->max_new_tokens();
-      if (last || link->ring_size == 1) {
-        // Nothing computes meanwhile (the end, or a ring of one stage): send it now.
-        if (!writer->Write(ev)) {
-          return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(hop, ": the coordinator went away"));
-        }
-        if (last) return grpc::Status::OK;
-      } else {
-        pending = std::move(ev);  // sent once the next step is on its way round the ring
-      }
-      feed.assign(1, t.id);
-      break;  // next decode step
+      claimed = g.claimed;
+      step = g.cursor.step;
+      deadline = g.cursor.started + g.step_timeout;
+    }
+    if (back->has_value()) {
+      SetWaitingOn("idle: waiting for Relay frames");
+      return absl::OkStatus();
+    }
+    if (ctx->IsCancelled()) {
+      SetWaitingOn("idle: waiting for Relay frames");
+      return absl::CancelledError(absl::StrCat(HopName(), ": Generate cancelled"));
+    }
+    // A Relay thread that holds the claim is starting the next step: its push has the
+    // step's deadline of its own, so it gets one more step_timeout before this gives up.
+    if (absl::Now() >= (claimed ? deadline + g.step_timeout : deadline)) {
+      SetWaitingOn("idle: waiting for Relay frames");
+      return absl::DeadlineExceededError(absl::StrCat(
+          HopName(), ": sequence ", g.sequence_id, " step ", step,
+          claimed ? " came round the ring, but starting the next step on the Relay thread did not finish within "
+                  : " did not come round the ring within ",
+          absl::FormatDuration(g.step_timeout), " (pushed to ", next, ")"));
     }
   }
 }

@@ -35,6 +35,7 @@
 namespace ring::worker {
 
 class NcclHop;
+class CoreWarmer;
 class RelayStream;
 class StageClient;
 
@@ -96,6 +97,11 @@ struct WorkerOptions {
   // How long a batch may wait for the rest of the previous stage's batch (frames of one
   // batch arrive one after another; StepBatcher).
   absl::Duration batch_gather = absl::Milliseconds(1);
+  // Spinner threads that keep this many cores awake while steps are flowing, and `linger`
+  // after the last one (worker/core_warmer.h): cuts each hop's wake-up cost at the price
+  // of CPU power. 0: off (default).
+  int warm_cores = 0;
+  absl::Duration warm_linger = absl::Milliseconds(50);
 };
 
 // The KV budget a worker without --kv-cache-bytes gives a stage: free memory after the
@@ -195,10 +201,45 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     absl::Status status ABSL_GUARDED_BY(mu);  // why the join failed
     std::shared_ptr<NcclHop> hop ABSL_GUARDED_BY(mu);
   };
-  // Stage 0 of a closed ring: frames that came round for one running Generate.
+  // Where a generation's steps stand: the step in flight and what comes back from it.
+  struct DecodeCursor {
+    uint64_t step = 0;          // the step in flight
+    int64_t position = 0;       // its first position
+    int64_t rows = 0;           // its rows (a prefill chunk, or 1)
+    bool sample = false;        // it samples (else a prefill chunk's ack comes back)
+    uint32_t came_back_with = 0;  // batch size of the previous step at the last stage
+    int32_t emitted = 0;
+    absl::Time started;         // when this stage started it
+  };
+  // What advancing a generation by one returned step produced.
+  struct Advanced {
+    absl::Status status;
+    bool ack = false;   // a prefill chunk's ack: no token, nothing started
+    bool last = false;  // the token ends the generation: nothing started
+    int32_t token = -1;
+    ringserve::v1::GenerateEvent event;  // the token, for the coordinator
+  };
+  // Stage 0 of a closed ring: one running Generate. Its steps advance on whichever thread
+  // holds `claimed`: the Generate thread, or, for a lone token that reaches an idle stage,
+  // the Relay thread that read it, which then starts the next step at once instead of
+  // waking the Generate thread first (one thread wake-up less on every token's path); the
+  // Generate thread only writes the token to the coordinator (`advanced`), off that path.
   struct Generation {
+    // Fixed when the call starts.
+    std::string sequence_id;
+    std::shared_ptr<LinkState> link;
+    ringserve::v1::DType wire = ringserve::v1::DTYPE_F32;
+    absl::Duration step_timeout;
+    int32_t max_new_tokens = 0;
+    std::vector<int32_t> stop_ids;
+    std::string peer;  // the coordinator, for Step's errors
     absl::Mutex mu;
     std::deque<ringserve::v1::ActivationFrame> arrived ABSL_GUARDED_BY(mu);
+    std::deque<Advanced> advanced ABSL_GUARDED_BY(mu);  // by Relay threads, not yet written
+    DecodeCursor cursor ABSL_GUARDED_BY(mu);  // current whenever nobody holds the claim
+    bool claimed ABSL_GUARDED_BY(mu) = false;
+    bool decoding ABSL_GUARDED_BY(mu) = false;  // prompt done: Relay threads may advance it
+    bool closed ABSL_GUARDED_BY(mu) = false;    // Generate returned
   };
   struct Loaded {
     std::shared_ptr<const Stage> stage;
@@ -246,6 +287,19 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::string LinkNccl(const ringserve::v1::LinkRequest& req, absl::Time deadline, LinkState* link);
   // Describe / FlightRecorder: the transports of this worker's hops.
   std::pair<std::string, std::string> Transports() const;
+  // Generate: starts step `c->step` of `g` with `tokens` (Step, then PushNext; in a ring of
+  // one stage the reply, which is also what comes back, is returned).
+  absl::StatusOr<std::optional<ringserve::v1::ActivationFrame>> StartStep(
+      Generation& g, DecodeCursor* c, std::vector<int32_t> tokens, bool sample,
+      const ringserve::v1::SamplingSpec* sampling);
+  // Generate: takes the frame that came back for `c->step` (its token, ack or error) and,
+  // with start_next and unless the token ends the generation, starts the next step.
+  Advanced AdvanceGeneration(Generation& g, DecodeCursor* c, const ringserve::v1::ActivationFrame& back,
+                             bool start_next);
+  // Generate: waits until Relay threads advanced `g` (*done) or a frame came back that this
+  // thread now holds the claim for (*back, with *c = the cursor). Deadline: the step's.
+  absl::Status AwaitRound(Generation& g, grpc::ServerContext* ctx, DecodeCursor* c,
+                          std::deque<Advanced>* done, std::optional<ringserve::v1::ActivationFrame>* back);
   // Sends `f` (a reply of Step or an error) to the next stage under its epoch.
   absl::Status PushNext(const LinkState& link, ringserve::v1::ActivationFrame f, absl::Duration timeout);
   std::shared_ptr<LinkState> CurrentLink() const;
@@ -303,6 +357,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::deque<RelayWork> relay_queue_ ABSL_GUARDED_BY(relay_mu_);
   bool relay_stop_ ABSL_GUARDED_BY(relay_mu_) = false;
   std::vector<std::thread> relay_threads_;
+  std::unique_ptr<CoreWarmer> warmer_;
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;
