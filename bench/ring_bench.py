@@ -46,9 +46,17 @@ def exe(args, rel):
 
 
 def start_worker(args, root, env, device="cpu", flags=""):
-    cmd = [exe(args, "worker/ring-worker"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+    # A variant may name other binaries: "--bindir=DIR" takes DIR/ring-worker (another build).
+    worker = exe(args, "worker/ring-worker")
+    rest = []
+    for f in flags.split():
+        if f.startswith("--bindir="):
+            worker = os.path.join(f[len("--bindir="):], "ring-worker")
+        else:
+            rest.append(f)
+    cmd = [worker, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
            "--model-root", root, "--device", device]
-    cmd += flags.split()
+    cmd += rest
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True, env=env)
     WORKERS.append(p)
@@ -136,7 +144,8 @@ def main():
     ap.add_argument("--variants", default="",
                     help="'|'-separated ring-worker flag sets, one set of workers each, compared in "
                          "the same rounds (e.g. '--max-batch 8|--max-batch 1'); default: one set, "
-                         "default flags")
+                         "default flags. A set may hold --bindir=DIR: its workers are DIR/ring-worker "
+                         "(compare two builds in the same rounds)")
     args = ap.parse_args()
     env = dict(os.environ, RING_CPU_THREADS=args.threads)
     root = os.path.join(args.work, "models")

@@ -38,7 +38,6 @@
 #include "absl/time/clock.h"
 #include "worker/coordinator_client.h"
 #include "worker/coordinator_registration.h"
-#include "worker/core_warmer.h"
 #include "worker/stage_client.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_service.h"
@@ -128,13 +127,6 @@ int main(int argc, char** argv) {
                  "Continuous batching: how long a batch may wait for the rest of the previous "
                  "stage's batch, whose frames arrive one after another (0: never wait)")
       ->check(CLI::Range(int64_t{0}, int64_t{100000}));
-  int warm_cores = 0;
-  app.add_option("--warm-cores", warm_cores,
-                 "Keep this many CPU cores awake while steps are flowing (and 50 ms after): "
-                 "lowest-priority (SCHED_IDLE) spinner threads, so a frame does not wait for a "
-                 "sleeping core to wake. Costs CPU power while serving; -1: every core this "
-                 "process may use; 0: off")
-      ->check(CLI::Range(-1, 4096));
   int64_t nccl_min_bytes = ring::worker::WorkerOptions{}.nccl_min_bytes;
   app.add_option("--nccl-min-bytes", nccl_min_bytes,
                  "Closed ring: smallest frame payload sent over an NCCL hop; smaller frames (decode "
@@ -211,7 +203,6 @@ int main(int argc, char** argv) {
   options.nccl_min_bytes = nccl_min_bytes;
   options.max_batch_rows = max_batch_rows;
   options.batch_gather = absl::Microseconds(batch_gather_us);
-  options.warm_cores = warm_cores < 0 ? ring::worker::CoreWarmer::AllCores() : warm_cores;
   if (const char* f = std::getenv("RING_TEST_FAULT")) {
     options.TEST_fault = f;
     std::cerr << "ring-worker: TEST fault injection: kernel fault '" << f << "'\n";

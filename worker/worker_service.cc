@@ -23,7 +23,6 @@
 #include "kernels/status.h"
 #include "models/config.h"
 #include "models/verify.h"
-#include "worker/core_warmer.h"
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
 #include "worker/nccl_hop.h"
@@ -270,10 +269,6 @@ WorkerService::WorkerService(WorkerOptions options)
     for (int64_t i = 0; i < std::min<int64_t>(options_.max_batch_rows, 32); ++i) {
       relay_threads_.emplace_back([this] { RelayLoop(); });
     }
-  }
-  if (options_.warm_cores > 0) {
-    warmer_ = std::make_unique<CoreWarmer>(
-        CoreWarmerOptions{.threads = options_.warm_cores, .linger = options_.warm_linger});
   }
 }
 
@@ -780,7 +775,6 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
 
 absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFrame& in,
                                                         const std::string& peer, absl::Time received) {
-  if (warmer_ != nullptr) warmer_->Touch();  // the next frame will come soon: keep cores up
   const std::string hop = absl::StrCat(HopName(), " <- ", in.sender().empty() ? peer : in.sender());
   std::shared_ptr<const Loaded> loaded;
   std::shared_ptr<SequenceState> state;
@@ -1341,16 +1335,19 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
   if (link->stage_index == 0) {
     // Round the ring: a token (or an error) for one of this worker's generations.
     std::shared_ptr<Generation> gen;
+    bool alone = false;
     {
       absl::MutexLock l(&mu_);
       auto it = generations_.find(in.sequence_id());
       if (it != generations_.end()) gen = it->second;
+      alone = generations_.size() == 1;
     }
     if (gen == nullptr) return;  // the generation ended (cancelled): a late frame
-    // A lone token for an idle stage starts the generation's next step right here (see
-    // Generation); anything else goes to the Generate thread, where steps of several
-    // sequences can meet in a batch.
-    const bool may_advance = in.kind() != pb::PAYLOAD_KIND_ERROR &&
+    // The token of the only generation here starts its next step right on this thread (see
+    // Generation). With several in flight their tokens go to their Generate threads: this
+    // thread must go on reading the stream, or the others' tokens would wait behind this
+    // step and reach the stage one at a time, never in a batch.
+    const bool may_advance = in.kind() != pb::PAYLOAD_KIND_ERROR && alone && NoteSequence(in.sequence_id()) &&
                              (relay_threads_.empty() || (in.batch_size() <= 1 && StageIdle()));
     DecodeCursor c;
     {
@@ -1379,7 +1376,10 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
   // hop, tens of microseconds on an idle server core. Frames of a batch, or arriving while
   // the stage is busy, go to the relay threads, so that this stream keeps being read and
   // they can go through the stage together.
-  if (relay_threads_.empty() || (in.batch_size() <= 1 && StageIdle())) {
+  // Only while this is the one sequence in flight, though: with several, a frame computed
+  // here holds up reading the next, which then finds the stage idle again, so steps would
+  // reach the stage one at a time and never meet in a batch.
+  if (relay_threads_.empty() || (in.batch_size() <= 1 && NoteSequence(in.sequence_id()) && StageIdle())) {
     ComputeRelayed(in, peer, received);
     return;
   }
@@ -1404,6 +1404,19 @@ void WorkerService::ComputeRelayed(const pb::ActivationFrame& in, const std::str
     return;
   }
   (void)PushNext(*link, *std::move(reply), options_.relay_timeout);
+}
+
+bool WorkerService::NoteSequence(const std::string& sequence_id) {
+  // Steps of concurrent sequences interleave within a few milliseconds (a step or two of
+  // each stage); 10 ms of one sequence alone means it is the only one in flight.
+  constexpr absl::Duration kInterleave = absl::Milliseconds(10);
+  const absl::Time now = absl::Now();
+  absl::MutexLock l(&recent_mu_);
+  if (sequence_id != recent_sequence_) {
+    recent_sequence_ = sequence_id;
+    recent_switch_ = now;
+  }
+  return now - recent_switch_ >= kInterleave;
 }
 
 bool WorkerService::StageIdle() {

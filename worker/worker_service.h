@@ -35,7 +35,6 @@
 namespace ring::worker {
 
 class NcclHop;
-class CoreWarmer;
 class RelayStream;
 class StageClient;
 
@@ -97,11 +96,6 @@ struct WorkerOptions {
   // How long a batch may wait for the rest of the previous stage's batch (frames of one
   // batch arrive one after another; StepBatcher).
   absl::Duration batch_gather = absl::Milliseconds(1);
-  // Spinner threads that keep this many cores awake while steps are flowing, and `linger`
-  // after the last one (worker/core_warmer.h): cuts each hop's wake-up cost at the price
-  // of CPU power. 0: off (default).
-  int warm_cores = 0;
-  absl::Duration warm_linger = absl::Milliseconds(50);
 };
 
 // The KV budget a worker without --kv-cache-bytes gives a stage: free memory after the
@@ -276,6 +270,9 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   void RelayLoop();
   // Nothing computing or waiting to compute on this worker's stage.
   bool StageIdle();
+  // Records that a step of `sequence_id` arrived; true when it has been the only sequence
+  // stepping here for a while (no other one interleaved within the last 10 ms).
+  bool NoteSequence(const std::string& sequence_id);
   // Describe with calibrate: the calibration forward of `model` on this worker's device,
   // cached by model hash (an error in the result when it cannot be measured now).
   ringserve::v1::Calibration Calibrate(const std::string& model, const ringserve::v1::ModelInfo& info);
@@ -357,7 +354,9 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::deque<RelayWork> relay_queue_ ABSL_GUARDED_BY(relay_mu_);
   bool relay_stop_ ABSL_GUARDED_BY(relay_mu_) = false;
   std::vector<std::thread> relay_threads_;
-  std::unique_ptr<CoreWarmer> warmer_;
+  absl::Mutex recent_mu_;  // NoteSequence
+  std::string recent_sequence_ ABSL_GUARDED_BY(recent_mu_);  // of the latest step
+  absl::Time recent_switch_ ABSL_GUARDED_BY(recent_mu_);     // when it took over from another
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;

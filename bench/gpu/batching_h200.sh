@@ -16,6 +16,11 @@
 #   (f) a model whose stages carry more work: Qwen3-8B dimensions (36 layers, int4) on the
 #       two GPUs, 1 and 4 sequences: pipeline efficiency where a token's compute is larger
 #       than the hops.
+#   (g) one and four sequences on the two CUDA workers: workers of an OLD bundle (OLD=DIR)
+#       and of this one in the same rounds (session 7: stage 0 continues a lone generation
+#       on the thread that received its token);
+#   (h) decode frames over NCCL: --nccl-min-bytes 1 (every hidden-state frame over the
+#       host-staged NCCL link) vs --no-nccl.
 # Output under $OUT. Usage: bench/gpu/batching_h200.sh BUNDLE_DIR [PARTS="a b c"]
 #   BUNDLE_DIR: bin/{ring-worker,ringctl,ring_bench,models_test} lib/... (deploy/bundle.sh)
 set -uo pipefail
@@ -77,5 +82,22 @@ if [[ $parts == *" f "* ]]; then
     --devices cuda:0,cuda:1 --stages 2 --sequences 4 --rounds ${ROUNDS:-2} --decode 32 --timeout 600 \
     > "$out/ring_8b.txt" 2>&1 || status=1
   tail -8 "$out/ring_8b.txt"
+fi
+if [[ $parts == *" g "* ]]; then
+  old=${OLD:+--bindir=$(cd "$OLD" && pwd)/bin|}
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
+    --devices cuda:0,cuda:1 --stages 2 --sequences 4 --rounds ${ROUNDS:-3} --decode 64 \
+    "--variants=${old}--max-batch 8" > "$out/hops.txt" 2>&1 || status=1
+  tail -14 "$out/hops.txt"
+fi
+if [[ $parts == *" h "* ]]; then
+  export NCCL_NVLS_ENABLE=0
+  if [ -z "${RING_NCCL_LIBRARY:-}" ] && d=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null); then
+    export RING_NCCL_LIBRARY=$d/lib
+  fi
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
+    --devices cuda:0,cuda:1 --stages 2 --sequences 4 --rounds ${ROUNDS:-2} --decode 64 \
+    --variants '--nccl-min-bytes 1|--no-nccl' > "$out/hops_nccl.txt" 2>&1 || status=1
+  tail -12 "$out/hops_nccl.txt"
 fi
 exit $status
