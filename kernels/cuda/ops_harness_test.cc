@@ -856,7 +856,9 @@ const EwMode kEwModes[] = {{cpu::ActDType::kF32, DType::kF32},
 
 TEST_F(GpuTest, RmsNormAndLayerNorm) {
   struct S { int64_t rows, dim; };
-  for (S s : {S{4, 6144}, S{3, 2048}, S{64 * 2, 128}, S{2, 512}, S{5, 100}}) {
+  // Decode rows (1 row), the register path's edge (8 per thread of 1024 at 8192) and past it.
+  for (S s : {S{4, 6144}, S{3, 2048}, S{64 * 2, 128}, S{2, 512}, S{5, 100}, S{1, 6144},
+              S{1, 33}, S{1, 8192}, S{2, 9000}}) {
     for (EwMode md : kEwModes) {
       const bool bf = md.round == cpu::ActDType::kBF16;
       const std::vector<float> x = RandomFloats(s.rows * s.dim, 71, 3.f, bf);
