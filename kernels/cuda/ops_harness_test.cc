@@ -1182,8 +1182,10 @@ TEST_F(GpuTest, TopKRows) {
   struct S {
     int64_t rows, n, k, levels;
   };
+  // Decode rows (2049..2112 of k 2048), the shared-memory cache's edge (8192) and past it.
   for (S s : {S{3, 100, 10, 0}, S{4, 5000, 2048, 0}, S{2, 3000, 64, 7}, S{5, 257, 256, 3},
-              S{1, 70000, 2048, 50}, S{2, 16, 16, 0}}) {
+              S{1, 70000, 2048, 50}, S{2, 16, 16, 0}, S{1, 2049, 2048, 0}, S{1, 2112, 2048, 5},
+              S{2, 8192, 2048, 9}, S{2, 8193, 4000, 0}}) {
     std::mt19937 rng(1200 + s.n);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> x(s.rows * s.n);
