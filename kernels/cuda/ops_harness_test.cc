@@ -1097,9 +1097,12 @@ TEST_F(GpuTest, AttentionGqa) {
 
 // MLA core in its four regimes: dense / sparse x expanded (prefill chunk after a cached
 // prefix) / absorbed (decode), for mxfp4 and affine embed_q/unembed_out.
-// Small dims (expanded and absorbed forms), then GLM-5.2's latent/rope/head dims with 10
-// heads (not a multiple of the decode kernel's 8 heads per block) in decode: sparse over
-// 2048 of 2100 keys, and dense over 5000 keys (several 32-key chunks per split).
+// Small dims (expanded and absorbed forms; decode at chunk edges, 32 and 33 keys, and over
+// 9000 keys: more than 256 chunks, so two per split and 141 partials to combine), then
+// GLM-5.2's latent/rope/head dims with 10 heads (not a multiple of the decode kernel's 8
+// heads per block) in decode: sparse over 2048 of 2100 keys, and dense over 5000 keys
+// (several 32-key chunks per split); and with GLM-5.2's 64 heads: sparse 2048 of 2100, dense
+// at short context (17 and 48 keys: one or two splits, partial chunks) and over 4096 keys.
 TEST_F(GpuTest, MlaAttention) {
   struct Dims {
     int64_t H, nope, rope, vd, kvl;
@@ -1108,7 +1111,8 @@ TEST_F(GpuTest, MlaAttention) {
     int64_t T, offset, K;
   };
   uint32_t seed = 1100;
-  for (const Dims& dims : {Dims{4, 64, 32, 64, 128}, Dims{10, 192, 64, 256, 512}}) {
+  for (const Dims& dims :
+       {Dims{4, 64, 32, 64, 128}, Dims{10, 192, 64, 256, 512}, Dims{64, 192, 64, 256, 512}}) {
   const int64_t H = dims.H, nope = dims.nope, rope = dims.rope, vd = dims.vd, kvl = dims.kvl;
   const bool glm = kvl == 512;
   for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
@@ -1117,9 +1121,11 @@ TEST_F(GpuTest, MlaAttention) {
     auto unembed = MakeWeight(f.spec, f.dtype, H, vd, kvl, ++seed);
     ASSERT_TRUE(embed_q && unembed);
     const std::vector<S> cases =
-        glm ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}}
-            : std::vector<S>{S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0},
-                             S{1, 149, 0}, S{1, 299, 200}, S{20, 13, 0}, S{40, 30, 32}};
+        H == 64 ? std::vector<S>{S{1, 2099, 2048}, S{1, 16, 0}, S{1, 47, 0}, S{1, 4095, 0}}
+        : glm   ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}}
+                : std::vector<S>{S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0},
+                                 S{1, 149, 0}, S{1, 299, 200}, S{20, 13, 0}, S{40, 30, 32},
+                                 S{1, 31, 0}, S{1, 32, 0}, S{1, 63, 40}, S{1, 8999, 0}};
     for (S s : cases) {
       for (cpu::ActDType t : kActs) {
         const bool bf = t == cpu::ActDType::kBF16;
