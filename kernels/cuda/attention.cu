@@ -13,14 +13,17 @@
 // The MLA composition follows cpu::MlaAttention step by step; see attention.cuh.
 //
 // MlaDecodeKernel (absorbed decode, one query row, K = V = the latent cache): the 64 heads
-// of a token all read the same latent rows, so a block takes a chunk of 32 keys for 8 heads
-// (one warp each): the chunk's latent and rope-key rows (through the top-k indices when
-// sparse, no gathered copy) sit in shared memory, lane j scores key j (the latent dot and
-// the rope score, the latter rounded exactly as the reference's pe_scores), the warp keeps
-// an online softmax over its block's chunks, and each block writes one partial (max, sum,
-// kvl-wide accumulator) per head; MlaCombineKernel merges the partials of a head and
-// rounds. Replaces per-head blocks that each walked all keys (one warp per key, a
-// butterfly sum per key) over a gathered copy plus a separate rope-score pass.
+// of a token all read the same latent rows, so a block takes 8 heads and a split of the keys
+// in chunks of 32: the chunk's latent and rope-key rows (through the top-k indices when
+// sparse, no gathered copy) are copied into shared memory by cp.async, 16 bytes a copy with
+// all of a thread's copies in flight; each latent score is summed over 8 slices of the
+// latent (one per warp, eight heads per thread as independent FMA chains) plus the rope
+// score rounded exactly as the reference's pe_scores; each head keeps an online softmax over
+// its block's chunks and each block writes one partial (max, sum, kvl-wide accumulator) per
+// head; MlaCombineKernel merges the partials of a head and rounds. The split count gives
+// every SM two blocks. The previous version filled its rows with scalar loads one after
+// another and ran the 512-long dot as one FMA chain per lane: latency-bound at ~10x its
+// shared-memory and FMA time.
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
@@ -51,6 +54,21 @@ __device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
     case cpu::ActDType::kF16: return qdec::RoundToF16(v);
     default: return v;
   }
+}
+
+// sum_d a[d] * b[d], sequential in d like the scalar loops and the reference, read 16 bytes
+// at a time (n a multiple of 4, a and b 16-byte aligned).
+__device__ __forceinline__ float DotSeq4(const float* a, const float* b, int n) {
+  float dot = 0.f;
+  for (int d = 0; d < n; d += 4) {
+    const float4 x = *reinterpret_cast<const float4*>(a + d);
+    const float4 y = *reinterpret_cast<const float4*>(b + d);
+    dot = fmaf(x.x, y.x, dot);
+    dot = fmaf(x.y, y.y, dot);
+    dot = fmaf(x.z, y.z, dot);
+    dot = fmaf(x.w, y.w, dot);
+  }
+  return dot;
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -143,6 +161,20 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Asynchronous 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.
+__device__ __forceinline__ void CpAsync16(float* dst, const float* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // Prefill attention (L >= kTileMinL): a block takes kTileQ queries of one head (kTileQ / 8
 // per warp) and walks the keys in chunks of 32 (one per lane): the chunk's K and V rows in
 // shared memory serve all the block's queries, lane j scores key j for each of its warp's
@@ -153,16 +185,23 @@ constexpr int kTileQPerWarp = kTileQ / 8;
 constexpr int kTileMaxD = 256;
 constexpr int64_t kTileMinL = 16;
 
-size_t AttentionTileSmem(int64_t dk, int64_t dv) {
-  return sizeof(float) * (32 * (dk + 1) + 32 * (dv + 1) + kTileQ * dk);
+// kVec: K and V rows copied by cp.async, 16 bytes a copy with all of a thread's copies in
+// flight (widths multiples of 4, strides and bases 16-byte aligned), the rows padded by 4
+// so the 16-byte reads of the score loop fall on distinct banks; otherwise scalar loads into
+// rows padded by 1.
+int TilePad(bool vec) { return vec ? 4 : 1; }
+size_t AttentionTileSmem(int64_t dk, int64_t dv, bool vec) {
+  return sizeof(float) * (32 * (dk + TilePad(vec)) + 32 * (dv + TilePad(vec)) + kTileQ * dk);
 }
 
+template <bool kVec>
 __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cpu::ActDType rt) {
-  extern __shared__ float sm[];
+  extern __shared__ __align__(16) float sm[];
   const int dk = static_cast<int>(p.dk), dv = static_cast<int>(p.dv);
-  float* ks = sm;                    // [32][dk + 1]
-  float* vs = ks + 32 * (dk + 1);    // [32][dv + 1]
-  float* qs = vs + 32 * (dv + 1);    // [kTileQ][dk], scaled
+  const int kst = dk + (kVec ? 4 : 1), vst = dv + (kVec ? 4 : 1);
+  float* ks = sm;                    // [32][kst]
+  float* vs = ks + 32 * kst;         // [32][vst]
+  float* qs = vs + 32 * vst;         // [kTileQ][dk], scaled
   const int64_t h = blockIdx.y, kh = h / (p.hq / p.hkv);
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTileQ;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -186,11 +225,24 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
   for (int64_t j0 = 0; j0 < jend; j0 += 32) {
     const int n = static_cast<int>(min(static_cast<int64_t>(32), jend - j0));
     __syncthreads();  // the previous chunk's readers are done (and qs is written)
-    for (int e = threadIdx.x; e < n * dk; e += blockDim.x) {
-      ks[(e / dk) * (dk + 1) + e % dk] = p.k[(j0 + e / dk) * p.k_tok + kh * p.k_head + e % dk];
-    }
-    for (int e = threadIdx.x; e < n * dv; e += blockDim.x) {
-      vs[(e / dv) * (dv + 1) + e % dv] = p.v[(j0 + e / dv) * p.v_tok + kh * p.v_head + e % dv];
+    if constexpr (kVec) {
+      const int k4 = dk / 4, v4 = dv / 4;
+      for (int e = threadIdx.x; e < n * k4; e += blockDim.x) {
+        const int r = e / k4, c = 4 * (e % k4);
+        CpAsync16(ks + r * kst + c, p.k + (j0 + r) * p.k_tok + kh * p.k_head + c, true);
+      }
+      for (int e = threadIdx.x; e < n * v4; e += blockDim.x) {
+        const int r = e / v4, c = 4 * (e % v4);
+        CpAsync16(vs + r * vst + c, p.v + (j0 + r) * p.v_tok + kh * p.v_head + c, true);
+      }
+      CpAsyncWaitAll();
+    } else {
+      for (int e = threadIdx.x; e < n * dk; e += blockDim.x) {
+        ks[(e / dk) * kst + e % dk] = p.k[(j0 + e / dk) * p.k_tok + kh * p.k_head + e % dk];
+      }
+      for (int e = threadIdx.x; e < n * dv; e += blockDim.x) {
+        vs[(e / dv) * vst + e % dv] = p.v[(j0 + e / dv) * p.v_tok + kh * p.v_head + e % dv];
+      }
     }
     __syncthreads();
     const int64_t j = j0 + lane;
@@ -202,9 +254,13 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
       float s = -INFINITY;
       if (lane < n && i < p.L && (p.causal_offset < 0 || j <= p.causal_offset + i)) {
         const float* qv = qs + qi * dk;
-        const float* kr = ks + lane * (dk + 1);
+        const float* kr = ks + lane * kst;
         float dot = 0.f;
-        for (int d = 0; d < dk; ++d) dot = fmaf(qv[d], kr[d], dot);
+        if constexpr (kVec) {
+          dot = DotSeq4(qv, kr, dk);
+        } else {
+          for (int d = 0; d < dk; ++d) dot = fmaf(qv[d], kr[d], dot);
+        }
         if (p.add_mask != nullptr) dot += p.add_mask[(h * p.L + i) * p.S + j];
         s = dot;
       }
@@ -225,7 +281,7 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
       float pb[kTileQPerWarp];
 #pragma unroll
       for (int a = 0; a < kTileQPerWarp; ++a) pb[a] = __shfl_sync(0xffffffffu, pj[a], jj);
-      const float* vr = vs + jj * (dv + 1) + lane;
+      const float* vr = vs + jj * vst + lane;
 #pragma unroll
       for (int c = 0; c < kTileMaxD / 32; ++c) {
         if (c < nc && c * 32 + lane < dv) {
@@ -309,17 +365,20 @@ __global__ void ScatterAllowedKernel(const int32_t* topk, int64_t T, int64_t K, 
 
 // Absorbed MLA decode (file comment). Partial p of head h at part + (p * H + h) * (kvl + 2):
 // [max, sum, acc[kvl]].
-constexpr int kMlaChunk = 32;         // keys per chunk: one per lane
-constexpr int kMlaHeadsPerBlock = 8;  // one per warp
-constexpr int kMlaMaxKvl = 512;
-constexpr int kMlaMaxSplits = 64;     // partials per head
+constexpr int kMlaChunk = 32;         // keys per chunk: one per lane in the score pass
+constexpr int kMlaHeadsPerBlock = 8;  // one per warp in the softmax pass
+constexpr int kMlaThreads = kMlaHeadsPerBlock * 32;
+constexpr int kMlaMaxKvl = 2 * kMlaThreads;  // the value pass: two latent dims per thread
+constexpr int kMlaMaxRope = 128;
+constexpr int kMlaMaxSplits = 256;    // partials per head
+constexpr int kMlaCombineThreads = 128;
 
 struct MlaDecodeParams {
   const float* qlat = nullptr;  // [H, kvl], rounded
   const float* q = nullptr;     // [H, qd]: the rope part at + nope
   int64_t qd = 0, nope = 0;
-  const float* lat = nullptr;   // [S, kvl]
-  const float* pe = nullptr;    // [S, rope]
+  const float* lat = nullptr;   // [S, kvl], 16-byte aligned
+  const float* pe = nullptr;    // [S, rope], 16-byte aligned
   const int32_t* topk = nullptr;  // [Sk] or null (key j is row j)
   int64_t S = 0, Sk = 0, H = 0;
   int kvl = 0, rope = 0;
@@ -328,135 +387,255 @@ struct MlaDecodeParams {
   float* part = nullptr;
 };
 
-size_t MlaDecodeSmem(int kvl, int rope) {
-  return sizeof(float) * (kMlaChunk * (kvl + 1) + kMlaChunk * (rope + 1) +
-                          kMlaHeadsPerBlock * (kvl + rope));
+// Shared memory of MlaDecodeKernel, in floats: the chunk's latent rows [chunk][kvl + 4]
+// (rows 16-byte aligned; the +4 keeps a quarter-warp's 16-byte reads of 8 rows on distinct
+// banks), then a region that holds the rope-key rows [chunk][rope + 4] until the rope scores
+// are done and the per-warp latent score partials [warps][heads][chunk] after, then the
+// scaled queries [heads][kvl] and rope queries [heads][rope], the probabilities
+// [chunk][heads] and the rescale factors [heads].
+struct MlaSmem {
+  int ks, ps, kpe, qs, qp, pt, cold, total;
+};
+__host__ __device__ inline MlaSmem MlaLayout(int kvl, int rope) {
+  MlaSmem s;
+  s.ks = kvl + 4;
+  s.ps = rope + 4;
+  s.kpe = kMlaChunk * s.ks;
+  s.qs = s.kpe + max(kMlaChunk * s.ps, kMlaHeadsPerBlock * kMlaHeadsPerBlock * kMlaChunk);
+  s.qp = s.qs + kMlaHeadsPerBlock * kvl;
+  s.pt = s.qp + kMlaHeadsPerBlock * rope;
+  s.cold = s.pt + kMlaChunk * kMlaHeadsPerBlock;
+  s.total = s.cold + kMlaHeadsPerBlock;
+  return s;
 }
 
-__global__ void __launch_bounds__(kMlaHeadsPerBlock * 32)
-    MlaDecodeKernel(MlaDecodeParams p, cpu::ActDType rt) {
-  extern __shared__ float sm[];
-  const int kvl = p.kvl, rope = p.rope, ks = kvl + 1, ps = rope + 1;
-  float* keys = sm;                                 // [chunk][kvl + 1]
-  float* kpe = keys + kMlaChunk * ks;               // [chunk][rope + 1]
-  float* qs = kpe + kMlaChunk * ps;                 // [heads][kvl]: q_lat * scale
-  float* qp = qs + kMlaHeadsPerBlock * kvl;         // [heads][rope]: round(q_pe * scale)
-  __shared__ int rows[kMlaChunk];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMlaHeadsPerBlock;
-  for (int i = threadIdx.x; i < kMlaHeadsPerBlock * kvl; i += blockDim.x) {
-    const int64_t h = h0 + i / kvl;
-    qs[i] = h < p.H ? p.qlat[h * kvl + i % kvl] * p.scale : 0.f;
+size_t MlaDecodeSmem(int kvl, int rope) { return sizeof(float) * MlaLayout(kvl, rope).total; }
+
+// Row of the cache that key j of the selection reads; -1 past the end or out of range.
+__device__ __forceinline__ int MlaRow(const MlaDecodeParams& p, int64_t j, int64_t jend) {
+  if (j >= jend) return -1;
+  const int64_t r = p.topk != nullptr ? p.topk[j] : j;
+  return r >= 0 && r < p.S ? static_cast<int>(r) : -1;
+}
+
+// Queues the cp.async copies of one chunk's latent and rope-key rows (`rows`: -1 = zeros).
+__device__ __forceinline__ void MlaIssueChunk(const MlaDecodeParams& p, const MlaSmem& L,
+                                              float* keys, float* kpe, const int* rows) {
+  const int kv4 = p.kvl / 4, pe4 = p.rope / 4;
+  for (int i = threadIdx.x; i < kMlaChunk * kv4; i += kMlaThreads) {
+    const int r = i / kv4, c = i % kv4, row = rows[r];
+    CpAsync16(keys + r * L.ks + 4 * c, p.lat + static_cast<int64_t>(max(row, 0)) * p.kvl + 4 * c,
+              row >= 0);
   }
-  for (int i = threadIdx.x; i < kMlaHeadsPerBlock * rope; i += blockDim.x) {
+  for (int i = threadIdx.x; i < kMlaChunk * pe4; i += kMlaThreads) {
+    const int r = i / pe4, c = i % pe4, row = rows[r];
+    CpAsync16(kpe + r * L.ps + 4 * c, p.pe + static_cast<int64_t>(max(row, 0)) * p.rope + 4 * c,
+              row >= 0);
+  }
+}
+
+// A block: kMlaHeadsPerBlock heads x chunks_per_split chunks of kMlaChunk keys. Per chunk:
+// cp.async copies the selected latent and rope-key rows (16 bytes a copy, all of a thread's
+// copies in flight at once; rows past the end or unselected read as zeros) while the next
+// chunk's row indices load; thread (w, j) computes the rope score of head w and key j
+// (sequential in d like the reference, then rounded) and the latent dot of key j with all
+// 8 heads over the latent slice [w * kvl / 8, (w + 1) * kvl / 8) (eight independent FMA
+// chains, 16-byte shared reads: the key's slice once, the queries' as broadcasts); the
+// slices are summed in fixed order; warp w updates head w's online softmax; then thread t
+// accumulates latent dims 2t and 2t + 1 of all 8 heads over the chunk's keys. Two blocks
+// fit an SM and overlap each other's copies (measured faster on the H200 than one block that
+// double-buffers its chunks: 24 against 28 us per layer at 2k keys).
+__global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParams p, cpu::ActDType rt) {
+  extern __shared__ __align__(16) float sm[];
+  const int kvl = p.kvl, rope = p.rope;
+  const MlaSmem L = MlaLayout(kvl, rope);
+  float* qs = sm + L.qs;
+  float* qp = sm + L.qp;
+  float* pt = sm + L.pt;
+  float* colds = sm + L.cold;
+  __shared__ int rows[kMlaChunk];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMlaHeadsPerBlock;
+  const int kv4 = kvl / 4;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.chunks_per_split * kMlaChunk;
+  const int64_t last = min(p.Sk, first + static_cast<int64_t>(p.chunks_per_split) * kMlaChunk);
+  int next_row = tid < kMlaChunk ? MlaRow(p, first + tid, last) : -1;
+  // The queries: a thread's loads all issued before its shared stores (kvl <= 512: at most
+  // 4 float4 per thread).
+  {
+    constexpr int kQ = kMlaHeadsPerBlock * kMlaMaxKvl / 4 / kMlaThreads;
+    float4 v[kQ];
+#pragma unroll
+    for (int u = 0; u < kQ; ++u) {
+      const int i = tid + u * kMlaThreads;
+      const int64_t h = h0 + i / kv4;
+      v[u] = i < kMlaHeadsPerBlock * kv4 && h < p.H
+                 ? reinterpret_cast<const float4*>(p.qlat + h * kvl)[i % kv4]
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kQ; ++u) {
+      const int i = tid + u * kMlaThreads;
+      if (i < kMlaHeadsPerBlock * kv4) {
+        reinterpret_cast<float4*>(qs)[i] =
+            make_float4(v[u].x * p.scale, v[u].y * p.scale, v[u].z * p.scale, v[u].w * p.scale);
+      }
+    }
+  }
+  for (int i = tid; i < kMlaHeadsPerBlock * rope; i += kMlaThreads) {
     const int64_t h = h0 + i / rope;
     qp[i] = h < p.H ? RoundActDev(p.q[h * p.qd + p.nope + i % rope] * p.scale, rt) : 0.f;
   }
-  const int nc = kvl / 32;
-  float acc[kMlaMaxKvl / 32];
+  const int slice = kvl / kMlaHeadsPerBlock, d0 = 2 * tid;
+  float acc[kMlaHeadsPerBlock][2];
 #pragma unroll
-  for (int c = 0; c < kMlaMaxKvl / 32; ++c) acc[c] = 0.f;
-  float m = -INFINITY, l = 0.f;
-  const float* qv = qs + warp * kvl;
-  const float* qpv = qp + warp * rope;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.chunks_per_split * kMlaChunk;
-  for (int ch = 0; ch < p.chunks_per_split; ++ch) {
-    const int64_t j0 = first + static_cast<int64_t>(ch) * kMlaChunk;
-    if (j0 >= p.Sk) break;  // uniform over the block
-    const int n = static_cast<int>(min(static_cast<int64_t>(kMlaChunk), p.Sk - j0));
+  for (int h = 0; h < kMlaHeadsPerBlock; ++h) acc[h][0] = acc[h][1] = 0.f;
+  float m = -INFINITY, l = 0.f;  // head `warp`'s softmax state, uniform over the warp
+  float* keys = sm;
+  float* kpe = sm + L.kpe;
+  float* red = kpe;  // aliases kpe once the rope scores are read
+  for (int64_t j0 = first; j0 < last; j0 += kMlaChunk) {
     __syncthreads();  // the previous chunk's readers are done
-    if (threadIdx.x < kMlaChunk) {
-      int64_t r = -1;
-      if (threadIdx.x < n) {
-        r = p.topk != nullptr ? p.topk[j0 + threadIdx.x] : j0 + threadIdx.x;
-        if (r < 0 || r >= p.S) r = -1;
+    if (tid < kMlaChunk) rows[tid] = next_row;
+    __syncthreads();
+    MlaIssueChunk(p, L, keys, kpe, rows);
+    if (tid < kMlaChunk) next_row = MlaRow(p, j0 + kMlaChunk + tid, last);
+    CpAsyncWaitAll();
+    __syncthreads();
+    const bool valid = rows[lane] >= 0;
+    const float pes = DotSeq4(qp + warp * rope, kpe + lane * L.ps, rope);
+    float sc[kMlaHeadsPerBlock];
+#pragma unroll
+    for (int h = 0; h < kMlaHeadsPerBlock; ++h) sc[h] = 0.f;
+    {
+      const float* kr = keys + lane * L.ks + warp * slice;
+      const float* qv = qs + warp * slice;
+#pragma unroll 4
+      for (int d = 0; d < slice; d += 4) {
+        const float4 k4 = *reinterpret_cast<const float4*>(kr + d);
+#pragma unroll
+        for (int h = 0; h < kMlaHeadsPerBlock; ++h) {
+          const float4 q4 = *reinterpret_cast<const float4*>(qv + h * kvl + d);
+          sc[h] = fmaf(q4.x, k4.x, sc[h]);
+          sc[h] = fmaf(q4.y, k4.y, sc[h]);
+          sc[h] = fmaf(q4.z, k4.z, sc[h]);
+          sc[h] = fmaf(q4.w, k4.w, sc[h]);
+        }
       }
-      rows[threadIdx.x] = static_cast<int>(r);
     }
+    __syncthreads();  // rope keys read: red may overwrite them
+#pragma unroll
+    for (int h = 0; h < kMlaHeadsPerBlock; ++h) red[(warp * kMlaHeadsPerBlock + h) * kMlaChunk + lane] = sc[h];
     __syncthreads();
-    for (int i = threadIdx.x; i < n * kvl; i += blockDim.x) {
-      const int r = i / kvl, d = i % kvl;
-      const int row = rows[r];
-      keys[r * ks + d] = row >= 0 ? p.lat[static_cast<int64_t>(row) * kvl + d] : 0.f;
-    }
-    for (int i = threadIdx.x; i < n * rope; i += blockDim.x) {
-      const int r = i / rope, d = i % rope;
-      const int row = rows[r];
-      kpe[r * ps + d] = row >= 0 ? p.pe[static_cast<int64_t>(row) * rope + d] : 0.f;
-    }
-    __syncthreads();
-    // Lane j scores key j: latent dot (scaled query) + the rounded rope score.
     float s = -INFINITY;
-    if (lane < n && rows[lane] >= 0) {
-      const float* kr = keys + lane * ks;
+    if (valid) {
       float dot = 0.f;
-      for (int d = 0; d < kvl; ++d) dot = fmaf(qv[d], kr[d], dot);
-      const float* pr = kpe + lane * ps;
-      float pe = 0.f;
-      for (int d = 0; d < rope; ++d) pe = fmaf(qpv[d], pr[d], pe);
-      s = dot + RoundActDev(pe, rt);
+#pragma unroll
+      for (int w = 0; w < kMlaHeadsPerBlock; ++w) dot += red[(w * kMlaHeadsPerBlock + warp) * kMlaChunk + lane];
+      s = dot + RoundActDev(pes, rt);
     }
     float mc = s;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, off));
     const float mn = fmaxf(m, mc);
-    if (mn == -INFINITY) continue;  // nothing visible yet (uniform over the warp)
-    const float cold = m == -INFINITY ? 0.f : expf(m - mn);
-    const float pj = s == -INFINITY ? 0.f : expf(s - mn);
-    l = l * cold + WarpSum(pj);
-    m = mn;
+    float cold = 1.f, pj = 0.f;
+    if (mn != -INFINITY) {  // uniform over the warp
+      cold = m == -INFINITY ? 0.f : expf(m - mn);
+      pj = s == -INFINITY ? 0.f : expf(s - mn);
+      l = l * cold + WarpSum(pj);
+      m = mn;
+    }
+    pt[lane * kMlaHeadsPerBlock + warp] = pj;
+    if (lane == 0) colds[warp] = cold;
+    __syncthreads();
+    if (d0 < kvl) {
 #pragma unroll
-    for (int c = 0; c < kMlaMaxKvl / 32; ++c) acc[c] *= cold;
-    for (int j = 0; j < n; ++j) {
-      const float pb = __shfl_sync(0xffffffffu, pj, j);
-      const float* kr = keys + j * ks + lane;
+      for (int h = 0; h < kMlaHeadsPerBlock; ++h) {
+        acc[h][0] *= colds[h];
+        acc[h][1] *= colds[h];
+      }
+#pragma unroll 4
+      for (int j = 0; j < kMlaChunk; ++j) {
+        const float2 k2 = *reinterpret_cast<const float2*>(keys + j * L.ks + d0);
+        const float4 pa = *reinterpret_cast<const float4*>(pt + j * kMlaHeadsPerBlock);
+        const float4 pb = *reinterpret_cast<const float4*>(pt + j * kMlaHeadsPerBlock + 4);
+        const float pr[kMlaHeadsPerBlock] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
 #pragma unroll
-      for (int c = 0; c < kMlaMaxKvl / 32; ++c) {
-        if (c < nc) acc[c] = fmaf(pb, kr[c * 32], acc[c]);
+        for (int h = 0; h < kMlaHeadsPerBlock; ++h) {
+          acc[h][0] = fmaf(pr[h], k2.x, acc[h][0]);
+          acc[h][1] = fmaf(pr[h], k2.y, acc[h][1]);
+        }
       }
     }
   }
-  const int64_t h = h0 + warp;
-  if (h >= p.H) return;
-  float* out = p.part + (static_cast<int64_t>(blockIdx.x) * p.H + h) * (kvl + 2);
-  if (lane == 0) {
-    out[0] = m;
-    out[1] = l;
+  const int64_t part_row = kvl + 2;
+  float* out = p.part + (static_cast<int64_t>(blockIdx.x) * p.H + h0) * part_row;
+  if (lane == 0 && h0 + warp < p.H) {
+    out[warp * part_row] = m;
+    out[warp * part_row + 1] = l;
   }
+  if (d0 < kvl) {
 #pragma unroll
-  for (int c = 0; c < kMlaMaxKvl / 32; ++c) {
-    if (c < nc) out[2 + c * 32 + lane] = acc[c];
+    for (int h = 0; h < kMlaHeadsPerBlock; ++h) {
+      if (h0 + h < p.H) {
+        *reinterpret_cast<float2*>(out + h * part_row + 2 + d0) = make_float2(acc[h][0], acc[h][1]);
+      }
+    }
   }
 }
 
-// out[h, :] = round(sum_p acc_p * e^(m_p - M) / sum_p l_p * e^(m_p - M)); one block per head.
-__global__ void MlaCombineKernel(const float* part, int splits, int64_t H, int kvl,
-                                 cpu::ActDType rt, float* out) {
+// out[h, :] = round(sum_p acc_p * e^(m_p - M) / sum_p l_p * e^(m_p - M)). Block (h, c) takes
+// head h's dims [c * 128, c * 128 + 128): the split weights by a block reduction, then one
+// dim per thread over the splits, 8 loads in flight at a time, two FMA chains.
+__global__ void __launch_bounds__(kMlaCombineThreads)
+    MlaCombineKernel(const float* __restrict__ part, int splits, int64_t H, int kvl,
+                     cpu::ActDType rt, float* __restrict__ out) {
   __shared__ float f[kMlaMaxSplits];
-  __shared__ float inv;
+  __shared__ float wred[kMlaCombineThreads / 32];
   const int64_t h = blockIdx.x;
-  if (threadIdx.x == 0) {
-    float M = -INFINITY;
-    for (int s = 0; s < splits; ++s) {
-      const float* ps = part + (s * H + h) * (kvl + 2);
-      if (ps[1] > 0.f) M = fmaxf(M, ps[0]);
-    }
-    float denom = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float* ps = part + (s * H + h) * (kvl + 2);
-      f[s] = ps[1] > 0.f ? expf(ps[0] - M) : 0.f;
-      denom += ps[1] * f[s];
-    }
-    inv = 1.f / denom;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row = kvl + 2;
+  float M = -INFINITY;
+  for (int s = tid; s < splits; s += kMlaCombineThreads) {
+    const float* ps = part + (s * H + h) * row;
+    if (ps[1] > 0.f) M = fmaxf(M, ps[0]);
   }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+  if (lane == 0) wred[warp] = M;
   __syncthreads();
-  for (int d = threadIdx.x; d < kvl; d += blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      if (f[s] != 0.f) acc += part[(s * H + h) * (kvl + 2) + 2 + d] * f[s];
-    }
-    out[h * kvl + d] = RoundActDev(acc * inv, rt);
+  M = wred[0];
+  for (int w = 1; w < kMlaCombineThreads / 32; ++w) M = fmaxf(M, wred[w]);
+  __syncthreads();
+  float den = 0.f;
+  for (int s = tid; s < splits; s += kMlaCombineThreads) {
+    const float* ps = part + (s * H + h) * row;
+    const float fs = ps[1] > 0.f ? expf(ps[0] - M) : 0.f;
+    f[s] = fs;
+    den += ps[1] * fs;
   }
+  den = WarpSum(den);
+  if (lane == 0) wred[warp] = den;
+  __syncthreads();
+  den = 0.f;
+  for (int w = 0; w < kMlaCombineThreads / 32; ++w) den += wred[w];
+  const float inv = 1.f / den;
+  const int d = blockIdx.y * kMlaCombineThreads + tid;
+  if (d >= kvl) return;
+  const float* pd = part + h * row + 2 + d;
+  constexpr int kBatch = 8;  // loads in flight per thread
+  float a0 = 0.f, a1 = 0.f;
+  for (int s0 = 0; s0 < splits; s0 += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = s0 + u < splits ? pd[(s0 + u) * H * row] : 0.f;
+#pragma unroll
+    for (int u = 0; u < kBatch; u += 2) {
+      if (s0 + u < splits) a0 = fmaf(v[u], f[s0 + u], a0);
+      if (s0 + u + 1 < splits) a1 = fmaf(v[u + 1], f[s0 + u + 1], a1);
+    }
+  }
+  out[h * kvl + d] = RoundActDev((a0 + a1) * inv, rt);
 }
 
 unsigned Blocks(int64_t n, int threads) {
@@ -482,16 +661,26 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("attention: too many rows");
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
-  const size_t tile_smem = AttentionTileSmem(p.dk, p.dv);
+  auto al16 = [](const float* ptr, int64_t a, int64_t b) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && a % 4 == 0 && b % 4 == 0;
+  };
+  const bool vec = p.dk % 4 == 0 && p.dv % 4 == 0 && al16(p.k, p.k_tok, p.k_head) &&
+                   al16(p.v, p.v_tok, p.v_head);
+  const size_t tile_smem = AttentionTileSmem(p.dk, p.dv, vec);
   if (p.L >= kTileMinL && p.dk <= kTileMaxD && p.dv <= kTileMaxD && p.hq <= 65535 &&
       static_cast<int64_t>(tile_smem) <= (*dev)->smem_per_block_optin) {
+    const void* fn = vec ? reinterpret_cast<const void*>(AttentionTileKernel<true>)
+                         : reinterpret_cast<const void*>(AttentionTileKernel<false>);
     if (tile_smem > 48 * 1024) {
-      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionTileKernel,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(tile_smem)));
+      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile_smem)));
     }
     const dim3 grid(static_cast<unsigned>((p.L + kTileQ - 1) / kTileQ), static_cast<unsigned>(p.hq));
-    AttentionTileKernel<<<grid, 256, tile_smem, stream>>>(p, round);
+    if (vec) {
+      AttentionTileKernel<true><<<grid, 256, tile_smem, stream>>>(p, round);
+    } else {
+      AttentionTileKernel<false><<<grid, 256, tile_smem, stream>>>(p, round);
+    }
     RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   }
@@ -545,12 +734,16 @@ namespace {
 // per head, the split attention and its combine, out = round(o_lat @ W_UV_h^T).
 absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                        const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                       int64_t Sk, size_t smem, cudaStream_t stream) {
+                       int64_t Sk, size_t smem, int sm_count, cudaStream_t stream) {
   const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
   const int64_t chunks = (Sk + kMlaChunk - 1) / kMlaChunk;
-  const int64_t per_split = (chunks + kMlaMaxSplits - 1) / kMlaMaxSplits;
-  const int64_t splits = (chunks + per_split - 1) / per_split;
   const int64_t head_blocks = (H + kMlaHeadsPerBlock - 1) / kMlaHeadsPerBlock;
+  // Splits enough for two blocks on every SM (two fit in shared memory), no more: each
+  // split adds a partial per head that the combine reads back.
+  const int64_t fill = 2 * static_cast<int64_t>(std::max(sm_count, 1));
+  const int64_t per_split = std::max({int64_t{1}, (chunks * head_blocks + fill - 1) / fill,
+                                      (chunks + kMlaMaxSplits - 1) / kMlaMaxSplits});
+  const int64_t splits = (chunks + per_split - 1) / per_split;
   if (per_split > 0x7fffffff || head_blocks > 65535) {
     return absl::InvalidArgumentError("mla decode: too many keys or heads");
   }
@@ -589,10 +782,12 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
         MlaDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   MlaDecodeKernel<<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks)),
-                    kMlaHeadsPerBlock * 32, smem, stream>>>(p, t);
+                    kMlaThreads, smem, stream>>>(p, t);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  MlaCombineKernel<<<static_cast<unsigned>(H), 256, 0, stream>>>(
-      p.part, static_cast<int>(splits), H, p.kvl, t, olat);
+  MlaCombineKernel<<<dim3(static_cast<unsigned>(H),
+                          static_cast<unsigned>((kvl + kMlaCombineThreads - 1) / kMlaCombineThreads)),
+                     kMlaCombineThreads, 0, stream>>>(p.part, static_cast<int>(splits), H, p.kvl, t,
+                                                      olat);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   QMatmulArgs oa;
   oa.x = olat;
@@ -627,10 +822,13 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
   if (T == 1) {
     absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
     if (!dev.ok()) return dev.status();
+    const bool aligned = reinterpret_cast<uintptr_t>(a.latent) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(a.k_pe) % 16 == 0;
     const size_t smem = MlaDecodeSmem(static_cast<int>(kvl), static_cast<int>(rope));
-    if (kvl % 32 == 0 && kvl <= kMlaMaxKvl && rope <= 1024 && (nope + rope) % 8 == 0 &&
+    if (kvl % 32 == 0 && kvl <= kMlaMaxKvl && rope % 4 == 0 && rope > 0 &&
+        rope <= kMlaMaxRope && (nope + rope) % 8 == 0 && aligned &&
         static_cast<int64_t>(smem) <= (*dev)->smem_per_block_optin) {
-      return MlaDecode(a, embed_q, unembed_out, t, out, Sk, smem, stream);
+      return MlaDecode(a, embed_q, unembed_out, t, out, Sk, smem, (*dev)->sm_count, stream);
     }
   }
   const float* lat = a.latent;

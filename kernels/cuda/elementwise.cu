@@ -51,10 +51,47 @@ __device__ float BlockSum(float v, float* scratch) {
   return s;
 }
 
+// Row kernels (RmsNorm, LayerNorm) hold a row's elements in registers when the row fits
+// kRowRegs per thread (RowThreads gives ~4): all of a thread's loads are issued at once and
+// the row is read once, where a loop per pass waits on each load in turn (a decode row is a
+// single block, so that latency was the kernel's whole time). Each thread visits its
+// elements in the same order either way, so the sums and results are unchanged.
+constexpr int kRowRegs = 8;
+
+// v[c] = element threadIdx.x + c * blockDim.x of the row at `base` (0 past dim).
+__device__ __forceinline__ void LoadRowRegs(DevArray a, int64_t base, int64_t dim,
+                                            float (&v)[kRowRegs]) {
+#pragma unroll
+  for (int c = 0; c < kRowRegs; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    v[c] = i < dim && a.data != nullptr ? Load(a.data, a.dtype, base + i) : 0.f;
+  }
+}
+
 __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
                               DevMutArray out, uint16_t* out_bf16) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
+    float v[kRowRegs], wv[kRowRegs];
+    LoadRowRegs(x, base, dim, v);
+    LoadRowRegs(w, 0, dim, wv);
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < kRowRegs; ++c) ss = fmaf(v[c], v[c], ss);  // + 0 past dim: exact
+    ss = BlockSum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+#pragma unroll
+    for (int c = 0; c < kRowRegs; ++c) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+      if (i >= dim) break;
+      float y = DevRoundAct(v[c] * inv, rt);
+      if (w.data != nullptr) y = DevRoundAct(y * wv[c], rt);
+      Store(out.data, out.dtype, base + i, y);
+      if (out_bf16 != nullptr) out_bf16[base + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
+    }
+    return;
+  }
   float ss = 0.f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = Load(x.data, x.dtype, base + i);
@@ -74,6 +111,34 @@ __global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b,
                                 cpu::ActDType rt, DevMutArray out) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
+    float v[kRowRegs], wv[kRowRegs], bv[kRowRegs];
+    LoadRowRegs(x, base, dim, v);
+    LoadRowRegs(w, 0, dim, wv);
+    LoadRowRegs(b, 0, dim, bv);
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < kRowRegs; ++c) s += v[c];
+    const float mean = BlockSum(s, scratch) / static_cast<float>(dim);
+    float var = 0.f;
+#pragma unroll
+    for (int c = 0; c < kRowRegs; ++c) {
+      if (threadIdx.x + static_cast<int64_t>(c) * blockDim.x >= dim) break;
+      const float d = v[c] - mean;
+      var = fmaf(d, d, var);
+    }
+    const float inv = 1.0f / sqrtf(BlockSum(var, scratch) / static_cast<float>(dim) + eps);
+#pragma unroll
+    for (int c = 0; c < kRowRegs; ++c) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+      if (i >= dim) break;
+      float y = DevRoundAct((v[c] - mean) * inv, rt);
+      if (w.data != nullptr) y = DevRoundAct(y * wv[c], rt);
+      if (b.data != nullptr) y = DevRoundAct(y + bv[c], rt);
+      Store(out.data, out.dtype, base + i, y);
+    }
+    return;
+  }
   float s = 0.f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) s += Load(x.data, x.dtype, base + i);
   const float mean = BlockSum(s, scratch) / static_cast<float>(dim);

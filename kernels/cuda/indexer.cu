@@ -27,6 +27,8 @@ constexpr int kKeysPerBlock = 64;
 // Decode (one query row): fewer keys per block, so that the grid fills the GPU.
 constexpr int kKeysPerBlockDecode = 8;
 constexpr int kTopKThreads = 512;
+// Key elements per lane held in registers by IndexerScoresKernel (index dims up to 256).
+constexpr int kKeyRegs = 8;
 
 __device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
   switch (t) {
@@ -41,18 +43,48 @@ __global__ void __launch_bounds__(kScoreWarps * 32)
   extern __shared__ float qs[];  // [heads, dim]
   const int64_t r = blockIdx.y;
   const int64_t hd = a.heads * a.dim;
-  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = a.q[r * hd + i];
+  // The row's queries: independent loads, several in flight per thread (a decode block's
+  // whole time was this fill done one dependent load at a time).
+  constexpr int kBatch = 8;
+  for (int64_t i0 = threadIdx.x; i0 < hd; i0 += kBatch * blockDim.x) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
+      v[u] = i < hd ? a.q[r * hd + i] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
+      if (i < hd) qs[i] = v[u];
+    }
+  }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * keys_per_block;
   const int64_t j1 = min(a.S, j0 + keys_per_block);
+  const bool kreg = a.dim <= 32 * kKeyRegs;
   for (int64_t j = j0 + warp; j < j1; j += kScoreWarps) {
     const float* kj = a.keys + j * a.dim;
+    // The key's elements lane, lane + 32, ... in registers once, not re-read per head.
+    float kv[kKeyRegs];
+#pragma unroll
+    for (int c = 0; c < kKeyRegs; ++c) {
+      const int64_t d = lane + 32 * c;
+      kv[c] = kreg && d < a.dim ? kj[d] : 0.f;
+    }
     float tot = 0.f;
     for (int64_t h = 0; h < a.heads; ++h) {
       const float* qh = qs + h * a.dim;
       float dot = 0.f;
-      for (int64_t d = lane; d < a.dim; d += 32) dot = fmaf(qh[d], kj[d], dot);
+      if (kreg) {
+#pragma unroll
+        for (int c = 0; c < kKeyRegs; ++c) {
+          if (lane + 32 * c < a.dim) dot = fmaf(qh[lane + 32 * c], kv[c], dot);
+        }
+      } else {
+        for (int64_t d = lane; d < a.dim; d += 32) dot = fmaf(qh[d], kj[d], dot);
+      }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       dot = fmaxf(RoundActDev(dot, rt), 0.f);
@@ -102,50 +134,57 @@ __device__ int BlockExclusiveScan(int v, int* total, int* sh /* [32] */) {
   return before + x - v;
 }
 
+// Rows up to this long keep their keys in shared memory across the 4 histogram passes and
+// the compaction (decode rows: the cached context); longer rows re-read global memory.
+constexpr int kTopKCache = 8192;
+
 __global__ void __launch_bounds__(kTopKThreads)
     TopKRowsKernel(const float* scores, int64_t n, int64_t k, int32_t* out) {
   __shared__ unsigned hist[256];
   __shared__ uint32_t s_prefix;
   __shared__ int64_t s_need;
   __shared__ int scan_sh[32];
+  __shared__ uint32_t cache[kTopKCache];
   const float* x = scores + static_cast<int64_t>(blockIdx.x) * n;
   int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
+  const bool cached = n <= kTopKCache;
+  if (cached) {
+#pragma unroll 4
+    for (int j = threadIdx.x; j < n; j += blockDim.x) cache[j] = Key(x[j]);
+  }
+  auto key_at = [&](int64_t j) { return cached ? cache[j] : Key(x[j]); };
   uint32_t prefix = 0, mask = 0;
   int64_t need = k;  // how many of the elements matching `prefix` still to take
   for (int pass = 0; pass < 4; ++pass) {
     const int shift = 24 - 8 * pass;
     for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
     __syncthreads();
+#pragma unroll 4
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const uint32_t key = Key(x[j]);
+      const uint32_t key = key_at(j);
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t cum = 0;
-      int chosen = 0;
-      for (int d = 255; d >= 0; --d) {
-        if (cum + hist[d] >= need) {
-          chosen = d;
-          break;
-        }
-        cum += hist[d];
-      }
-      s_prefix = prefix | (static_cast<uint32_t>(chosen) << shift);
-      s_need = need - cum;
+    // The digit: bins from 255 down, the one where the count of larger elements first
+    // reaches `need` (a block scan; exactly one thread sees the crossing).
+    const int c = threadIdx.x < 256 ? static_cast<int>(hist[255 - threadIdx.x]) : 0;
+    int total;
+    const int above = BlockExclusiveScan(c, &total, scan_sh);
+    if (threadIdx.x < 256 && above < need && above + c >= need) {
+      s_prefix = prefix | (static_cast<uint32_t>(255 - threadIdx.x) << shift);
+      s_need = need - above;
     }
     __syncthreads();
     prefix = s_prefix;
     need = s_need;
     mask |= 255u << shift;
-    __syncthreads();
   }
   // prefix = key of the k-th largest value; take every larger key and the first `need`
   // (lowest-index) equal ones, in index order.
   int written = 0, ties = 0;
   for (int64_t base = 0; base < n; base += blockDim.x) {
     const int64_t j = base + threadIdx.x;
-    const uint32_t key = j < n ? Key(x[j]) : 0u;
+    const uint32_t key = j < n ? key_at(j) : 0u;
     const int eq = (j < n && key == prefix) ? 1 : 0;
     int eq_total;
     const int eq_before = BlockExclusiveScan(eq, &eq_total, scan_sh);

@@ -856,7 +856,9 @@ const EwMode kEwModes[] = {{cpu::ActDType::kF32, DType::kF32},
 
 TEST_F(GpuTest, RmsNormAndLayerNorm) {
   struct S { int64_t rows, dim; };
-  for (S s : {S{4, 6144}, S{3, 2048}, S{64 * 2, 128}, S{2, 512}, S{5, 100}}) {
+  // Decode rows (1 row), the register path's edge (8 per thread of 1024 at 8192) and past it.
+  for (S s : {S{4, 6144}, S{3, 2048}, S{64 * 2, 128}, S{2, 512}, S{5, 100}, S{1, 6144},
+              S{1, 33}, S{1, 8192}, S{2, 9000}}) {
     for (EwMode md : kEwModes) {
       const bool bf = md.round == cpu::ActDType::kBF16;
       const std::vector<float> x = RandomFloats(s.rows * s.dim, 71, 3.f, bf);
@@ -1095,9 +1097,12 @@ TEST_F(GpuTest, AttentionGqa) {
 
 // MLA core in its four regimes: dense / sparse x expanded (prefill chunk after a cached
 // prefix) / absorbed (decode), for mxfp4 and affine embed_q/unembed_out.
-// Small dims (expanded and absorbed forms), then GLM-5.2's latent/rope/head dims with 10
-// heads (not a multiple of the decode kernel's 8 heads per block) in decode: sparse over
-// 2048 of 2100 keys, and dense over 5000 keys (several 32-key chunks per split).
+// Small dims (expanded and absorbed forms; decode at chunk edges, 32 and 33 keys, and over
+// 9000 keys: more than 256 chunks, so two per split and 141 partials to combine), then
+// GLM-5.2's latent/rope/head dims with 10 heads (not a multiple of the decode kernel's 8
+// heads per block) in decode: sparse over 2048 of 2100 keys, and dense over 5000 keys
+// (several 32-key chunks per split); and with GLM-5.2's 64 heads: sparse 2048 of 2100, dense
+// at short context (17 and 48 keys: one or two splits, partial chunks) and over 4096 keys.
 TEST_F(GpuTest, MlaAttention) {
   struct Dims {
     int64_t H, nope, rope, vd, kvl;
@@ -1106,7 +1111,8 @@ TEST_F(GpuTest, MlaAttention) {
     int64_t T, offset, K;
   };
   uint32_t seed = 1100;
-  for (const Dims& dims : {Dims{4, 64, 32, 64, 128}, Dims{10, 192, 64, 256, 512}}) {
+  for (const Dims& dims :
+       {Dims{4, 64, 32, 64, 128}, Dims{10, 192, 64, 256, 512}, Dims{64, 192, 64, 256, 512}}) {
   const int64_t H = dims.H, nope = dims.nope, rope = dims.rope, vd = dims.vd, kvl = dims.kvl;
   const bool glm = kvl == 512;
   for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
@@ -1115,9 +1121,11 @@ TEST_F(GpuTest, MlaAttention) {
     auto unembed = MakeWeight(f.spec, f.dtype, H, vd, kvl, ++seed);
     ASSERT_TRUE(embed_q && unembed);
     const std::vector<S> cases =
-        glm ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}}
-            : std::vector<S>{S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0},
-                             S{1, 149, 0}, S{1, 299, 200}, S{20, 13, 0}, S{40, 30, 32}};
+        H == 64 ? std::vector<S>{S{1, 2099, 2048}, S{1, 16, 0}, S{1, 47, 0}, S{1, 4095, 0}}
+        : glm   ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}}
+                : std::vector<S>{S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0},
+                                 S{1, 149, 0}, S{1, 299, 200}, S{20, 13, 0}, S{40, 30, 32},
+                                 S{1, 31, 0}, S{1, 32, 0}, S{1, 63, 40}, S{1, 8999, 0}};
     for (S s : cases) {
       for (cpu::ActDType t : kActs) {
         const bool bf = t == cpu::ActDType::kBF16;
@@ -1180,8 +1188,10 @@ TEST_F(GpuTest, TopKRows) {
   struct S {
     int64_t rows, n, k, levels;
   };
+  // Decode rows (2049..2112 of k 2048), the shared-memory cache's edge (8192) and past it.
   for (S s : {S{3, 100, 10, 0}, S{4, 5000, 2048, 0}, S{2, 3000, 64, 7}, S{5, 257, 256, 3},
-              S{1, 70000, 2048, 50}, S{2, 16, 16, 0}}) {
+              S{1, 70000, 2048, 50}, S{2, 16, 16, 0}, S{1, 2049, 2048, 0}, S{1, 2112, 2048, 5},
+              S{2, 8192, 2048, 9}, S{2, 8193, 4000, 0}}) {
     std::mt19937 rng(1200 + s.n);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> x(s.rows * s.n);
