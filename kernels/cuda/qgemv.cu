@@ -234,11 +234,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKe
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   // This block's problem, its first token and its token count; grouped rows also give the
-  // problem's first row (`first`) and exit blocks past the last tile.
+  // problem's first row (`first`) and exit blocks past the last tile. The epilogue takes
+  // them again (from blockIdx and p, or from shared memory when grouped) so that none is
+  // held in a register across the k loop, where the accumulators need every register.
+  __shared__ int64_t tile_s[4];
   int64_t prob = blockIdx.z, tok0 = static_cast<int64_t>(blockIdx.y) * kToks, m = p.m, first = 0;
-  if (p.row_off != nullptr &&
-      !GroupedTile(p.row_off, p.problems, blockIdx.y, kToks, &prob, &tok0, &m, &first)) {
-    return;
+  if (p.row_off != nullptr) {
+    if (!GroupedTile(p.row_off, p.problems, blockIdx.y, kToks, &prob, &tok0, &m, &first)) return;
+    if (tid == 0) {
+      tile_s[0] = prob;
+      tile_s[1] = tok0;
+      tile_s[2] = m;
+      tile_s[3] = first;
+    }
   }
   int64_t b = 0;
   const bool bad = !ProblemBatch(p, prob, &b);
@@ -442,22 +450,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKe
   }
   CpAsyncWait<0>();
 
-  float* ybase = p.y + prob * p.y_pstride + first * p.ldy;
+  // Published to all threads by the k loop's barriers (nks >= 1).
+  if (p.row_off != nullptr) {
+    prob = tile_s[0];
+    tok0 = tile_s[1];
+    m = tile_s[2];
+    first = tile_s[3];
+  } else {
+    prob = blockIdx.z;
+    tok0 = static_cast<int64_t>(blockIdx.y) * kToks;
+    m = p.m;
+    first = 0;
+  }
+  // One store loop per addressing mode (y_rows: scattered rows), each straight-line.
+  auto store = [&](auto scatter_tag) {
+    constexpr bool kScatter = decltype(scatter_tag)::value;
+    float* ybase = p.y + prob * p.y_pstride + first * p.ldy;
 #pragma unroll
-  for (int rt = 0; rt < 2; ++rt) {
+    for (int rt = 0; rt < 2; ++rt) {
 #pragma unroll
-    for (int n = 0; n < kNT; ++n) {
+      for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t row = row0 + 32 * warp + 16 * rt + g + (i >= 2 ? 8 : 0);
-        const int64_t tok = tok0 + 8 * n + 2 * t + (i & 1);
-        if (row < p.w.rows && tok < m) {
-          float* yrow = p.y_rows != nullptr ? p.y + __ldg(p.y_rows + first + tok) * p.ldy
-                                            : ybase + tok * p.ldy;
-          yrow[row] = FinishOutput(acc[rt][n][i], bad, p.round_bf16);
+        for (int i = 0; i < 4; ++i) {
+          const int64_t row = row0 + 32 * warp + 16 * rt + g + (i >= 2 ? 8 : 0);
+          const int64_t tok = tok0 + 8 * n + 2 * t + (i & 1);
+          if (row < p.w.rows && tok < m) {
+            float* yrow = kScatter ? p.y + __ldg(p.y_rows + first + tok) * p.ldy
+                                   : ybase + tok * p.ldy;
+            yrow[row] = FinishOutput(acc[rt][n][i], bad, p.round_bf16);
+          }
         }
       }
     }
+  };
+  if (p.y_rows != nullptr) {
+    store(std::true_type{});
+  } else {
+    store(std::false_type{});
   }
 #else
   __trap();  // host dispatch never selects this kernel below sm_80
