@@ -23,6 +23,12 @@
 //     <= 4.6e-5 (H200, 2026-11, every affine GEMM case of this file and the Qwen3-8B
 //     shapes; <= 8.9e-5 with the M = 9 cases of PrefillGemmTileEdges, H200, 2026-11-30):
 //     ~4x headroom, while any wrong group scale is >= 1e-2 (see below).
+//   kTolExpertsAffineGemm 4e-4, for affine experts forced onto the grouped GEMM only: the
+//     expert chains three such GEMMs (gate, up, down) through SwiGLU, so the weight roundings
+//     add up: measured NMSE 8.2e-5 .. 9.7e-5, worst feature <= 1.7e-4 (H200, 2026-11-30,
+//     every case of MoeExpertsGrouped / GroupedExpertsModelShapes), against 1e-4 for one
+//     GEMM; 4e-4 keeps the ~4x headroom. Exact formats on the grouped path stay at
+//     kTolMatmul (measured <= 4.6e-8).
 //   A wrong nibble, scale, row or k-permutation gives NMSE >= 1e-3 on the small shapes and
 //   a worst-feature ratio >= 1e-2 on any shape: HarnessCatchesWrongGroupScale checks that a
 //   single wrong group scale fails every matmul path.
@@ -77,6 +83,7 @@ namespace {
 
 constexpr double kTolMatmul = 1e-5;
 constexpr double kTolMatmulAffineGemm = 1e-4;
+constexpr double kTolExpertsAffineGemm = 4e-4;
 constexpr double kWorstRowFactor = 10;
 constexpr double kTolEwF32 = 1e-9;
 constexpr double kTolEwBf16 = 1e-6;
@@ -1302,6 +1309,19 @@ TEST_F(GpuTest, MoeRouting) {
   }
 }
 
+// Stacked gate/up [E, inter, hidden] and down [E, hidden, inter] (three seeds from `seed`).
+struct Experts {
+  std::unique_ptr<TestWeight> gate, up, down;
+};
+Experts MakeExperts(const FormatCase& f, int64_t E, int64_t hidden, int64_t inter,
+                    uint32_t& seed) {
+  Experts x;
+  x.gate = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
+  x.up = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
+  x.down = MakeWeight(f.spec, f.dtype, E, hidden, inter, ++seed);
+  return x;
+}
+
 // The selected experts of every token in one gathered launch per matrix, then the combine.
 TEST_F(GpuTest, MoeExpertsAndCombine) {
   const int64_t E = 8, hidden = 128, inter = 64, T = 5, k = 3;
@@ -1309,9 +1329,7 @@ TEST_F(GpuTest, MoeExpertsAndCombine) {
   for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
                               FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16},
                               FormatCase{{QuantMode::kAffine, 8, 64}, DType::kBF16}}) {
-    auto gate = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
-    auto up = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
-    auto down = MakeWeight(f.spec, f.dtype, E, hidden, inter, ++seed);
+    auto [gate, up, down] = MakeExperts(f, E, hidden, inter, seed);
     ASSERT_TRUE(gate && up && down);
     std::vector<int32_t> ids;
     std::mt19937 rng(seed);
@@ -1439,7 +1457,7 @@ void CheckGroupedExperts(const TestWeight& gate, const TestWeight& up, const Tes
   Report(absl::StrFormat("moe experts grouped%s", path == ExpertsPath::kGrouped ? " (forced)" : ""),
          absl::StrFormat("T%d k%d of %dx%dx%d", T, k, E, gate.rows, hidden),
          absl::StrCat(gate.Mode(), " bf16 ", RoutingName(routing)), got, ref,
-         affine ? kTolMatmulAffineGemm : kTolMatmul, hidden);
+         affine ? kTolExpertsAffineGemm : kTolMatmul, hidden);
 }
 
 TEST_F(GpuTest, MoeExpertsGrouped) {
@@ -1449,9 +1467,7 @@ TEST_F(GpuTest, MoeExpertsGrouped) {
                               FormatCase{{QuantMode::kMxfp8, 8, 32}, DType::kU8},
                               FormatCase{{QuantMode::kNone, 0, 0}, DType::kBF16},
                               FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
-    auto gate = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
-    auto up = MakeWeight(f.spec, f.dtype, E, inter, hidden, ++seed);
-    auto down = MakeWeight(f.spec, f.dtype, E, hidden, inter, ++seed);
+    auto [gate, up, down] = MakeExperts(f, E, hidden, inter, seed);
     ASSERT_TRUE(gate && up && down);
     // kAuto takes the grouped path for these sizes except on affine (kept exact per slot).
     const ExpertsPath path =
@@ -1477,9 +1493,7 @@ TEST_F(GpuTest, GroupedExpertsModelShapes) {
   for (const Case& c : {Case{16, 6144, 2048, 64}, Case{32, 2048, 768, 96}}) {
     for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
                                 FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
-      auto gate = MakeWeight(f.spec, f.dtype, c.E, c.inter, c.hidden, ++seed);
-      auto up = MakeWeight(f.spec, f.dtype, c.E, c.inter, c.hidden, ++seed);
-      auto down = MakeWeight(f.spec, f.dtype, c.E, c.hidden, c.inter, ++seed);
+      auto [gate, up, down] = MakeExperts(f, c.E, c.hidden, c.inter, seed);
       ASSERT_TRUE(gate && up && down);
       const ExpertsPath path =
           f.spec.mode == QuantMode::kAffine ? ExpertsPath::kGrouped : ExpertsPath::kAuto;
