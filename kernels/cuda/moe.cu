@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32)
                      int32_t* pos_tok, int32_t* pos_slot) {
   extern __shared__ int32_t group_smem[];
   const int nb = E + 1;
-  int32_t* const cnt = group_smem;                // [kGroupWarps][nb]
+  int32_t* const cnt = group_smem;                      // [kGroupWarps][nb]
   int32_t* const base = group_smem + kGroupWarps * nb;  // [nb]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < kGroupWarps * nb; i += blockDim.x) cnt[i] = 0;
