@@ -76,7 +76,7 @@ def main():
     for line in open(trace):
         p = line.rstrip("\n").split(" ", 6)
         if p[0] == "K":
-            recs.append(("K", int(p[1]), int(p[2]), p[6]))
+            recs.append(("K", int(p[1]), int(p[2]), p[6], p[4]))
         elif p[0] in "CS":
             recs.append((p[0], int(p[1]), int(p[2]), int(p[3]), int(p[4])))
     recs.sort(key=lambda r: r[1])
@@ -124,6 +124,21 @@ def main():
         print(f"|---|---:|---:|---:|")
         for k, (us, cnt) in rows[:25]:
             print(f"| `{k}` | {us / n:.1f} | {cnt / n:.1f} | {100 * us / n / 1e3 / busy:.1f}% |")
+        if gname.startswith("prefill") and not marks:
+            # The same kernel serves several jobs in prefill (QmmGemmKernel: projections, MLPs,
+            # grouped experts, expanded keys/values): per launch shape (grid x.y.z), so time can
+            # be attributed to a layer class by its grid.
+            shape = defaultdict(lambda: [0.0, 0])
+            for s in g:
+                for r in s:
+                    if r[0] == "K":
+                        shape[(short[r[3]], r[4])][0] += (r[2] - r[1]) / 1e3
+                        shape[(short[r[3]], r[4])][1] += 1
+            print("\nprefill by launch shape:")
+            print("| kernel | grid | us/step | launches/step |")
+            print("|---|---|---:|---:|")
+            for (k, grid), (us, cnt) in sorted(shape.items(), key=lambda kv: -kv[1][0])[:40]:
+                print(f"| `{k}` | {grid} | {us / n:.1f} | {cnt / n:.1f} |")
         if not marks or gname.startswith("prefill"):
             continue
         # Per layer: from the mark of value v (layer v - 2; 1 = embedding) to the next.

@@ -35,7 +35,9 @@ absl::Status Run(const DeviceQuantWeight& w, const QMatmulArgs& in, cpu::ActDTyp
   a.round_bf16 = act == cpu::ActDType::kBF16;
   StreamBuffer xb;
   const bool affine_gemm = w.spec.mode == QuantMode::kAffine && a.m > 8;
-  if (transpose && act == cpu::ActDType::kBF16 && !affine_gemm) {
+  // transpose=false has tensor cores only through the GEMM (M > 8); at M <= 8 it runs
+  // SIMT, which takes the fp32 x as it is, so no bf16 copy is made.
+  if ((transpose || a.m > 8) && act == cpu::ActDType::kBF16 && !affine_gemm) {
     const int64_t span = XSpan(a, k);
     RING_ASSIGN_OR_RETURN(xb, StreamBuffer::Allocate(span * 2, stream));
     RING_RETURN_IF_ERROR(ToBf16(static_cast<const float*>(a.x), span, xb.as<uint16_t>(), stream));

@@ -5,7 +5,8 @@
 // reference keeps them) and QMatmulT/QMatmulN (qgemv.cuh). It makes the one decision the
 // model needs about which matmul kernel family runs:
 //   * act bf16: x is converted to bf16 (exact: the values are bf16) so the tensor-core
-//     decode GEMV (M <= 8) and prefill GEMM (M > 8) apply; affine weights at M > 8 keep the
+//     decode GEMV (M <= 8) and prefill GEMM (M > 8; transpose=false through a transposed
+//     bf16 copy of the weight slices, qgemv.cuh) apply; affine weights at M > 8 keep the
 //     exact SIMT kernel, because the GEMM rounds affine weights to bf16 (qgemv.cuh) and the
 //     CPU reference does not;
 //   * act f32/f16: x stays fp32 (SIMT, exact dequantization);
@@ -26,7 +27,7 @@ namespace ring::cuda {
 // y[p][m, rows] = round(x[p][m, cols] @ W_b(p)^T).
 absl::Status LinearT(const DeviceQuantWeight& w, const QMatmulArgs& a, cpu::ActDType act,
                      cudaStream_t stream);
-// y[p][m, cols] = round(x[p][m, rows] @ W_b(p)) (transpose=false; SIMT only).
+// y[p][m, cols] = round(x[p][m, rows] @ W_b(p)) (transpose=false).
 absl::Status LinearN(const DeviceQuantWeight& w, const QMatmulArgs& a, cpu::ActDType act,
                      cudaStream_t stream);
 

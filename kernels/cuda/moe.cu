@@ -206,6 +206,110 @@ __global__ void CombineKernel(const float* y, const float* w, const float* share
   }
 }
 
+// ---- grouped experts (prefill) ---------------------------------------------------------------
+// Slots s = t * k + j sorted by expert, stably: bucket e in [0, E) holds expert e's slots in
+// slot order, bucket E the slots whose id is out of range. One block: warp w counts the
+// buckets of its contiguous slot range (lanes with the same expert found by match_any, the
+// lowest adds their number), the per-warp counts become each warp's base inside a bucket
+// and the bucket totals the offsets, then a second pass places every slot at bucket offset
+// + warp base + rank among the earlier lanes of its step. Writes off[0..E+1] and, per
+// position, the slot's token (gather) and the slot itself (scatter).
+constexpr int kGroupWarps = 16;
+
+__global__ void __launch_bounds__(kGroupWarps * 32)
+    GroupSlotsKernel(const int32_t* ids, int64_t S, int E, int64_t k, int32_t* off,
+                     int32_t* pos_tok, int32_t* pos_slot) {
+  extern __shared__ int32_t group_smem[];
+  const int nb = E + 1;
+  int32_t* const cnt = group_smem;                      // [kGroupWarps][nb]
+  int32_t* const base = group_smem + kGroupWarps * nb;  // [nb]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < kGroupWarps * nb; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  const int64_t per = (S + kGroupWarps - 1) / kGroupWarps;
+  const int64_t s0 = warp * per, s1 = min(S, s0 + per);
+  auto bucket = [&](int64_t s) {
+    const int32_t e = __ldg(ids + s);
+    return e >= 0 && e < E ? e : E;
+  };
+  for (int64_t st = s0; st < s1; st += 32) {
+    const int64_t s = st + lane;
+    const bool live = s < s1;
+    const int e = live ? bucket(s) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (live && lane == __ffs(peers) - 1) cnt[warp * nb + e] += __popc(peers);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < nb; e += blockDim.x) {
+    int32_t run = 0;
+    for (int w = 0; w < kGroupWarps; ++w) {
+      const int32_t c = cnt[w * nb + e];
+      cnt[w * nb + e] = run;
+      run += c;
+    }
+    base[e] = run;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    // Exclusive scan of the bucket totals: lane l owns a contiguous segment of buckets.
+    const int seg = (nb + 31) / 32, e0 = min(nb, lane * seg), e1 = min(nb, e0 + seg);
+    int32_t sum = 0;
+    for (int e = e0; e < e1; ++e) sum += base[e];
+    int32_t inc = sum;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t v = __shfl_up_sync(0xffffffffu, inc, d);
+      if (lane >= d) inc += v;
+    }
+    int32_t run = inc - sum;
+    for (int e = e0; e < e1; ++e) {
+      const int32_t c = base[e];
+      base[e] = off[e] = run;
+      run += c;
+    }
+    if (lane == 31) off[nb] = inc;
+  }
+  __syncthreads();
+  for (int64_t st = s0; st < s1; st += 32) {
+    const int64_t s = st + lane;
+    const bool live = s < s1;
+    const int e = live ? bucket(s) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (live) {
+      const int32_t pos = base[e] + cnt[warp * nb + e] + __popc(peers & ((1u << lane) - 1));
+      pos_tok[pos] = static_cast<int32_t>(s / k);
+      pos_slot[pos] = static_cast<int32_t>(s);
+    }
+    __syncwarp();
+    if (live && lane == __ffs(peers) - 1) cnt[warp * nb + e] += __popc(peers);
+    __syncwarp();
+  }
+}
+
+// xg[pos, :] = bf16(x[pos_tok[pos], :]) (exact: x holds bf16 values); hidden % 8 == 0.
+__global__ void GatherBf16Kernel(const float* x, const int32_t* pos_tok, int64_t S,
+                                 int64_t hidden, uint16_t* xg) {
+  const int64_t units = hidden / 8;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * units;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pos = i / units, u = i % units;
+    const float4* src = reinterpret_cast<const float4*>(x + __ldg(pos_tok + pos) * hidden) + 2 * u;
+    const float4 a = __ldg(src), b = __ldg(src + 1);
+    reinterpret_cast<uint4*>(xg + pos * hidden)[u] =
+        make_uint4(qdec::PackBf16x2(a.x, a.y), qdec::PackBf16x2(a.z, a.w),
+                   qdec::PackBf16x2(b.x, b.y), qdec::PackBf16x2(b.z, b.w));
+  }
+}
+
+// NaN rows of y for the slots in bucket E (ids out of range), as the per-slot path gives.
+__global__ void NanSlotsKernel(const int32_t* off, int E, const int32_t* pos_slot,
+                               int64_t hidden, float* y) {
+  const int32_t p0 = off[E], p1 = off[E + 1];
+  for (int64_t i = p0 * hidden + threadIdx.x; i < p1 * hidden; i += blockDim.x) {
+    y[pos_slot[i / hidden] * hidden + i % hidden] = __int_as_float(0x7fc00000);
+  }
+}
+
 unsigned Blocks(int64_t n, int threads) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535 * 4));
 }
@@ -252,16 +356,118 @@ absl::Status RouteSoftmax(const float* gates, int64_t T, int64_t E, int64_t k,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The grouped launches' arguments for `slots` rows over E experts (pointers filled later).
+QMatmulArgs GroupedArgs(int64_t slots, int64_t E) {
+  QMatmulArgs a;
+  a.x_dtype = DType::kBF16;
+  a.m = slots;
+  a.problems = E;
+  a.round_bf16 = true;
+  return a;
+}
+
+// Whether the grouped GEMM takes all three matrices (DescribeQmm checks what the launch
+// would check, on the host).
+bool GroupedApplies(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                    const DeviceQuantWeight& down, int64_t slots) {
+  QMatmulArgs a = GroupedArgs(slots, gate.batch);
+  alignas(16) static const int32_t kDummy[4] = {};
+  a.row_offsets = kDummy;
+  for (const DeviceQuantWeight* w : {&gate, &up, &down}) {
+    if (!DescribeQmm(*w, a).ok()) return false;
+  }
+  return true;
+}
+
+// Tokens [0, T) of one grouped chunk (file comment of moe.cuh).
+absl::Status ExpertsGrouped(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                            const DeviceQuantWeight& down, const float* x, int64_t T,
+                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
+                            cudaStream_t stream) {
+  const int64_t inter = gate.rows, hidden = down.rows, E = gate.batch, S = T * k;
+  RING_ASSIGN_OR_RETURN(StreamBuffer off, StreamBuffer::Allocate((E + 2) * sizeof(int32_t), stream));
+  RING_ASSIGN_OR_RETURN(StreamBuffer pos_tok, StreamBuffer::Allocate(S * sizeof(int32_t), stream));
+  RING_ASSIGN_OR_RETURN(StreamBuffer pos_slot, StreamBuffer::Allocate(S * sizeof(int32_t), stream));
+  const size_t smem = (kGroupWarps + 1) * (E + 1) * sizeof(int32_t);
+  GroupSlotsKernel<<<1, kGroupWarps * 32, smem, stream>>>(
+      ids, S, static_cast<int>(E), k, off.as<int32_t>(), pos_tok.as<int32_t>(),
+      pos_slot.as<int32_t>());
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_ASSIGN_OR_RETURN(StreamBuffer xg, StreamBuffer::Allocate(S * hidden * 2, stream));
+  GatherBf16Kernel<<<Blocks(S * hidden / 8, 256), 256, 0, stream>>>(
+      x, pos_tok.as<int32_t>(), S, hidden, xg.as<uint16_t>());
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  pos_tok = StreamBuffer();
+  RING_ASSIGN_OR_RETURN(StreamBuffer g, StreamBuffer::Allocate(S * inter * sizeof(float), stream));
+  RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(S * inter * sizeof(float), stream));
+  QMatmulArgs a = GroupedArgs(S, E);
+  a.x = xg.data();
+  a.row_offsets = off.as<int32_t>();
+  a.y = u.as<float>();
+  RING_RETURN_IF_ERROR(QMatmulT(up, a, stream));
+  a.y = g.as<float>();
+  RING_RETURN_IF_ERROR(QMatmulT(gate, a, stream));
+  xg = StreamBuffer();
+  RING_ASSIGN_OR_RETURN(StreamBuffer h, StreamBuffer::Allocate(S * inter * 2, stream));
+  RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
+                              S * inter, round, DevMutArray{h.data(), DType::kBF16}, stream));
+  g = StreamBuffer();
+  u = StreamBuffer();
+  QMatmulArgs d = GroupedArgs(S, E);
+  d.x = h.data();
+  d.row_offsets = off.as<int32_t>();
+  d.y_rows = pos_slot.as<int32_t>();
+  d.y = y;
+  RING_RETURN_IF_ERROR(QMatmulT(down, d, stream));
+  NanSlotsKernel<<<1, 256, 0, stream>>>(off.as<int32_t>(), static_cast<int>(E),
+                                        pos_slot.as<int32_t>(), hidden, y);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+// Slots per grouped chunk: bounds the gathered rows and the gate/up/SwiGLU scratch
+// (32768 slots of GLM-5.2: 0.4 GB of bf16 rows, 2 x 0.27 GB fp32 gate/up).
+constexpr int64_t kMaxGroupedSlots = 32768;
+
+}  // namespace
+
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, ExpertsPath path) {
   const int64_t inter = gate.rows, hidden = down.rows;
   if (up.rows != inter || gate.cols != hidden || up.cols != hidden || down.cols != inter ||
       gate.batch != up.batch || gate.batch != down.batch) {
     return absl::InvalidArgumentError("experts: gate/up/down shapes do not match");
   }
   if (T <= 0) return absl::OkStatus();
+  const int64_t E = gate.batch;
+  bool grouped = false;
+  if (path != ExpertsPath::kPerSlot && round == cpu::ActDType::kBF16 && k > 0 &&
+      E <= kMaxRoutedExperts && k <= kMaxGroupedSlots) {
+    const bool affine = gate.spec.mode == QuantMode::kAffine ||
+                        up.spec.mode == QuantMode::kAffine || down.spec.mode == QuantMode::kAffine;
+    // Decode batches (T <= 8) keep the per-slot GEMV whatever the expert count.
+    const bool worth = T > 8 && T * k >= kGroupedMinSlotsPerExpert * E;
+    grouped = (path == ExpertsPath::kGrouped || (worth && !affine)) &&
+              GroupedApplies(gate, up, down, std::min(T * k, kMaxGroupedSlots));
+  }
+  if (path == ExpertsPath::kGrouped && !grouped) {
+    return absl::InvalidArgumentError(
+        "experts: the grouped GEMM needs bf16 activations, at most 512 experts and formats "
+        "the prefill GEMM takes");
+  }
+  if (grouped) {
+    const int64_t tok_per_chunk = std::max<int64_t>(1, kMaxGroupedSlots / k);
+    for (int64_t t0 = 0; t0 < T; t0 += tok_per_chunk) {
+      const int64_t nt = std::min(tok_per_chunk, T - t0);
+      RING_RETURN_IF_ERROR(ExpertsGrouped(gate, up, down, x + t0 * hidden, nt, ids + t0 * k, k,
+                                          round, y + t0 * k * hidden, stream));
+    }
+    return absl::OkStatus();
+  }
   // Problems per launch are capped (65535): whole tokens per chunk.
   const int64_t tok_per_chunk = std::max<int64_t>(1, 65535 / k);
   for (int64_t t0 = 0; t0 < T; t0 += tok_per_chunk) {

@@ -6,9 +6,15 @@
 //                  routed_scaling_factor (cpu::RouteSigmoid).
 //   RouteSoftmax   Qwen3-MoE router: softmax top-k with optional renormalisation
 //                  (cpu::RouteSoftmax).
-//   ExpertsSwiGlu  the selected experts of every token over the stacked quantized experts:
-//                  gate, up and down are each ONE gathered launch for all tokens x slots
-//                  (QMatmulT with expert ids), SwiGLU in between (cpu::ExpertsSwiGlu).
+//   ExpertsSwiGlu  the selected experts of every token over the stacked quantized experts,
+//                  SwiGLU between gate/up and down (cpu::ExpertsSwiGlu). Two ways:
+//                  per slot (decode): gate, up and down are each ONE gathered launch of
+//                  tokens x k one-row problems (QMatmulT with expert ids, the decode GEMV);
+//                  grouped (prefill): the slots are sorted by expert on the device (stable:
+//                  slot order within an expert, so results do not depend on timing), the
+//                  token rows gathered in that order, and each matrix is ONE prefill-GEMM
+//                  launch over the experts' row ranges (QMatmulArgs::row_offsets); down
+//                  writes each result row straight to its slot of y.
 //   MoeCombine     the weighted sum over slots (+ shared expert) (cpu::MoeCombine).
 // Routing runs one thread per token and follows the reference's arithmetic and selection
 // order exactly (ties: lower expert id; ids ascending), so the chosen experts agree unless
@@ -35,12 +41,24 @@ absl::Status RouteSigmoid(const float* logits, const float* bias, int64_t T,
 absl::Status RouteSoftmax(const float* gates, int64_t T, int64_t E, int64_t k,
                           bool norm_topk_prob, cpu::ActDType round, int32_t* ids, float* scores,
                           cudaStream_t stream);
+// Which way ExpertsSwiGlu runs. kAuto: grouped when the activations are bf16, the format
+// is one LinearT runs on the prefill GEMM (exact bf16 values; affine keeps the exact
+// per-slot kernels, as LinearT keeps it on SIMT at M > 8) and there are at least
+// kGroupedMinSlotsPerExpert slots per expert on average; per slot otherwise. kGrouped
+// forces the grouped GEMM where it applies at all (affine included: weights rounded to bf16
+// as the GEMM does; InvalidArgument elsewhere); kPerSlot forces the per-slot launches.
+enum class ExpertsPath : uint8_t { kAuto, kPerSlot, kGrouped };
+// A grouped tile of 128 expert rows x 64 tokens costs about as much as three one-row GEMVs
+// of that expert (gpu_gemm_bench's expert rows against the decode GEMV rate), so grouping
+// pays from ~3 slots per expert; 4 leaves a margin for the sort and the gather.
+inline constexpr int64_t kGroupedMinSlotsPerExpert = 4;
+
 // gate/up [E, inter, hidden], down [E, hidden, inter]; x [T, hidden], ids [T, k],
-// y [T, k, hidden] (device).
+// y [T, k, hidden] (device). An id outside [0, E) gives a NaN row in y.
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
-                           cudaStream_t stream);
+                           cudaStream_t stream, ExpertsPath path = ExpertsPath::kAuto);
 absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                         int64_t k, int64_t hidden, cpu::CombineMode mode, cpu::ActDType round,
                         float* out, cudaStream_t stream);

@@ -21,6 +21,10 @@
 // reads); activations [token][16 units of 16 bytes], the unit index XOR-swizzled so the
 // 8 lanes of a load phase hit 8 different bank groups. Tails (rows, tokens, K chunks) are
 // zero-filled by the copies and get ZeroScale, so they add exact zeros.
+// Grouped rows (QMatmulArgs::row_offsets, MoE prefill): one launch over all experts, each
+// with its own row count known only on the device; grid.y enumerates the tiles of all
+// problems in order, sized for the worst split, and a block finds its problem from the
+// offsets (GroupedTile) or exits. The main loop is the same code.
 // Numerics (qgemv.cuh): the mma multiplies bf16 weights (fp modes exact; affine rounded to
 // bf16 as T(T(s*q)+b)) with bf16 x, accumulating in fp32.
 // SIMT family (QmmSimtKernel): a warp owns 2 weight rows, lanes stride over chunks, each
@@ -174,6 +178,46 @@ __device__ __forceinline__ void FastPairs(const uint32_t* raw, int w, const type
   }
 }
 
+// Grouped rows: launch tile `item` -> its problem, first token, the problem's row count
+// and first row. Tiles are numbered problem by problem, ceil(rows / toks) each, so empty
+// problems take none. Every warp walks the offsets itself (same answer in all warps, no
+// barrier): 2 loads and a warp scan per 32 problems. False past the last tile.
+__device__ __forceinline__ bool GroupedTile(const int32_t* off, int64_t problems, int64_t item,
+                                            int toks, int64_t* prob, int64_t* tok0,
+                                            int64_t* rows, int64_t* first) {
+  const int lane = threadIdx.x & 31;
+  int64_t before = 0;  // tiles of the problems already walked
+  for (int64_t base = 0; base < problems; base += 32) {
+    const int64_t e = base + lane;
+    int lo = 0, n = 0;
+    if (e < problems) {
+      lo = __ldg(off + e);
+      n = __ldg(off + e + 1) - lo;
+    }
+    const int tiles = (n + toks - 1) / toks;
+    int inc = tiles;  // inclusive scan of tiles over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, inc, d);
+      if (lane >= d) inc += v;
+    }
+    const int total = __shfl_sync(0xffffffffu, inc, 31);
+    if (item < before + total) {
+      const int64_t local = item - before;
+      const unsigned hit = __ballot_sync(0xffffffffu, local >= inc - tiles && local < inc);
+      const int src = __ffs(hit) - 1;
+      const int start = __shfl_sync(0xffffffffu, inc - tiles, src);
+      *prob = base + src;
+      *tok0 = (local - start) * toks;
+      *rows = __shfl_sync(0xffffffffu, n, src);
+      *first = __shfl_sync(0xffffffffu, lo, src);
+      return true;
+    }
+    before += total;
+  }
+  return false;
+}
+
 // y[p][tok, row] for a kRows x kToks tile of one problem (file comment).
 template <class F, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKernel(QmmParams p) {
@@ -189,12 +233,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKe
   uint32_t* const xs = ws + kStages * kWStage;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t prob = blockIdx.z;
+  // This block's problem, its first token and its token count; grouped rows also give the
+  // problem's first row (`first`) and exit blocks past the last tile. The epilogue takes
+  // them again (from blockIdx and p, or from shared memory when grouped) so that none is
+  // held in a register across the k loop, where the accumulators need every register.
+  __shared__ int64_t tile_s[4];
+  int64_t prob = blockIdx.z, tok0 = static_cast<int64_t>(blockIdx.y) * kToks, m = p.m, first = 0;
+  if (p.row_off != nullptr) {
+    if (!GroupedTile(p.row_off, p.problems, blockIdx.y, kToks, &prob, &tok0, &m, &first)) return;
+    if (tid == 0) {
+      tile_s[0] = prob;
+      tile_s[1] = tok0;
+      tile_s[2] = m;
+      tile_s[3] = first;
+    }
+  }
   int64_t b = 0;
   const bool bad = !ProblemBatch(p, prob, &b);
   if (bad) b = 0;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kToks;
   const int64_t nchunks = p.w.cols / kChunk;
   const int nks = static_cast<int>((nchunks + 3) / 4);
 
@@ -206,10 +263,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKe
   constexpr int kXPerThread = kToks / kXTokStep;
   static_assert(kToks % kXTokStep == 0);
   const int xu = tid & 15, xtk = tid >> 4;
-  const uint16_t* const xsrc0 = static_cast<const uint16_t*>(XRow(p, prob, 0)) +
+  const uint16_t* const xsrc0 = static_cast<const uint16_t*>(XRow(p, prob, first)) +
                                 (tok0 + xtk) * p.ldx + 8 * xu;
   const int64_t xstride = kXTokStep * p.ldx;
-  const int64_t xtoks_left = p.m - tok0 - xtk;  // tokens j * kXTokStep < xtoks_left exist
+  const int64_t xtoks_left = m - tok0 - xtk;  // tokens j * kXTokStep < xtoks_left exist
   // Word offset of this thread's first x unit in a stage (the swizzle depends on the token's
   // parity, which kXTokStep (even) keeps).
   const int xoff = xtk * (kGemmStageK / 2) + 4 * XSwizzle(xu, xtk);
@@ -393,20 +450,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKe
   }
   CpAsyncWait<0>();
 
-  float* ybase = p.y + prob * p.y_pstride;
+  // Published to all threads by the k loop's barriers (nks >= 1).
+  if (p.row_off != nullptr) {
+    prob = tile_s[0];
+    tok0 = tile_s[1];
+    m = tile_s[2];
+    first = tile_s[3];
+  } else {
+    prob = blockIdx.z;
+    tok0 = static_cast<int64_t>(blockIdx.y) * kToks;
+    m = p.m;
+    first = 0;
+  }
+  // One store loop per addressing mode (y_rows: scattered rows), each straight-line.
+  auto store = [&](auto scatter_tag) {
+    constexpr bool kScatter = decltype(scatter_tag)::value;
+    float* ybase = p.y + prob * p.y_pstride + first * p.ldy;
 #pragma unroll
-  for (int rt = 0; rt < 2; ++rt) {
+    for (int rt = 0; rt < 2; ++rt) {
 #pragma unroll
-    for (int n = 0; n < kNT; ++n) {
+      for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t row = row0 + 32 * warp + 16 * rt + g + (i >= 2 ? 8 : 0);
-        const int64_t tok = tok0 + 8 * n + 2 * t + (i & 1);
-        if (row < p.w.rows && tok < p.m) {
-          ybase[tok * p.ldy + row] = FinishOutput(acc[rt][n][i], bad, p.round_bf16);
+        for (int i = 0; i < 4; ++i) {
+          const int64_t row = row0 + 32 * warp + 16 * rt + g + (i >= 2 ? 8 : 0);
+          const int64_t tok = tok0 + 8 * n + 2 * t + (i & 1);
+          if (row < p.w.rows && tok < m) {
+            float* yrow = kScatter ? p.y + __ldg(p.y_rows + first + tok) * p.ldy
+                                   : ybase + tok * p.ldy;
+            yrow[row] = FinishOutput(acc[rt][n][i], bad, p.round_bf16);
+          }
         }
       }
     }
+  };
+  if (p.y_rows != nullptr) {
+    store(std::true_type{});
+  } else {
+    store(std::false_type{});
   }
 #else
   __trap();  // host dispatch never selects this kernel below sm_80
@@ -587,6 +667,33 @@ __global__ void __launch_bounds__(kNCols * kNSlices) QmmNKernel(QmmParams p) {
       for (int j = 0; j < kNSlices; ++j) s += red[j][tx][mm * 8 + e];
       ybase[(tok0 + mm) * p.ldy + chunk * kChunk + 8 * w + e] = FinishOutput(s, bad, p.round_bf16);
     }
+  }
+}
+
+// Transposed bf16 copy of weight slices [b0, b0 + gridDim.z) for QMatmulN's GEMM path:
+// out[s][col][row] = W_{b0+s}[row, col] as the GEMM's decoders give it (Elem: the
+// dequantized value, a bf16 for every format that takes this path). Thread (lane, warp) decodes chunk blockIdx.y * 8 + warp of row
+// blockIdx.x * 32 + lane, so each store of a warp writes 32 consecutive rows of one column.
+constexpr int kTransposeWarps = 8;
+
+template <class F>
+__global__ void __launch_bounds__(kTransposeWarps * 32)
+    DecodeTransposedKernel(WeightView v, int64_t b0, uint16_t* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  const int64_t chunk = static_cast<int64_t>(blockIdx.y) * kTransposeWarps + warp;
+  if (row >= v.rows || chunk >= v.cols / kChunk) return;
+  const int64_t b = b0 + blockIdx.z;
+  uint32_t raw[F::kWords];
+  LoadRaw<F::kWords, false>(RowPtr(v, b, row) + chunk * F::kWords, raw);
+  const typename F::Scale sc = ScaleLoader<F>::Load(v, ScaleRow(v, b, row), chunk);
+  uint16_t* o = out + (static_cast<int64_t>(blockIdx.z) * v.cols + chunk * kChunk) * v.rows + row;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    float val[8];
+    DecodeWord<F, false>(raw, w, sc, val);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[(8 * w + e) * v.rows] = qdec::F32ToBf16Bits(val[e]);
   }
 }
 
@@ -809,6 +916,21 @@ absl::StatusOr<QmmParams> MakeParams(const DeviceQuantWeight& w, const QMatmulAr
   p.x_pdiv = a.x_problem_div;
   p.y_pstride = a.y_problem_stride;
   p.round_bf16 = a.round_bf16;
+  p.row_off = a.row_offsets;
+  p.y_rows = a.y_rows;
+  p.problems = a.problems;
+  if (a.row_offsets != nullptr) {
+    if (a.expert_ids != nullptr || a.batch_begin != 0 || (w.batch == 1 && a.problems != 1) ||
+        (w.batch > 1 && a.problems > w.batch) || a.m > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(
+          "grouped rows: problem p uses slice p (no expert ids, batch_begin 0, problems <= "
+          "batch) and m < 2^31");
+    }
+    p.x_pstride = 0;  // rows are addressed through row_offsets
+    p.y_pstride = 0;
+  } else if (a.y_rows != nullptr) {
+    return absl::InvalidArgumentError("y_rows needs row_offsets");
+  }
   if (p.ldx < k || p.ldy < n_out) return absl::InvalidArgumentError("row stride below width");
   RING_RETURN_IF_ERROR(CheckPtr(a.x, p.ldx, p.x_bf16 ? 2 : 4, "x"));
   if ((p.x_pstride * (p.x_bf16 ? 2 : 4)) % 16 != 0) {
@@ -831,13 +953,20 @@ bool Bf16Exact(bool format_exact, const DeviceQuantWeight& w) {
 // GEMM for formats with bf16 values, else SIMT. Forced kTensorCore: the GEMV where it
 // applies, else the GEMM.
 absl::StatusOr<Family> PickFamily(bool bf16_exact, const DeviceQuantWeight& w, const QMatmulArgs& a) {
-  if (a.path == QmmPath::kSimt) return Family::kSimt;
+  if (a.path == QmmPath::kSimt && a.row_offsets == nullptr) return Family::kSimt;
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
   const bool hw = UseTensorCoreMatmul(**dev);
   const bool bf16_x = a.x_dtype == DType::kBF16;
-  const bool gemv = hw && bf16_x && a.m <= 8 && GemvSupports(w);
+  const bool grouped = a.row_offsets != nullptr;
+  const bool gemv = hw && bf16_x && a.m <= 8 && !grouped && GemvSupports(w);
   const bool gemm = hw && bf16_x && bf16_exact;
+  if (grouped) {
+    if (gemm && a.path != QmmPath::kSimt) return Family::kTcGemm;
+    return absl::InvalidArgumentError(
+        "grouped rows need the prefill GEMM: bf16 x, sm_80+ code and a format with exact "
+        "bf16 values");
+  }
   if (a.path == QmmPath::kTensorCore) {
     if (gemv) return Family::kTcGemv;
     if (gemm) return Family::kTcGemm;
@@ -856,12 +985,22 @@ absl::Status GemmWith(const QmmParams& p, int64_t problems, const DeviceInfo& de
                       cudaStream_t stream, std::string* describe, double* cost) {
   constexpr int kSmem = Cfg::template kSmemBytes<F>;
   const int64_t row_blocks = (p.w.rows + Cfg::kRows - 1) / Cfg::kRows;
-  const int64_t tok_blocks = (p.m + Cfg::kToks - 1) / Cfg::kToks;
+  int64_t tok_blocks = (p.m + Cfg::kToks - 1) / Cfg::kToks;
+  int64_t expected_tok_blocks = tok_blocks * problems;
+  if (p.row_off != nullptr) {
+    // Grouped rows: the tiles of all problems share grid.y, sized for the worst split (each
+    // non-empty problem adds at most one partial tile); blocks past the last tile exit at
+    // once. Expected: half a partial tile per non-empty problem.
+    const int64_t nonempty = std::min(problems, p.m);
+    expected_tok_blocks = tok_blocks + (nonempty + 1) / 2;
+    tok_blocks += nonempty;
+    problems = 1;
+  }
   if (cost != nullptr) {
     *cost = 0;
     if (kSmem > dev.smem_per_block_optin || tok_blocks > 65535) return absl::OkStatus();
     // Blocks are spread over the SMs; each SM's share of padded tile work bounds the time.
-    const int64_t blocks = row_blocks * tok_blocks * problems;
+    const int64_t blocks = row_blocks * expected_tok_blocks;
     const int64_t per_sm = (blocks + dev.sm_count - 1) / dev.sm_count;
     *cost = static_cast<double>(per_sm) * Cfg::kRows * Cfg::kToks;
     return absl::OkStatus();
@@ -924,6 +1063,9 @@ absl::Status LaunchT(const DeviceQuantWeight& w, const QmmParams& p, const QMatm
     if constexpr (F::kBf16Exact) {
       RING_ASSIGN_OR_RETURN(const bool launched, LaunchGemm<F>(p, problems, stream, describe));
       if (launched) return absl::OkStatus();
+      if (p.row_off != nullptr) {
+        return absl::UnimplementedError("grouped rows: no GEMM tile fits this device");
+      }
       // No tile configuration fits this device's shared memory (wide formats on GPUs with
       // ~100 KB per block): the exact SIMT kernel below.
     } else {
@@ -1028,10 +1170,45 @@ absl::StatusOr<std::string> DescribeQmm(const DeviceQuantWeight& w, const QMatmu
 absl::Status QMatmulN(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream) {
   return WithFormat(w, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
-    if (a.path == QmmPath::kTensorCore) {
-      return absl::InvalidArgumentError("transpose=false has only the SIMT kernel");
+    if (a.row_offsets != nullptr) {
+      return absl::InvalidArgumentError("grouped rows: QMatmulT only");
     }
     RING_ASSIGN_OR_RETURN(const QmmParams p, MakeParams(w, a, w.rows, w.cols));
+    if constexpr (F::kBf16Exact) {
+      RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(true, w), w, a));
+      // The GEMM path (qgemv.cuh): a prefill-sized M over a plain slice range, contraction
+      // length a multiple of the GEMM's chunk. The decode-sized M stays on SIMT, which reads
+      // the packed weight once instead of writing and reading a bf16 copy.
+      if (fam == Family::kTcGemm && a.expert_ids == nullptr && w.rows % kChunk == 0) {
+        const int64_t b0 = w.batch == 1 ? 0 : a.batch_begin;
+        const int64_t nb = w.batch == 1 ? 1 : a.problems;
+        RING_ASSIGN_OR_RETURN(StreamBuffer wt,
+                              StreamBuffer::Allocate(nb * w.rows * w.cols * 2, stream));
+        const dim3 grid(static_cast<unsigned>((w.rows + 31) / 32),
+                        static_cast<unsigned>((w.cols / kChunk + kTransposeWarps - 1) /
+                                              kTransposeWarps),
+                        static_cast<unsigned>(nb));
+        DecodeTransposedKernel<F><<<grid, kTransposeWarps * 32, 0, stream>>>(MakeView(w), b0,
+                                                                              wt.as<uint16_t>());
+        RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+        DeviceQuantWeight t;
+        t.spec = QuantSpec{QuantMode::kNone, 0, 0};
+        t.dtype = DType::kBF16;
+        t.weight = wt.data();
+        t.batch = nb;
+        t.rows = w.cols;
+        t.cols = w.rows;
+        QMatmulArgs ta = a;
+        ta.batch_begin = 0;
+        ta.path = QmmPath::kTensorCore;
+        return QMatmulT(t, ta, stream);
+      }
+    }
+    if (a.path == QmmPath::kTensorCore) {
+      return absl::InvalidArgumentError(
+          "transpose=false: the tensor-core path needs M > 8, bf16 x, no expert ids and a "
+          "format with exact bf16 values");
+    }
     const int64_t units = w.cols / 8;
     const dim3 grid(static_cast<unsigned>((units + kNCols - 1) / kNCols),
                     static_cast<unsigned>((a.m + kNTok - 1) / kNTok),

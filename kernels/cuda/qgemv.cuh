@@ -30,6 +30,10 @@
 // quantized axis is `cols`, which must be a multiple of 32. x and y are row-major.
 //   QMatmulT (transpose=true, nn.Linear): y[p][m, rows] = x[p][m, cols] @ W_b(p)^T
 //   QMatmulN (transpose=false):           y[p][m, cols] = x[p][m, rows] @ W_b(p)
+//     At M > 8 with bf16 x on a format the prefill GEMM takes, QMatmulN decodes the weight
+//     slices it uses into a transposed bf16 scratch (exact: the values are bf16) and runs
+//     the prefill GEMM on it: the contraction runs along W's rows, across the quantized
+//     axis, which the GEMM's decoders (pairs along the quantized axis) cannot feed directly.
 // Accumulation is fp32; y is fp32, optionally rounded to bf16 values (cpu::RoundAct).
 // Alignment: x must be 16-byte aligned with ldx a multiple of 8 elements (bf16) or 4 (fp32).
 // All functions are asynchronous on `stream` and return a Status for invalid arguments or
@@ -92,6 +96,15 @@ struct QMatmulArgs {
   int64_t x_problem_stride = 0;
   int64_t x_problem_div = 1;
   int64_t y_problem_stride = 0;
+  // Grouped rows (MoE prefill: the slots routed to each expert, counts known only on the
+  // device). When set, problem p (weight slice b(p) = p, expert_ids null) owns rows
+  // [row_offsets[p], row_offsets[p+1]) of x and of y (x_problem_* and y_problem_stride are
+  // unused), `m` is the total row count (row_offsets[problems] <= m: it sizes the grid) and
+  // y_rows, when non-null, scatters: the result of row r goes to y row y_rows[r]. Tiles cover
+  // each problem's own rows, so a problem with no rows costs no math. Prefill GEMM only
+  // (bf16 x, a format with exact bf16 values): other arguments fail with InvalidArgument.
+  const int32_t* row_offsets = nullptr;  // device memory, [problems + 1]
+  const int32_t* y_rows = nullptr;       // device memory, [m]
   bool round_bf16 = false;
   QmmPath path = QmmPath::kAuto;  // force a family (tests, bench)
   // Programmatic dependent launch for the decode GEMV (sm_90+; ignored elsewhere). 0: off.

@@ -42,6 +42,10 @@ struct QmmParams {
   int64_t batch_begin;
   int64_t x_pstride, x_pdiv, y_pstride;
   int round_bf16;
+  // Grouped rows (QMatmulArgs::row_offsets); null otherwise. `problems` is their count.
+  const int32_t* row_off;
+  const int32_t* y_rows;
+  int64_t problems;
 };
 
 // ---- device helpers --------------------------------------------------------------------
