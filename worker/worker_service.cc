@@ -1332,6 +1332,8 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
     return;
   }
   if (!payload.ok()) in = RelayErrorFrame(in, payload);  // travels on to stage 0 like any step error
+  // Every frame counts here, batched or not, so that interleaving sequences are noticed.
+  const bool lone_sequence = NoteSequence(in.sequence_id());
   if (link->stage_index == 0) {
     // Round the ring: a token (or an error) for one of this worker's generations.
     std::shared_ptr<Generation> gen;
@@ -1347,7 +1349,7 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
     // Generation). With several in flight their tokens go to their Generate threads: this
     // thread must go on reading the stream, or the others' tokens would wait behind this
     // step and reach the stage one at a time, never in a batch.
-    const bool may_advance = in.kind() != pb::PAYLOAD_KIND_ERROR && alone && NoteSequence(in.sequence_id()) &&
+    const bool may_advance = in.kind() != pb::PAYLOAD_KIND_ERROR && alone && lone_sequence &&
                              (relay_threads_.empty() || (in.batch_size() <= 1 && StageIdle()));
     DecodeCursor c;
     {
@@ -1379,7 +1381,7 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
   // Only while this is the one sequence in flight, though: with several, a frame computed
   // here holds up reading the next, which then finds the stage idle again, so steps would
   // reach the stage one at a time and never meet in a batch.
-  if (relay_threads_.empty() || (in.batch_size() <= 1 && NoteSequence(in.sequence_id()) && StageIdle())) {
+  if (relay_threads_.empty() || (in.batch_size() <= 1 && lone_sequence && StageIdle())) {
     ComputeRelayed(in, peer, received);
     return;
   }
