@@ -79,8 +79,8 @@ struct Region {
   // are the op's (the gaps belong to other data and are not compared). Empty: all of it.
   std::vector<std::pair<int64_t, int64_t>> pieces;
 };
-Region F(const void* p, int64_t n) { return {p, n * 4, false}; }
-Region I(const void* p, int64_t n) { return {p, n * 4, true}; }
+Region F(const void* p, int64_t n) { return {p, n * 4, false, {}}; }
+Region I(const void* p, int64_t n) { return {p, n * 4, true, {}}; }
 
 // Maps a device-space pointer to the pointer an op call should use.
 using Mapper = std::function<void*(const void*)>;

@@ -74,7 +74,9 @@ TEST_F(VerifyTest, WrongScaleOnOneGroupIsNamed) {
   EXPECT_NE(r->diagnosis.find("q_b_proj"), std::string::npos) << r->diagnosis;
   // Layers before the fault are untouched.
   for (const LayerCheck& l : r->layers) {
-    if (l.step == 0 && l.layer < 2) EXPECT_EQ(l.diff.rel, 0);
+    if (l.step == 0 && l.layer < 2) {
+      EXPECT_EQ(l.diff.rel, 0);
+    }
   }
 }
 

@@ -99,10 +99,14 @@ TEST_F(ShadowCheckerTest, WrongKernelDivergesAtItsLayerDespiteTheFloor) {
   const auto st = shadow.Stats();
   EXPECT_GT(st.divergences(), 0);
   for (const auto& l : st.layers()) {
-    if (l.layer() < 2) EXPECT_EQ(l.divergences(), 0) << "layer " << l.layer();
+    if (l.layer() < 2) {
+      EXPECT_EQ(l.divergences(), 0) << "layer " << l.layer();
+    }
     // Judged from the 8th check (min_checks) on: each of the 3 from then (and any single
     // check over the hard limit before).
-    if (l.layer() == 2) EXPECT_GE(l.divergences(), 3);
+    if (l.layer() == 2) {
+      EXPECT_GE(l.divergences(), 3);
+    }
   }
   EXPECT_NE(st.last_divergence().find("diverged at layer 2"), std::string::npos)
       << st.last_divergence();
