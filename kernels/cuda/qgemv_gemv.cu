@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
@@ -405,6 +406,248 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #endif
 }
 
+// ---- column-split mxfp4 kernel (experimental variants 2 and 3) ---------------------------
+// The same work split, loads and operand order as QgemvKernel<OwnChunk<Mxfp4>, WR, U>, but
+// the group scale leaves the weight decode: the mma gets scale-free E2M1 values and the
+// scale is applied once per chunk, in fp32, on the accumulators. That is possible because
+// each lane's slice is one whole chunk (one group): the 8 token columns of the mma (of
+// which m <= 2 are used) are spent on keeping the 4 lanes of a quad apart. Column n =
+// (quad lane n >> 1, token n & 1): lane (g, t) feeds its B operand (the activations of
+// token g & 1 at its own slice) only when g >> 1 == t and zero otherwise, so column n sums
+// lane n >> 1's chunk alone, and lane t's accumulators c0/c1 (columns 2t, 2t+1) are its own
+// chunk's partial dot products for tokens 0 and 1 (rows g, g+8 in c2/c3): one scale per
+// accumulator pair, the one the lane loads anyway. Per step: the mmas of a chunk go into a
+// zeroed fragment, then acc += scale * fragment (4 FFMA per 16 rows). The quad's 4 chunks
+// are summed once at the end (2 shuffles), after the K-split reduction.
+// Per 8 weights this drops the bf16 multiply by the group scale (kSubnormal: 13 instead of
+// 17 decode instructions), the per-chunk factor and the per-batch vote, and adds one FFMA
+// per 16 weights; the activation permutes stay (plus, for kSubnormal, one bf16x2 multiply
+// per activation pair).
+// Numerics: every product in the mma is exact and every scale multiply is a power of two,
+// so the result is the CPU reference's function up to fp32 summation order, with two
+// operand-range conditions for kSubnormal (not for kUnit):
+//   kSubnormal: A = E2M1 * 2^-126 (Mxfp4::PairsTiny; +-0.5 is a bf16 subnormal, which the
+//     mma must take as such: the harness checks it) and B = x * 2^64, so the fragment is
+//     2^-62 * sum(E2M1 x): |x| must stay below 2^64 (bf16 activations far below that in
+//     practice), and the factor 2^(u-65) is a normal fp32 number for u <= 192; a batch
+//     with a larger scale (weights >= 2^66, never in real checkpoints) takes two exact
+//     multiplies instead (warp vote).
+//   kUnit: A = E2M1 exactly (PairsUnit, a multiply by the constant 2^126), B = x, factor
+//     2^(u-127) as the reference (E8M0ToF32; u = 0 and 255 included). The control variant:
+//     it isolates the column split from the subnormal operand.
+// Only m <= 2 (two token columns per quad lane); Launch never selects it otherwise.
+template <int WR, int U, bool kSubnormal>
+__global__ void __launch_bounds__(kGemvMaxThreads, 1)
+    QgemvMx4ColKernel(QmmParams p, int warps_k, int tiles_pb, int pdl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using F = qdec::Mxfp4;
+  using CS = ChunkScale<F>;
+  constexpr int KW = F::kWords;  // 4 words = one 32-element chunk per lane and row
+  constexpr int NB = 4;
+  constexpr int SE = qdec::kChunk;
+  constexpr uint32_t kX2Two64 = 0x5f805f80u;  // bf16x2 (2^64, 2^64)
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5;
+  const int wk = warp % warps_k, tl = warp / warps_k;
+  if (pdl != 0) GridDepLaunchDependents();
+  const bool early = pdl == 2 && p.ids == nullptr;
+  if (pdl != 0 && !early) GridDepWait();
+
+  const int64_t prob = blockIdx.z;
+  int64_t b = 0;
+  const bool bad = !ProblemBatch(p, prob, &b);
+  if (bad) b = 0;
+  const int64_t row_base = (static_cast<int64_t>(blockIdx.x) * tiles_pb + tl) * (16 * WR);
+  const int nslices = static_cast<int>(p.w.cols / SE);
+  const int nsteps = (nslices + 3) >> 2;
+
+  const uint32_t* wp[WR][2];
+  const uint8_t* sp[WR][2];
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min(row_base + wr * 16 + g + 8 * h, p.w.rows - 1);
+      wp[wr][h] = RowPtr(p.w, b, row) + t * KW;
+      sp[wr][h] = static_cast<const uint8_t*>(p.w.scales) + ScaleRow(p.w, b, row);
+    }
+  }
+  // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
+  // g >> 1 == t (see above).
+  const int xtok = g & 1;
+  const bool tv = (g >> 1) == t && xtok < p.m;
+  const uint16_t* xg = static_cast<const uint16_t*>(XRow(p, prob, tv ? xtok : 0)) + t * SE;
+
+  float acc[WR][4];
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[wr][i] = 0.f;
+
+  const int per0 = (nsteps + warps_k - 1) / warps_k;
+  const int per = (per0 + U - 1) / U * U;
+  const int s_begin = wk * per;
+  const int s_end = min(nsteps, s_begin + per);
+  const int full_end = min(s_end, nslices >> 2);
+
+  auto batch = [&]<bool kFull>(int s0) {
+    uint32_t raw[U][WR][2][KW];
+    uint32_t sr[U][WR][2];
+    bool sv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) sv[u] = kFull || (s0 + u < s_end && 4 * (s0 + u) + t < nslices);
+#pragma unroll
+    for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t* q = wp[wr][h] + static_cast<uint32_t>(s0 * (4 * KW));
+        const uint8_t* sq = sp[wr][h] + static_cast<uint32_t>(4 * s0 + t);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (sv[u]) {
+            LoadStream<KW>(q + u * (4 * KW), raw[u][wr][h]);
+            sr[u][wr][h] = CS::LoadAt(sq, 4 * u);
+          } else {
+#pragma unroll
+            for (int i = 0; i < KW; ++i) raw[u][wr][h][i] = 0u;
+            sr[u][wr][h] = 0u;  // zero fragment times 2^-127 or 2^-65: 0
+          }
+        }
+      }
+    }
+    if (early) GridDepWait();
+
+    // kSubnormal: one vote per batch for the single-FFMA scale (every u <= 192).
+    bool big = false;
+    if constexpr (kSubnormal) {
+      bool mine = true;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int wr = 0; wr < WR; ++wr) mine = mine && sr[u][wr][0] <= 192u && sr[u][wr][1] <= 192u;
+      big = !__all_sync(kFullMask, mine);
+    }
+
+    // The batch's compute, once per scale path: the vote branches once per batch, not per
+    // chunk.
+    auto compute = [&]<bool kBig>() {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int xoff = (s0 + u) * (4 * SE);
+        uint32_t xq[NB][4];
+#pragma unroll
+        for (int w = 0; w < NB; ++w) {
+          if (sv[u] && tv) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
+            qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[w]);
+            if constexpr (kSubnormal) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) xq[w][i] = qdec::Bf16x2Mul(xq[w][i], kX2Two64);
+            }
+          } else {
+            xq[w][0] = xq[w][1] = xq[w][2] = xq[w][3] = 0u;
+          }
+        }
+        float c[WR][4];
+#pragma unroll
+        for (int w = 0; w < NB; ++w) {
+#pragma unroll
+          for (int wr = 0; wr < WR; ++wr) {
+            uint32_t a0[4], a1[4];
+            if constexpr (kSubnormal) {
+              F::PairsTiny(raw[u][wr][0][w], a0);
+              F::PairsTiny(raw[u][wr][1][w], a1);
+            } else {
+              F::PairsUnit(raw[u][wr][0][w], a0);
+              F::PairsUnit(raw[u][wr][1][w], a1);
+            }
+            if (w == 0) {
+              MmaBf16Zero(c[wr], a0[0], a1[0], a0[1], a1[1], xq[w][0], xq[w][1]);
+            } else {
+              MmaBf16(c[wr], a0[0], a1[0], a0[1], a1[1], xq[w][0], xq[w][1]);
+            }
+            MmaBf16(c[wr], a0[2], a1[2], a0[3], a1[3], xq[w][2], xq[w][3]);
+          }
+        }
+        // c0/c1: row g, tokens 0/1; c2/c3: row g+8. One scale per row and chunk.
+#pragma unroll
+        for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t su = sr[u][wr][h];
+            if constexpr (kSubnormal) {
+              if constexpr (!kBig) {
+                const float f = __uint_as_float((su + 62u) << 23);  // 2^(u-65), u <= 192
+                acc[wr][2 * h] = fmaf(c[wr][2 * h], f, acc[wr][2 * h]);
+                acc[wr][2 * h + 1] = fmaf(c[wr][2 * h + 1], f, acc[wr][2 * h + 1]);
+              } else {
+                const float f = qdec::E8M0ToF32(su);
+                acc[wr][2 * h] = fmaf(c[wr][2 * h] * 0x1p62f, f, acc[wr][2 * h]);
+                acc[wr][2 * h + 1] = fmaf(c[wr][2 * h + 1] * 0x1p62f, f, acc[wr][2 * h + 1]);
+              }
+            } else {
+              const float f = qdec::E8M0ToF32(su);
+              acc[wr][2 * h] = fmaf(c[wr][2 * h], f, acc[wr][2 * h]);
+              acc[wr][2 * h + 1] = fmaf(c[wr][2 * h + 1], f, acc[wr][2 * h + 1]);
+            }
+          }
+        }
+      }
+    };
+    if (big) {
+      compute.template operator()<true>();
+    } else {
+      compute.template operator()<false>();
+    }
+  };
+
+  int s0 = s_begin;
+  for (; s0 + U <= full_end; s0 += U) batch.template operator()<true>(s0);
+  for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
+  if (early) GridDepWait();
+
+  constexpr int V = WR * 4;
+  if (warps_k > 1) {
+    extern __shared__ float red[];  // [warp][V][32]
+#pragma unroll
+    for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[(warp * V + wr * 4 + i) * 32 + lane] = acc[wr][i];
+    __syncthreads();
+    if (wk != 0) return;
+    for (int j = 1; j < warps_k; ++j) {
+#pragma unroll
+      for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[wr][i] += red[((warp + j) * V + wr * 4 + i) * 32 + lane];
+    }
+  }
+  // The quad's 4 chunks: a fixed butterfly (lane 0 gets (a0 + a1) + (a2 + a3)).
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[wr][i] += __shfl_xor_sync(kFullMask, acc[wr][i], 1);
+      acc[wr][i] += __shfl_xor_sync(kFullMask, acc[wr][i], 2);
+    }
+  if (t != 0) return;
+  float* ybase = p.y + prob * p.y_pstride;
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
+      const int64_t tok = i & 1;
+      if (row < p.w.rows && tok < p.m) {
+        ybase[tok * p.ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
+      }
+    }
+  }
+#else
+  __trap();  // host dispatch never selects this kernel below sm_80
+#endif
+}
+
 // ---- launch configuration ------------------------------------------------------------------
 // Rows per warp 16*WR; U steps per batch, BPR = bytes in flight per lane and weight row:
 // variant 0 = 16 rows, BPR 64 (4 steps of 16 bytes for 4-bit formats), variant 1 = 32 rows,
@@ -412,13 +655,18 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // needed to fill the GPU with about one wave of 16 warps per SM; blocks stay at <= 4 warps
 // (several per SM, so one block's tail does not idle its SM) unless the matrix has fewer row
 // tiles than SMs.
+// Variants 2 and 3 are the experimental column-split mxfp4 kernels (QgemvMx4ColKernel,
+// kSubnormal and kUnit), 32 rows and BPR 32 as variant 1; they run only when forced
+// (TEST_SetQgemvTuning: gpu_gemv_bench --sweep, RING_QGEMV_VARIANT) and only for mxfp4 at
+// m <= 2; elsewhere a forced 2 or 3 falls back to the automatic choice.
 struct Variant {
   int wr, bpr;
+  int col;  // 0: QgemvKernel; 1: column split, subnormal operand; 2: column split, unit
 };
-constexpr Variant kVariants[] = {{1, 64}, {2, 32}};
+constexpr Variant kVariants[] = {{1, 64, 0}, {2, 32, 0}, {2, 32, 1}, {2, 32, 2}};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-// Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..1 = forced;
+// Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..3 = forced;
 // wk_cap <= 0 = automatic.
 std::atomic<int> g_variant{-1};
 std::atomic<int> g_wk_cap{0};
@@ -443,7 +691,12 @@ constexpr int UFor(int bpr) {
 template <class P, int kV>
 void* KernelFor() {
   constexpr Variant v = kVariants[kV];
-  return reinterpret_cast<void*>(&QgemvKernel<P, v.wr, UFor<P>(v.bpr)>);
+  if constexpr (v.col != 0) {
+    static_assert(std::is_same_v<P, OwnChunk<qdec::Mxfp4>>);
+    return reinterpret_cast<void*>(&QgemvMx4ColKernel<v.wr, UFor<P>(v.bpr), v.col == 1>);
+  } else {
+    return reinterpret_cast<void*>(&QgemvKernel<P, v.wr, UFor<P>(v.bpr)>);
+  }
 }
 
 absl::Status LaunchWith(void* fn, dim3 grid, int threads, size_t smem, const QmmParams& p,
@@ -476,7 +729,7 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms) {
   const Variant v = kVariants[vi];
   LaunchShape sh{};
   sh.wr = v.wr;
-  sh.u = vi == 0 ? UFor<P>(kVariants[0].bpr) : UFor<P>(kVariants[1].bpr);
+  sh.u = UFor<P>(v.bpr);
   const int64_t want = static_cast<int64_t>(sms) * 16;  // one wave of 16 warps per SM
   const int64_t tile_rows = 16 * v.wr;
   const int64_t row_tiles = (p.w.rows + tile_rows - 1) / tile_rows;
@@ -521,17 +774,29 @@ absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStrea
   const int forced = g_variant.load(std::memory_order_relaxed);
   int vi = AutoVariant<P>(p, problems, sms);
   if (forced >= 0 && forced < kNumVariants) vi = forced;
+  constexpr bool kMx4 = std::is_same_v<P, OwnChunk<qdec::Mxfp4>>;
+  if (kVariants[vi].col != 0 && (!kMx4 || p.m > 2)) vi = AutoVariant<P>(p, problems, sms);
   if (P::kAffine) vi = 0;  // no 32-row affine kernel (see AutoVariant)
   const LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
   if (sh.gx > 0x7fffffff) return absl::InvalidArgumentError("matrix too tall");
   if (describe != nullptr) {
-    *describe = absl::StrFormat("gemv wr%d u%d wk%d blk%d grid%dx%d%s", sh.wr, sh.u, sh.wk,
-                                sh.threads, sh.gx, problems, pdl ? absl::StrFormat(" pdl%d", pdl) : "");
+    const int col = kVariants[vi].col;
+    *describe = absl::StrFormat("gemv wr%d u%d wk%d blk%d grid%dx%d%s%s", sh.wr, sh.u, sh.wk,
+                                sh.threads, sh.gx, problems,
+                                col == 1 ? " col-sub" : (col == 2 ? " col-unit" : ""),
+                                pdl ? absl::StrFormat(" pdl%d", pdl) : "");
     return absl::OkStatus();
   }
   void* fn = nullptr;
   if constexpr (P::kAffine) {
     fn = KernelFor<P, 0>();
+  } else if constexpr (kMx4) {
+    switch (vi) {
+      case 1: fn = KernelFor<P, 1>(); break;
+      case 2: fn = KernelFor<P, 2>(); break;
+      case 3: fn = KernelFor<P, 3>(); break;
+      default: fn = KernelFor<P, 0>(); break;
+    }
   } else {
     fn = vi == 1 ? KernelFor<P, 1>() : KernelFor<P, 0>();
   }

@@ -205,6 +205,17 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1,
 #endif
 }
 
+// c = A * B with zero accumulators (c is written, not read): a fresh partial sum.
+__device__ __forceinline__ void MmaBf16Zero(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                            uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+#endif
+}
 
 // ---- decode GEMV (qgemv_gemv.cu) -------------------------------------------------------------
 // Whether the tensor-core GEMV (M <= 8, bf16 x) has a kernel for this weight's format: mxfp4,

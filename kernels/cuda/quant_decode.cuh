@@ -302,6 +302,24 @@ struct Mxfp4 {
     out[2] = Bf16x2Mul(((v8 & 0x000f000fu) * 0x1040u) & 0x81c081c0u, f2);
     out[3] = Bf16x2Mul(((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u, f2);
   }
+  // Scale-free pairs for the column-split GEMV (qgemv_gemv.cu), which applies the group scale
+  // in fp32 on the mma accumulators. PairsTiny is PairsFast without the multiply: the bf16
+  // patterns are E2M1 * 2^-126 exactly (+-0.5 is the bf16 subnormal 0x0040, zero stays
+  // zero), 13 instructions per 8 weights; the caller scales the activations by 2^64 so that
+  // the products are normal fp32 numbers again. PairsUnit multiplies by the constant 2^126
+  // instead and returns the E2M1 values themselves (exact; no subnormal operand reaches the
+  // mma), 17 instructions per 8 weights.
+  RING_HD static void PairsTiny(uint32_t v, uint32_t out[4]) {
+    const uint32_t v8 = v >> 8;
+    out[0] = ((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
+    out[1] = ((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
+    out[2] = ((v8 & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
+    out[3] = ((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
+  }
+  static constexpr uint32_t kBf16x2Two126 = 0x7e807e80u;  // bf16x2 (2^126, 2^126)
+  RING_HD static void PairsUnit(uint32_t v, uint32_t out[4]) {
+    PairsFast(v, kBf16x2Two126, out);
+  }
   RING_HD static void Pairs(const uint32_t* raw, int w, const Scale& sc, uint32_t out[4]) {
     if (!sc.fast) return GenericPairs<Mxfp4>(raw, w, sc, out);
     PairsFast(raw[w], sc.f2, out);
