@@ -10,7 +10,7 @@
 // programmatic dependent launch (overlap = 2: the next launch streams its first weights
 // while the previous one drains, as in a decode step's chain of kernels).
 // --sweep times the decode GEMV's configurations side by side (TEST_SetQgemvTuning) for
-// M = 1 and 8 (tuning aid).
+// M = 1, 2 and 8 (tuning aid).
 // --only NAME keeps the shapes whose matrix name contains NAME (e.g. for ncu).
 //
 // Timing: CUDA events around back-to-back launches; each launch reads a different copy of
@@ -73,7 +73,7 @@ float TimeQmm(const Weights& w, QMatmulArgs a, cudaStream_t st, int iters) {
          }) * 1e3f;
 }
 
-// Times the decode GEMV's configurations side by side (M = 1 and 8): the automatic choice,
+// Times the decode GEMV's configurations side by side (M = 1, 2 and 8): the automatic choice,
 // each forced variant, the automatic variant with up to 16 K-splitting warps per block, and
 // the automatic choice with PDL overlap 2.
 void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs, const DeviceInfo& dev,
@@ -82,8 +82,11 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
     const char* name;
     int variant, cap, overlap;
   };
-  const Cfg cfgs[] = {{"auto", -1, 0, 0}, {"wr1", 0, 0, 0}, {"wr2", 1, 0, 0},
-                      {"cap16", -1, 16, 0}, {"auto+pdl", -1, 0, 2}};
+  // col-sub / col-unit: the experimental column-split mxfp4 kernels (variants 2 and 3,
+  // M <= 2 only; elsewhere they time the automatic choice again).
+  const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},      {"wr2", 1, 0, 0},
+                      {"cap16", -1, 16, 0},   {"auto+pdl", -1, 0, 2}, {"col-sub", 2, 0, 0},
+                      {"col-unit", 3, 0, 0}};
   std::printf("\nsweep (us and %% of probe; the automatic choice is described last)\n| %-15s | %-16s | %2s |", "matrix",
               "mode", "M");
   for (const Cfg& c : cfgs) std::printf(" %15s |", c.name);
@@ -91,7 +94,7 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
   for (const Shape& sh : shapes) {
     for (QuantSpec spec : specs) {
       Weights w = MakeWeights(sh, spec, dev.l2_bytes, st);
-      for (int m : {1, 8}) {
+      for (int m : {1, 2, 8}) {
         const double bytes = static_cast<double>(w.bytes) + static_cast<double>(m) * sh.cols * 2;
         std::printf("| %-15s | %-16s | %2d |", sh.name, ModeName(spec).c_str(), m);
         std::string auto_name;

@@ -512,6 +512,81 @@ TEST_F(GpuTest, MatmulAllFormats) {
   }
 }
 
+// The experimental column-split mxfp4 decode GEMV (TEST_SetQgemvTuning variants 2 and 3,
+// qgemv_gemv.cu QgemvMx4ColKernel: group scale applied in fp32 on the mma accumulators;
+// variant 2 feeds the mma bf16-subnormal-encoded E2M1 values against x * 2^64). Forced
+// here so that the default run checks it: row and K tails (72 x 320), K split over warps
+// and batches (72 x 2944), a lm_head-like width (264 x 6144), m = 1 and 2 (m = 3 must fall
+// back to another kernel), bf16 x; then scales that leave the variant's fast
+// path (u > 192: the two-multiply batches) or sit at the E8M0 extremes' neighbours, and
+// one doubled group scale that must fail.
+TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
+  const QuantSpec spec{QuantMode::kMxfp4, 4, 32};
+  struct Dims {
+    int64_t rows, cols;
+  };
+  int restore = -1;
+  if (const char* v = std::getenv("RING_QGEMV_VARIANT")) restore = std::atoi(v);
+  for (int variant : {2, 3}) {
+    TEST_SetQgemvTuning(variant, 0);
+    uint32_t seed = 700 + 10 * variant;
+    for (const Dims d : {Dims{72, 320}, Dims{72, 2944}, Dims{264, 6144}}) {
+      auto w = MakeWeight(spec, DType::kU8, 1, d.rows, d.cols, ++seed);
+      ASSERT_NE(w, nullptr);
+      // Scale edits (host copy = the reference's, then re-uploaded): none; 16 huge scales
+      // (u = 193, 200, 230: weights up to 6 * 2^103, outputs still finite); 16 tiny ones
+      // (u = 7, 1, 0).
+      for (int edit = 0; edit < 3; ++edit) {
+        if (edit > 0) {
+          std::mt19937 rng(seed * 31 + edit);
+          const uint8_t vals[2][3] = {{200, 230, 193}, {7, 1, 0}};
+          for (int i = 0; i < 16; ++i) {
+            w->sbytes[rng() % w->sbytes.size()] = vals[edit - 1][i % 3];
+          }
+          ASSERT_EQ(cudaMemcpy(const_cast<void*>(w->dev.view.scales), w->sbytes.data(),
+                               w->sbytes.size(), cudaMemcpyHostToDevice),
+                    cudaSuccess);
+        }
+        for (int64_t m : {1, 2, 3}) {
+          {  // bf16 x only: fp32 x never reaches the decode GEMV
+            const DType xd = DType::kBF16;
+            const std::vector<float> x = RandomFloats(m * d.cols, seed * 7 + m + 100 * edit);
+            const std::vector<float> ref = CpuMatmulT(*w, x, m);
+            QMatmulArgs probe;
+            probe.x_dtype = xd;
+            probe.m = m;
+            absl::StatusOr<std::string> desc = DescribeQmm(w->dev.view, probe);
+            ASSERT_TRUE(desc.ok()) << desc.status();
+            const bool col = desc->find(" col-") != std::string::npos;
+            if (KernelOf(*w, probe) == "gemv") {
+              EXPECT_EQ(col, m <= 2) << *desc;
+            }
+            const std::vector<float> got = GpuMatmulT(*w, x, m, xd, QmmPath::kAuto);
+            Report(absl::StrFormat("qmm_t[%s] x=%s v%d%s", KernelOf(*w, probe), DTypeName(xd),
+                                   variant, col ? " col" : ""),
+                   absl::StrFormat("M%d %s%s", m, w->Shape(),
+                                   edit == 1 ? " huge-s" : (edit == 2 ? " tiny-s" : "")),
+                   w->Mode(), got, ref, kTolMatmul, d.rows);
+          }
+        }
+      }
+    }
+    // One doubled group scale (device copy only) must fail the case.
+    auto w = MakeWeight(spec, DType::kU8, 1, 72, 384, 990 + variant);
+    ASSERT_NE(w, nullptr);
+    const std::vector<float> x = RandomFloats(384, 991 + variant);
+    const std::vector<float> ref = CpuMatmulT(*w, x, 1);
+    std::vector<uint8_t> scales = w->sbytes;
+    scales[37 * (384 / 32) + 2] = static_cast<uint8_t>(scales[37 * (384 / 32) + 2] + 1);
+    ASSERT_EQ(cudaMemcpy(const_cast<void*>(w->dev.view.scales), scales.data(), scales.size(),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const std::vector<float> got = GpuMatmulT(*w, x, 1, DType::kBF16, QmmPath::kAuto);
+    EXPECT_GT(Nmse(got, ref), kTolMatmul) << "variant " << variant << ": a wrong group scale went unnoticed";
+  }
+  TEST_SetQgemvTuning(restore, 0);
+}
+
 // The harness must fail a kernel that gets one group's scale wrong: for each matmul kernel
 // (decode GEMV, prefill GEMM, SIMT) and a few formats, doubling a single group scale in the
 // device copy (the reference keeps the right one) must exceed the case's tolerance.

@@ -166,6 +166,28 @@ TEST(QuantDecode, Affine4BiasedPairsAreExactCodes) {
   }
 }
 
+// The column-split GEMV's scale-free operands (qgemv_gemv.cu QgemvMx4ColKernel), in the
+// shared pair order: PairsTiny is E2M1 * 2^-126 exactly (+-0.5 a bf16 subnormal, zero
+// kept), PairsUnit the E2M1 value itself.
+TEST(QuantDecode, Mxfp4ScaleFreePairsAreExact) {
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const uint32_t v = trial < 16 ? trial * 0x11111111u : static_cast<uint32_t>(rng());
+    uint32_t tiny[4], unit[4];
+    Mxfp4::PairsTiny(v, tiny);
+    Mxfp4::PairsUnit(v, unit);
+    for (int j = 0; j < 4; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        const float want = Fp4ToF32((v >> (4 * j + 16 * half)) & 15u);
+        const float t = Bf16ToF32(tiny[j] >> (16 * half));
+        const float u = Bf16ToF32(unit[j] >> (16 * half));
+        EXPECT_TRUE(SameFloat(t, want * 0x1p-126f)) << std::hex << v << " j " << j << " half " << half;
+        EXPECT_TRUE(SameFloat(u, want)) << std::hex << v << " j " << j << " half " << half;
+      }
+    }
+  }
+}
+
 TEST(QuantDecode, DenseBf16PairsAreAPermutation) {
   std::mt19937 rng(4);
   uint32_t raw[16];
