@@ -82,11 +82,11 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
     const char* name;
     int variant, cap, overlap;
   };
-  // col-sub / col-unit: the experimental column-split mxfp4 kernels (variants 2 and 3,
-  // M <= 2 only; elsewhere they time the automatic choice again).
-  const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},      {"wr2", 1, 0, 0},
+  // col-sub / col-unit / col-smx: the experimental column-split mxfp4 kernels (variants 2,
+  // 3 and 4; M <= 2 only, elsewhere they time the automatic choice again).
+  const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},       {"wr2", 1, 0, 0},
                       {"cap16", -1, 16, 0},   {"auto+pdl", -1, 0, 2}, {"col-sub", 2, 0, 0},
-                      {"col-unit", 3, 0, 0}};
+                      {"col-unit", 3, 0, 0},  {"col-smx", 4, 0, 0}};
   std::printf("\nsweep (us and %% of probe; the automatic choice is described last)\n| %-15s | %-16s | %2s |", "matrix",
               "mode", "M");
   for (const Cfg& c : cfgs) std::printf(" %15s |", c.name);

@@ -512,9 +512,10 @@ TEST_F(GpuTest, MatmulAllFormats) {
   }
 }
 
-// The experimental column-split mxfp4 decode GEMV (TEST_SetQgemvTuning variants 2 and 3,
+// The experimental column-split mxfp4 decode GEMV (TEST_SetQgemvTuning variants 2, 3 and 4,
 // qgemv_gemv.cu QgemvMx4ColKernel: group scale applied in fp32 on the mma accumulators;
-// variant 2 feeds the mma bf16-subnormal-encoded E2M1 values against x * 2^64). Forced
+// variants 2 and 4 feed the mma bf16-subnormal-encoded E2M1 values against x * 2^64, 4
+// with x staged in shared memory). Forced
 // here so that the default run checks it: row and K tails (72 x 320), K split over warps
 // and batches (72 x 2944), a lm_head-like width (264 x 6144), m = 1 and 2 (m = 3 must fall
 // back to another kernel), bf16 x; then scales that leave the variant's fast
@@ -527,7 +528,7 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   };
   int restore = -1;
   if (const char* v = std::getenv("RING_QGEMV_VARIANT")) restore = std::atoi(v);
-  for (int variant : {2, 3}) {
+  for (int variant : {2, 3, 4}) {
     TEST_SetQgemvTuning(variant, 0);
     uint32_t seed = 700 + 10 * variant;
     for (const Dims d : {Dims{72, 320}, Dims{72, 2944}, Dims{264, 6144}}) {

@@ -435,8 +435,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 //   kUnit: A = E2M1 exactly (PairsUnit, a multiply by the constant 2^126), B = x, factor
 //     2^(u-127) as the reference (E8M0ToF32; u = 0 and 255 included). The control variant:
 //     it isolates the column split from the subnormal operand.
+// kSmemX (variant 4, with kSubnormal): the block first writes its tokens' activations to
+// shared memory once, already permuted to the pair order and scaled by 2^64, so the inner
+// loop reads each lane's B operand with one 16-byte shared load per 8 activations instead
+// of a global load, 4 byte permutes and 4 bf16x2 multiplies. It waits for the previous
+// kernel before that (overlap 2 behaves as overlap 1) and needs m * cols * 2 bytes (+16
+// per token) of shared memory.
 // Only m <= 2 (two token columns per quad lane); Launch never selects it otherwise.
-template <int WR, int U, bool kSubnormal>
+template <int WR, int U, bool kSubnormal, bool kSmemX>
 __global__ void __launch_bounds__(kGemvMaxThreads, 1)
     QgemvMx4ColKernel(QmmParams p, int warps_k, int tiles_pb, int pdl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -450,7 +456,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, tl = warp / warps_k;
   if (pdl != 0) GridDepLaunchDependents();
-  const bool early = pdl == 2 && p.ids == nullptr;
+  const bool early = !kSmemX && pdl == 2 && p.ids == nullptr;
   if (pdl != 0 && !early) GridDepWait();
 
   const int64_t prob = blockIdx.z;
@@ -460,6 +466,8 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int64_t row_base = (static_cast<int64_t>(blockIdx.x) * tiles_pb + tl) * (16 * WR);
   const int nslices = static_cast<int>(p.w.cols / SE);
   const int nsteps = (nslices + 3) >> 2;
+  constexpr int V = WR * 4;
+  extern __shared__ uint4 dyn_smem[];  // [K-split reduction][staged x]
 
   const uint32_t* wp[WR][2];
   const uint8_t* sp[WR][2];
@@ -472,6 +480,30 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       sp[wr][h] = static_cast<const uint8_t*>(p.w.scales) + ScaleRow(p.w, b, row);
     }
   }
+  // kSmemX: token j's activations at xs[j * (n8 + 1) + i] for 8-element block i (the +1
+  // keeps the two tokens' planes on different banks).
+  const int n8 = nslices * 4;
+  const uint4* xsl = nullptr;
+  if constexpr (kSmemX) {
+    uint4* xs = dyn_smem + (warps_k > 1 ? (blockDim.x >> 5) * V * 32 / 4 : 0);
+    const int ntok = p.m < 2 ? static_cast<int>(p.m) : 2;
+    for (int i = threadIdx.x; i < ntok * n8; i += blockDim.x) {
+      const int tok = i >= n8 ? 1 : 0;
+      const int j = i - tok * n8;
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(XRow(p, prob, tok)) + j);
+      uint32_t q[4];
+      qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, q);
+      if constexpr (kSubnormal) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) q[k] = qdec::Bf16x2Mul(q[k], kX2Two64);
+      }
+      xs[tok * (n8 + 1) + j] = make_uint4(q[0], q[1], q[2], q[3]);
+    }
+    __syncthreads();
+    xsl = xs + (g & 1) * (n8 + 1) + t * 4;  // this lane's token and slice
+  }
+  (void)n8;
+  (void)xsl;
   // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
   // g >> 1 == t (see above).
   const int xtok = g & 1;
@@ -534,15 +566,24 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int xoff = (s0 + u) * (4 * SE);
+        (void)xoff;
         uint32_t xq[NB][4];
 #pragma unroll
         for (int w = 0; w < NB; ++w) {
           if (sv[u] && tv) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
-            qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[w]);
-            if constexpr (kSubnormal) {
+            if constexpr (kSmemX) {
+              const uint4 v = xsl[(s0 + u) * 16 + w];
+              xq[w][0] = v.x;
+              xq[w][1] = v.y;
+              xq[w][2] = v.z;
+              xq[w][3] = v.w;
+            } else {
+              const uint4 v = __ldg(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
+              qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[w]);
+              if constexpr (kSubnormal) {
 #pragma unroll
-              for (int i = 0; i < 4; ++i) xq[w][i] = qdec::Bf16x2Mul(xq[w][i], kX2Two64);
+                for (int i = 0; i < 4; ++i) xq[w][i] = qdec::Bf16x2Mul(xq[w][i], kX2Two64);
+              }
             }
           } else {
             xq[w][0] = xq[w][1] = xq[w][2] = xq[w][3] = 0u;
@@ -606,9 +647,8 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
   if (early) GridDepWait();
 
-  constexpr int V = WR * 4;
   if (warps_k > 1) {
-    extern __shared__ float red[];  // [warp][V][32]
+    float* red = reinterpret_cast<float*>(dyn_smem);  // [warp][V][32]
 #pragma unroll
     for (int wr = 0; wr < WR; ++wr)
 #pragma unroll
@@ -656,17 +696,18 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // (several per SM, so one block's tail does not idle its SM) unless the matrix has fewer row
 // tiles than SMs.
 // Variants 2 and 3 are the experimental column-split mxfp4 kernels (QgemvMx4ColKernel,
-// kSubnormal and kUnit), 32 rows and BPR 32 as variant 1; they run only when forced
+// kSubnormal and kUnit), 32 rows and BPR 32 as variant 1, and variant 4 is variant 2 with
+// the activations staged in shared memory (kSmemX); they run only when forced
 // (TEST_SetQgemvTuning: gpu_gemv_bench --sweep, RING_QGEMV_VARIANT) and only for mxfp4 at
 // m <= 2; elsewhere a forced 2 or 3 falls back to the automatic choice.
 struct Variant {
   int wr, bpr;
-  int col;  // 0: QgemvKernel; 1: column split, subnormal operand; 2: column split, unit
+  int col;  // 0: QgemvKernel; column split: 1 subnormal operand, 2 unit, 3 = 1 + staged x
 };
-constexpr Variant kVariants[] = {{1, 64, 0}, {2, 32, 0}, {2, 32, 1}, {2, 32, 2}};
+constexpr Variant kVariants[] = {{1, 64, 0}, {2, 32, 0}, {2, 32, 1}, {2, 32, 2}, {2, 32, 3}};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-// Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..3 = forced;
+// Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..4 = forced;
 // wk_cap <= 0 = automatic.
 std::atomic<int> g_variant{-1};
 std::atomic<int> g_wk_cap{0};
@@ -693,7 +734,8 @@ void* KernelFor() {
   constexpr Variant v = kVariants[kV];
   if constexpr (v.col != 0) {
     static_assert(std::is_same_v<P, OwnChunk<qdec::Mxfp4>>);
-    return reinterpret_cast<void*>(&QgemvMx4ColKernel<v.wr, UFor<P>(v.bpr), v.col == 1>);
+    return reinterpret_cast<void*>(
+        &QgemvMx4ColKernel<v.wr, UFor<P>(v.bpr), v.col != 2, v.col == 3>);
   } else {
     return reinterpret_cast<void*>(&QgemvKernel<P, v.wr, UFor<P>(v.bpr)>);
   }
@@ -777,13 +819,22 @@ absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStrea
   constexpr bool kMx4 = std::is_same_v<P, OwnChunk<qdec::Mxfp4>>;
   if (kVariants[vi].col != 0 && (!kMx4 || p.m > 2)) vi = AutoVariant<P>(p, problems, sms);
   if (P::kAffine) vi = 0;  // no 32-row affine kernel (see AutoVariant)
-  const LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
+  LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
+  if (kVariants[vi].col == 3) {  // staged activations (QgemvMx4ColKernel kSmemX)
+    const size_t xbytes = static_cast<size_t>(std::min<int64_t>(p.m, 2)) * (p.w.cols / 8 + 1) * 16;
+    if (sh.smem + xbytes > 200 * 1024) {
+      vi = AutoVariant<P>(p, problems, sms);
+      sh = ShapeFor<P>(vi, p, problems, sms);
+    } else {
+      sh.smem += xbytes;
+    }
+  }
   if (sh.gx > 0x7fffffff) return absl::InvalidArgumentError("matrix too tall");
   if (describe != nullptr) {
     const int col = kVariants[vi].col;
     *describe = absl::StrFormat("gemv wr%d u%d wk%d blk%d grid%dx%d%s%s", sh.wr, sh.u, sh.wk,
                                 sh.threads, sh.gx, problems,
-                                col == 1 ? " col-sub" : (col == 2 ? " col-unit" : ""),
+                                col == 1 ? " col-sub" : (col == 2 ? " col-unit" : (col == 3 ? " col-sub-smx" : "")),
                                 pdl ? absl::StrFormat(" pdl%d", pdl) : "");
     return absl::OkStatus();
   }
@@ -795,10 +846,15 @@ absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStrea
       case 1: fn = KernelFor<P, 1>(); break;
       case 2: fn = KernelFor<P, 2>(); break;
       case 3: fn = KernelFor<P, 3>(); break;
+      case 4: fn = KernelFor<P, 4>(); break;
       default: fn = KernelFor<P, 0>(); break;
     }
   } else {
     fn = vi == 1 ? KernelFor<P, 1>() : KernelFor<P, 0>();
+  }
+  if (sh.smem > 48 * 1024) {
+    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(sh.smem)));
   }
   return LaunchWith(fn, dim3(static_cast<unsigned>(sh.gx), 1, static_cast<unsigned>(problems)),
                     sh.threads, sh.smem, p, sh.wk, sh.tiles_pb, pdl, stream);
