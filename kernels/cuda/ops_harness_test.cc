@@ -515,12 +515,12 @@ TEST_F(GpuTest, MatmulAllFormats) {
 // The experimental column-split mxfp4 decode GEMV (TEST_SetQgemvTuning variants 2, 3 and 4,
 // qgemv_gemv.cu QgemvMx4ColKernel: group scale applied in fp32 on the mma accumulators;
 // variants 2 and 4 feed the mma bf16-subnormal-encoded E2M1 values against x * 2^64, 4
-// with x staged in shared memory). Forced
-// here so that the default run checks it: row and K tails (72 x 320), K split over warps
-// and batches (72 x 2944), a lm_head-like width (264 x 6144), m = 1 and 2 (m = 3 must fall
-// back to another kernel), bf16 x; then scales that leave the variant's fast
-// path (u > 192: the two-multiply batches) or sit at the E8M0 extremes' neighbours, and
-// one doubled group scale that must fail.
+// with x staged in shared memory). Forced here so that the default run checks it: row and
+// K tails (72 x 320), K split over warps and batches (72 x 2944), a lm_head-like width
+// (264 x 6144), 40 x 12352 (K tail; variant 4 at m = 2 needs more than 48 KB of shared
+// memory), m = 1 and 2 (m = 3 must fall back to another kernel), bf16 x; then scales that
+// leave the fast path (u > 192: the two-multiply batches) or are tiny (u = 7, 1, 0), and one
+// doubled group scale that must fail.
 TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   const QuantSpec spec{QuantMode::kMxfp4, 4, 32};
   struct Dims {
@@ -531,7 +531,7 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   for (int variant : {2, 3, 4}) {
     TEST_SetQgemvTuning(variant, 0);
     uint32_t seed = 700 + 10 * variant;
-    for (const Dims d : {Dims{72, 320}, Dims{72, 2944}, Dims{264, 6144}}) {
+    for (const Dims d : {Dims{72, 320}, Dims{72, 2944}, Dims{264, 6144}, Dims{40, 12352}}) {
       auto w = MakeWeight(spec, DType::kU8, 1, d.rows, d.cols, ++seed);
       ASSERT_NE(w, nullptr);
       // Scale edits (host copy = the reference's, then re-uploaded): none; 16 huge scales

@@ -420,9 +420,12 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // zeroed fragment, then acc += scale * fragment (4 FFMA per 16 rows). The quad's 4 chunks
 // are summed once at the end (2 shuffles), after the K-split reduction.
 // Per 8 weights this drops the bf16 multiply by the group scale (kSubnormal: 13 instead of
-// 17 decode instructions), the per-chunk factor and the per-batch vote, and adds one FFMA
-// per 16 weights; the activation permutes stay (plus, for kSubnormal, one bf16x2 multiply
-// per activation pair).
+// 17 decode instructions) and the per-chunk factor, and adds one FFMA per 16 weights; the
+// activation permutes stay (plus, for kSubnormal, one bf16x2 multiply per activation pair)
+// unless kSmemX stages them. sm_90 SASS, one trip of the full-batch loop on the fast path
+// (256 weights per lane; bench/gpu/sass_loop_count.py): QgemvKernel variant 1 765
+// instructions, kSubnormal 665, kUnit 781, kSubnormal + kSmemX 588 (2.99 / 2.60 / 3.05 /
+// 2.30 per weight and lane). Not yet timed on a GPU.
 // Numerics: every product in the mma is exact and every scale multiply is a power of two,
 // so the result is the CPU reference's function up to fp32 summation order, with two
 // operand-range conditions for kSubnormal (not for kUnit):
@@ -480,13 +483,21 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       sp[wr][h] = static_cast<const uint8_t*>(p.w.scales) + ScaleRow(p.w, b, row);
     }
   }
+  // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
+  // g >> 1 == t (see above).
+  const int xtok = g & 1;
+  const bool tv = (g >> 1) == t && xtok < p.m;
   // kSmemX: token j's activations at xs[j * (n8 + 1) + i] for 8-element block i (the +1
-  // keeps the two tokens' planes on different banks).
+  // keeps the two tokens' planes on different banks), then U * 16 zero blocks: lanes whose
+  // B operand is zero read those, so full batches need no predicate (xb below).
   const int n8 = nslices * 4;
   const uint4* xsl = nullptr;
+  int xstride = 0;
   if constexpr (kSmemX) {
     uint4* xs = dyn_smem + (warps_k > 1 ? (blockDim.x >> 5) * V * 32 / 4 : 0);
     const int ntok = p.m < 2 ? static_cast<int>(p.m) : 2;
+    uint4* zeros = xs + ntok * (n8 + 1);
+    for (int i = threadIdx.x; i < U * 16; i += blockDim.x) zeros[i] = make_uint4(0u, 0u, 0u, 0u);
     for (int i = threadIdx.x; i < ntok * n8; i += blockDim.x) {
       const int tok = i >= n8 ? 1 : 0;
       const int j = i - tok * n8;
@@ -500,14 +511,12 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       xs[tok * (n8 + 1) + j] = make_uint4(q[0], q[1], q[2], q[3]);
     }
     __syncthreads();
-    xsl = xs + (g & 1) * (n8 + 1) + t * 4;  // this lane's token and slice
+    xsl = tv ? xs + (g & 1) * (n8 + 1) + t * 4 : zeros;  // this lane's token and slice
+    xstride = tv ? 16 : 0;
   }
   (void)n8;
   (void)xsl;
-  // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
-  // g >> 1 == t (see above).
-  const int xtok = g & 1;
-  const bool tv = (g >> 1) == t && xtok < p.m;
+  (void)xstride;
   const uint16_t* xg = static_cast<const uint16_t*>(XRow(p, prob, tv ? xtok : 0)) + t * SE;
 
   float acc[WR][4];
@@ -562,6 +571,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 
     // The batch's compute, once per scale path: the vote branches once per batch, not per
     // chunk.
+    const uint4* xb = nullptr;
+    if constexpr (kSmemX) xb = xsl + s0 * xstride;
+    (void)xb;
     auto compute = [&]<bool kBig>() {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -570,9 +582,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
         uint32_t xq[NB][4];
 #pragma unroll
         for (int w = 0; w < NB; ++w) {
-          if (sv[u] && tv) {
+          if (sv[u] && (kSmemX || tv)) {
             if constexpr (kSmemX) {
-              const uint4 v = xsl[(s0 + u) * 16 + w];
+              const uint4 v = xb[u * 16 + w];  // zeros where !tv
               xq[w][0] = v.x;
               xq[w][1] = v.y;
               xq[w][2] = v.z;
@@ -821,7 +833,8 @@ absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStrea
   if (P::kAffine) vi = 0;  // no 32-row affine kernel (see AutoVariant)
   LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
   if (kVariants[vi].col == 3) {  // staged activations (QgemvMx4ColKernel kSmemX)
-    const size_t xbytes = static_cast<size_t>(std::min<int64_t>(p.m, 2)) * (p.w.cols / 8 + 1) * 16;
+    const size_t xbytes =
+        (static_cast<size_t>(std::min<int64_t>(p.m, 2)) * (p.w.cols / 8 + 1) + sh.u * 16) * 16;
     if (sh.smem + xbytes > 200 * 1024) {
       vi = AutoVariant<P>(p, problems, sms);
       sh = ShapeFor<P>(vi, p, problems, sms);
