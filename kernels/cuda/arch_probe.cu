@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/qgemv_internal.cuh"
 
 namespace ring::cuda::internal {
 
@@ -18,6 +19,35 @@ absl::Status ProbeLoadedCode(int* ptx_cc, int* binary_cc) {
   RING_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, ArchProbeKernel));
   *ptx_cc = attr.ptxVersion;
   *binary_cc = attr.binaryVersion;
+  return absl::OkStatus();
+}
+
+// One m16n8k16 bf16 MMA whose A operand is all 0x0040 (2^-127, a bf16 subnormal) and B all
+// 2^64: each output is 16 * 2^-127 * 2^64 = 2^-59 exactly when the tensor cores keep
+// subnormal inputs, 0 when they flush them.
+__global__ void MmaSubnormalProbeKernel(float* out) {
+  float c[4];
+  const uint32_t a = 0x00400040u, b = 0x5f805f80u;
+  MmaBf16Zero(c, a, a, a, a, b, b);
+  if (threadIdx.x == 0) out[0] = c[0];
+}
+
+absl::Status ProbeMmaSubnormals(bool* kept) {
+  *kept = false;
+  int dev = 0;
+  RING_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  int major = 0;
+  RING_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major < 8) return absl::OkStatus();  // no bf16 MMA
+  float* d = nullptr;
+  RING_CUDA_RETURN_IF_ERROR(cudaMalloc(&d, sizeof(float)));
+  MmaSubnormalProbeKernel<<<1, 32>>>(d);
+  float h = 0.f;
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  RING_CUDA_RETURN_IF_ERROR(e);
+  *kept = h == ldexpf(1.f, -59);
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "kernels/status.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/status.h"
@@ -18,6 +19,7 @@
 namespace ring::cuda {
 namespace internal {
 absl::Status ProbeLoadedCode(int* ptx_cc, int* binary_cc);  // arch_probe.cu
+absl::Status ProbeMmaSubnormals(bool* kept);                 // arch_probe.cu
 std::vector<int> CompiledArchList();                         // arch_probe.cu
 }  // namespace internal
 
@@ -29,10 +31,11 @@ std::string DeviceInfo::ToString() const {
   return absl::StrFormat(
       "GPU %d: %s, sm_%d, %d SMs, %.1f GiB total / %.1f GiB free, L2 %.0f MiB, "
       "mem bus %d bit @ %d MHz, driver %s, runtime %s, loaded code sm_%d (from compute_%d), "
-      "binary archs [%s]",
+      "binary archs [%s], bf16 MMA subnormal inputs %s",
       ordinal, name, cc, sm_count, mem_total / 1073741824.0, mem_free / 1073741824.0,
       l2_bytes / 1048576.0, mem_bus_bits, mem_clock_khz / 1000, VersionString(driver_version),
-      VersionString(runtime_version), binary_cc, code_cc, CompiledArchsString());
+      VersionString(runtime_version), binary_cc, code_cc, CompiledArchsString(),
+      mma_bf16_subnormals ? "kept" : "flushed");
 }
 
 absl::StatusOr<int> DeviceCount() {
@@ -91,7 +94,8 @@ absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
   size_t free_b = 0, total_b = 0;
   absl::Status st = [&]() -> absl::Status {
     RING_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
-    return internal::ProbeLoadedCode(&d.code_cc, &d.binary_cc);
+    RING_RETURN_IF_ERROR(internal::ProbeLoadedCode(&d.code_cc, &d.binary_cc));
+    return internal::ProbeMmaSubnormals(&d.mma_bf16_subnormals);
   }();
   RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(prev));
   if (!st.ok()) {

@@ -52,6 +52,10 @@ struct DeviceInfo {
   // was compiled from) and of the machine code actually running (after any JIT).
   int code_cc = 0;
   int binary_cc = 0;
+  // Whether the bf16 tensor-core MMA keeps subnormal inputs (probed once by a kernel): the
+  // scale-free mxfp4 decode GEMV feeds it E2M1 values scaled by 2^-126, half of which are
+  // bf16 subnormals, and is only chosen where they survive.
+  bool mma_bf16_subnormals = false;
 
   std::string ToString() const;
 };

@@ -512,7 +512,19 @@ TEST_F(GpuTest, MatmulAllFormats) {
   }
 }
 
-// The experimental column-split mxfp4 decode GEMV (TEST_SetQgemvTuning variants 2, 3 and 4,
+// The device probe behind the automatic variant-4 choice: Hopper's bf16 MMA keeps subnormal
+// inputs (checked on the H200); on other GPUs the probe decides and the harness below checks
+// whichever kernels it lets run.
+TEST_F(GpuTest, MmaSubnormalProbe) {
+  if (dev_->cc == 90) {
+    EXPECT_TRUE(dev_->mma_bf16_subnormals) << dev_->ToString();
+  }
+  if (dev_->cc < 80) {
+    EXPECT_FALSE(dev_->mma_bf16_subnormals) << dev_->ToString();
+  }
+}
+
+// The column-split mxfp4 decode GEMV (TEST_SetQgemvTuning variants 2, 3 and 4,
 // qgemv_gemv.cu QgemvMx4ColKernel: group scale applied in fp32 on the mma accumulators;
 // variants 2 and 4 feed the mma bf16-subnormal-encoded E2M1 values against x * 2^64, 4
 // with x staged in shared memory). Forced here so that the default run checks it: row and
@@ -560,7 +572,7 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
             ASSERT_TRUE(desc.ok()) << desc.status();
             const bool col = desc->find(" col-") != std::string::npos;
             if (KernelOf(*w, probe) == "gemv") {
-              EXPECT_EQ(col, m <= 2) << *desc;
+              EXPECT_EQ(col, m <= 2 && (variant == 3 || dev_->mma_bf16_subnormals)) << *desc;
             }
             const std::vector<float> got = GpuMatmulT(*w, x, m, xd, QmmPath::kAuto);
             Report(absl::StrFormat("qmm_t[%s] x=%s v%d%s", KernelOf(*w, probe), DTypeName(xd),
@@ -584,6 +596,26 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
               cudaSuccess);
     const std::vector<float> got = GpuMatmulT(*w, x, 1, DType::kBF16, QmmPath::kAuto);
     EXPECT_GT(Nmse(got, ref), kTolMatmul) << "variant " << variant << ": a wrong group scale went unnoticed";
+  }
+  // The automatic choice: a tall matrix with short rows takes variant 4 at m <= 2 where the
+  // MMA keeps subnormals (24576 x 544: a K tail; 24576 x 8192: the widest row it takes).
+  TEST_SetQgemvTuning(-1, 0);
+  for (const Dims d : {Dims{24576, 544}, Dims{24576, 8192}}) {
+    auto w = MakeWeight(spec, DType::kU8, 1, d.rows, d.cols, 1200 + static_cast<uint32_t>(d.cols));
+    ASSERT_NE(w, nullptr);
+    for (int64_t m : {1, 2, 3}) {
+      const std::vector<float> x = RandomFloats(m * d.cols, 1300 + static_cast<uint32_t>(m));
+      QMatmulArgs probe;
+      probe.x_dtype = DType::kBF16;
+      probe.m = m;
+      absl::StatusOr<std::string> desc = DescribeQmm(w->dev.view, probe);
+      ASSERT_TRUE(desc.ok()) << desc.status();
+      const bool smx = desc->find(" col-sub-smx") != std::string::npos;
+      EXPECT_EQ(smx, m <= 2 && dev_->mma_bf16_subnormals) << *desc;
+      Report(absl::StrFormat("qmm_t[%s] x=BF16 auto%s", KernelOf(*w, probe), smx ? " col" : ""),
+             absl::StrFormat("M%d %s", m, w->Shape()), w->Mode(),
+             GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto), CpuMatmulT(*w, x, m), kTolMatmul, d.rows);
+    }
   }
   TEST_SetQgemvTuning(restore, 0);
 }

@@ -137,7 +137,7 @@ absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& 
 
 // Bench/test hook for the decode GEMV: variant < 0 = automatic, 0 = 16 rows per warp,
 // 1 = 32 rows per warp (half the steps per batch; the affine kernel always uses 16),
-// 2 / 3 / 4 = experimental column-split mxfp4 kernels at m <= 2 (group scale applied in
+// 2 / 3 / 4 = column-split mxfp4 kernels at m <= 2 (group scale applied in
 // fp32 on the accumulators; 2 feeds the mma subnormal-encoded E2M1 values, 3 exact ones, 4
 // is 2 with the activations staged in shared memory; see qgemv_gemv.cu; other formats and
 // m > 2 fall back to the automatic choice);

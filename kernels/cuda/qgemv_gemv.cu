@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #endif
 }
 
-// ---- column-split mxfp4 kernel (experimental variants 2 and 3) ---------------------------
+// ---- column-split mxfp4 kernel (variants 2, 3 and 4) ------------------------------------
 // The same work split, loads and operand order as QgemvKernel<OwnChunk<Mxfp4>, WR, U>, but
 // the group scale leaves the weight decode: the mma gets scale-free E2M1 values and the
 // scale is applied once per chunk, in fp32, on the accumulators. That is possible because
@@ -425,12 +425,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // unless kSmemX stages them. sm_90 SASS, one trip of the full-batch loop on the fast path
 // (256 weights per lane; bench/gpu/sass_loop_count.py): QgemvKernel variant 1 765
 // instructions, kSubnormal 665, kUnit 781, kSubnormal + kSmemX 588 (2.99 / 2.60 / 3.05 /
-// 2.30 per weight and lane). Not yet timed on a GPU.
+// 2.30 per weight and lane). Timed on the H200 (AutoVariant): the staged-activation form
+// wins on tall matrices with short rows only.
 // Numerics: every product in the mma is exact and every scale multiply is a power of two,
 // so the result is the CPU reference's function up to fp32 summation order, with two
 // operand-range conditions for kSubnormal (not for kUnit):
 //   kSubnormal: A = E2M1 * 2^-126 (Mxfp4::PairsTiny; +-0.5 is a bf16 subnormal, which the
-//     mma must take as such: the harness checks it) and B = x * 2^64, so the fragment is
+//     mma must take as such: DeviceInfo::mma_bf16_subnormals probes it on every device,
+//     and the harness checks whole matmuls) and B = x * 2^64, so the fragment is
 //     2^-62 * sum(E2M1 x): |x| must stay below 2^64 (bf16 activations far below that in
 //     practice), and the factor 2^(u-65) is a normal fp32 number for u <= 192; a batch
 //     with a larger scale (weights >= 2^66, never in real checkpoints) takes two exact
@@ -709,9 +711,10 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // tiles than SMs.
 // Variants 2 and 3 are the experimental column-split mxfp4 kernels (QgemvMx4ColKernel,
 // kSubnormal and kUnit), 32 rows and BPR 32 as variant 1, and variant 4 is variant 2 with
-// the activations staged in shared memory (kSmemX); they run only when forced
-// (TEST_SetQgemvTuning: gpu_gemv_bench --sweep, RING_QGEMV_VARIANT) and only for mxfp4 at
-// m <= 2; elsewhere a forced 2 or 3 falls back to the automatic choice.
+// the activations staged in shared memory (kSmemX); only for mxfp4 at m <= 2 (elsewhere a
+// forced 2..4 falls back to the automatic choice). AutoVariant picks 4 for tall matrices;
+// 2 and 3 run only when forced (TEST_SetQgemvTuning: gpu_gemv_bench --sweep,
+// RING_QGEMV_VARIANT).
 struct Variant {
   int wr, bpr;
   int col;  // 0: QgemvKernel; column split: 1 subnormal operand, 2 unit, 3 = 1 + staged x
@@ -809,12 +812,26 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms) {
 // the probe, dense gate_up 43.5 -> 54.3, Qwen3 gate/up 34.5 -> 44.4, down 32.8 -> 40.6,
 // lm_head 64.3 -> 69.4; o_proj, whose 32-row tiles leave 6 warps per SM, 46.8 -> 36.3).
 // The affine kernel keeps 16 rows: with 32 it spills registers (lm_head 58.3% -> 40.7%).
+//
+// Tall mxfp4 matrices with short rows at m <= 2 take variant 4 (scale-free E2M1 operands,
+// activations in shared memory: 2.30 instead of 2.99 instructions per weight and lane), on
+// devices whose bf16 MMA keeps subnormal inputs (DeviceInfo::mma_bf16_subnormals). H200
+// sweep, 2026-11, % of the probe at m = 1 / 2: lm_head 69.4 / 67.0 -> 75.8 / 74.0, dense
+// gate_up 53.6 / 52.7 -> 59.1 / 54.0; where it did not win it stays off: q_b_proj 16384 x
+// 2048 38.2 -> 37.7, Qwen3 gate/up 12288 x 4096 within 0.7 points, o_proj 6144 x 16384
+// 46.2 -> 39.1 (its staged activations and 6 warps per SM).
 template <class P>
-int AutoVariant(const QmmParams& p, int64_t problems, int sms) {
+int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) {
   if constexpr (P::kAffine) {
     return 0;
   } else {
-    return ShapeFor<P>(1, p, problems, sms).warps >= static_cast<int64_t>(sms) * 11 ? 1 : 0;
+    const bool wr2 = ShapeFor<P>(1, p, problems, sms).warps >= static_cast<int64_t>(sms) * 11;
+    if constexpr (std::is_same_v<P, OwnChunk<qdec::Mxfp4>>) {
+      if (wr2 && subnormals && problems == 1 && p.m <= 2 && p.w.rows >= 24576 && p.w.cols <= 8192) {
+        return 4;
+      }
+    }
+    return wr2 ? 1 : 0;
   }
 }
 
@@ -825,18 +842,24 @@ absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStrea
   if (!dev.ok()) return dev.status();
   const int sms = (*dev)->sm_count;
   const int pdl = (overlap != 0 && (*dev)->code_cc >= 90) ? overlap : 0;
+  const bool subn = (*dev)->mma_bf16_subnormals;
   const int forced = g_variant.load(std::memory_order_relaxed);
-  int vi = AutoVariant<P>(p, problems, sms);
+  int vi = AutoVariant<P>(p, problems, sms, subn);
   if (forced >= 0 && forced < kNumVariants) vi = forced;
   constexpr bool kMx4 = std::is_same_v<P, OwnChunk<qdec::Mxfp4>>;
-  if (kVariants[vi].col != 0 && (!kMx4 || p.m > 2)) vi = AutoVariant<P>(p, problems, sms);
+  // The column-split kernels exist for mxfp4 at m <= 2; the subnormal-operand ones (col 1
+  // and 3) also need an MMA that keeps subnormals.
+  const int col = kVariants[vi].col;
+  if (col != 0 && (!kMx4 || p.m > 2 || (col != 2 && !subn))) {
+    vi = AutoVariant<P>(p, problems, sms, subn);
+  }
   if (P::kAffine) vi = 0;  // no 32-row affine kernel (see AutoVariant)
   LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
   if (kVariants[vi].col == 3) {  // staged activations (QgemvMx4ColKernel kSmemX)
     const size_t xbytes =
         (static_cast<size_t>(std::min<int64_t>(p.m, 2)) * (p.w.cols / 8 + 1) + sh.u * 16) * 16;
-    if (sh.smem + xbytes > 200 * 1024) {
-      vi = AutoVariant<P>(p, problems, sms);
+    if (static_cast<int64_t>(sh.smem + xbytes) > (*dev)->smem_per_block_optin) {
+      vi = AutoVariant<P>(p, problems, sms, false);
       sh = ShapeFor<P>(vi, p, problems, sms);
     } else {
       sh.smem += xbytes;
