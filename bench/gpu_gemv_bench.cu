@@ -3,12 +3,14 @@
 // fraction of that measured bandwidth (the M2/M3 metrics of the performance anchors), plus
 // cuBLAS bf16 GEMV on the same shapes for a per-weight-element speed ratio.
 //
-//   gpu_gemv_bench [--quick] [--no-cublas] [--iters N] [--only NAME] [--modes mxfp4,affine4]
+//   gpu_gemv_bench [--quick] [--no-cublas] [--iters N] [--only NAME] [--modes mxfp4,affine4] [--sweep | --many]
 //                  [--sweep] [--no-probe]
 //
 // Table columns: "us" = plain launches (QMatmulArgs::overlap = 0); "PDL us" = the same with
 // programmatic dependent launch (overlap = 2: the next launch streams its first weights
 // while the previous one drains, as in a decode step's chain of kernels).
+// --many times weights that share x (q/k/v, gate/up, GLM-5.2's x projections) as separate
+// launches and as one QMatmulTMany launch.
 // --sweep times the decode GEMV's configurations side by side (TEST_SetQgemvTuning) for
 // M = 1, 2 and 8 (tuning aid).
 // --only NAME keeps the shapes whose matrix name contains NAME (e.g. for ncu).
@@ -61,7 +63,7 @@ double ProbeReadBandwidth(const DeviceInfo& dev, cudaStream_t s) {
 }
 
 struct Opts {
-  bool quick = false, use_cublas = true, sweep = false, probe = true;
+  bool quick = false, use_cublas = true, sweep = false, probe = true, many = false;
   int iters = 40;
   std::string only, modes = "mxfp4,affine4";
 };
@@ -118,12 +120,87 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
   }
 }
 
+// Weights that share x (GLM-5.2's x projections, q/k/v, gate/up): one launch per matrix in
+// a row, as a decode step issued them (PDL overlap 2 where each matrix is <= 32 MB, as the
+// CUDA backend does), against one QMatmulTMany launch for all of them (PDL where the total is
+// <= 32 MB).
+void Many(const std::vector<QuantSpec>& specs, const DeviceInfo& dev, double probe,
+          const DeviceBuffer& x, DeviceBuffer& y, cudaStream_t st, int iters) {
+  struct Group {
+    const char* model;
+    const char* name;
+    int64_t cols;
+    std::vector<int64_t> rows;
+  };
+  const Group groups[] = {
+      {"GLM-5.2", "q_a+kv_a+wk+wproj", 6144, {2048, 576, 128, 32}},
+      {"GLM-5.2", "dense gate+up", 6144, {12288, 12288}},
+      {"Qwen3-8B", "q+k+v", 4096, {4096, 1024, 1024}},
+      {"Qwen3-8B", "gate+up", 4096, {12288, 12288}},
+      {"Qwen3-0.6B", "q+k+v", 1024, {2048, 1024, 1024}},
+      {"Qwen3-0.6B", "gate+up", 1024, {3072, 3072}},
+  };
+  constexpr int64_t kPdlMax = int64_t{32} << 20;
+  std::printf("\nweights sharing x: separate launches vs one QMatmulTMany launch (us, %% of probe)\n"
+              "| %-10s | %-18s | %-16s | %2s | %9s | %9s | %7s | %s\n",
+              "model", "matrices", "mode", "M", "separate", "one", "speedup", "kernel");
+  for (const Group& g : groups) {
+    for (QuantSpec spec : specs) {
+      std::vector<Weights> ws;
+      double bytes = 0;
+      for (int64_t r : g.rows) {
+        ws.push_back(MakeWeights(Shape{g.model, g.name, r, g.cols}, spec, dev.l2_bytes, st));
+        bytes += static_cast<double>(ws.back().bytes);
+      }
+      for (int m : {1, 2, 8}) {
+        QMatmulArgs a;
+        a.x = x.data();
+        a.x_dtype = DType::kBF16;
+        a.m = m;
+        a.round_bf16 = true;
+        const float sep = MedianMs(st, iters, [&](int i) {
+          int64_t off = 0;
+          for (const Weights& w : ws) {
+            QMatmulArgs ai = a;
+            ai.y = y.as<float>() + off;
+            ai.overlap = w.bytes <= kPdlMax ? 2 : 0;
+            BENCH_CHECK(QMatmulT(w.views[i % w.views.size()], ai, st));
+            off += m * w.views[0].rows;
+          }
+        }) * 1e3f;
+        std::vector<const DeviceQuantWeight*> parts(ws.size());
+        std::vector<float*> ys(ws.size());
+        QMatmulArgs am = a;
+        am.overlap = bytes <= kPdlMax ? 2 : 0;
+        const float one = MedianMs(st, iters, [&](int i) {
+          int64_t off = 0;
+          for (size_t j = 0; j < ws.size(); ++j) {
+            parts[j] = &ws[j].views[i % ws[j].views.size()];
+            ys[j] = y.as<float>() + off;
+            off += m * ws[j].views[0].rows;
+          }
+          BENCH_CHECK(QMatmulTMany(parts, ys, am, st));
+        }) * 1e3f;
+        for (size_t j = 0; j < ws.size(); ++j) parts[j] = &ws[j].views[0];
+        const std::string kernel = Must(DescribeQmmMany(parts, am));
+        const double xb = static_cast<double>(m) * g.cols * 2;
+        auto pct = [&](float us) { return 100.0 * (bytes + xb) / (us * 1e-6) / 1e9 / probe; };
+        std::printf("| %-10s | %-18s | %-16s | %2d | %5.1f %2.0f%% | %5.1f %2.0f%% | %6.2fx | %s\n",
+                    g.model, g.name, ModeName(spec).c_str(), m, sep, pct(sep), one, pct(one),
+                    sep / one, kernel.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 int Main(int argc, char** argv) {
   Opts o;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) o.quick = true;
     else if (!std::strcmp(argv[i], "--no-cublas")) o.use_cublas = false;
     else if (!std::strcmp(argv[i], "--sweep")) o.sweep = true;
+    else if (!std::strcmp(argv[i], "--many")) o.many = true;
     else if (!std::strcmp(argv[i], "--no-probe")) o.probe = false;
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
@@ -137,7 +214,7 @@ int Main(int argc, char** argv) {
   const double probe = o.probe ? ProbeReadBandwidth(dev, st) : 4466.0;
   if (!o.probe) std::printf("bandwidth probe skipped; percentages use 4466 GB/s\n");
   Cublas cublas;
-  if (o.use_cublas && !o.sweep) cublas.Load(st);
+  if (o.use_cublas && !o.sweep && !o.many) cublas.Load(st);
 
   std::vector<Shape> shapes = {
       {"GLM-5.2", "q_a_proj", 2048, 6144},      {"GLM-5.2", "q_b_proj", 16384, 2048},
@@ -163,6 +240,11 @@ int Main(int argc, char** argv) {
   FillBf16<<<64, 256, 0, st>>>(x.as<uint16_t>(), 8 * 16384 * 2, 7, 0.5f);
   DeviceBuffer y = Must(DeviceBuffer::Allocate(8 * 154880 * 4));
 
+  if (o.many) {
+    Many(specs, dev, probe, x, y, st, o.iters);
+    BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));
+    return 0;
+  }
   if (o.sweep) {
     Sweep(shapes, specs, dev, probe, x, y, st, o.iters);
     BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/model_ops.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/sampling.h"
@@ -108,6 +109,17 @@ class Backend {
   // y[m, rows] = round(x[m, cols] @ W^T).
   virtual absl::Status Linear(const QuantWeight& w, const float* x, int64_t m, ActDType t,
                               float* y) = 0;
+  // ys[i][m, rows_i] = round(x[m, cols] @ W_i^T) for weights that share x: exactly one
+  // Linear per weight, in order (a backend may run them as one kernel).
+  virtual absl::Status LinearMany(absl::Span<const QuantWeight* const> ws, const float* x,
+                                  int64_t m, ActDType t, absl::Span<float* const> ys) {
+    if (ws.size() != ys.size()) return absl::InvalidArgumentError("LinearMany: weights != outputs");
+    for (size_t i = 0; i < ws.size(); ++i) {
+      absl::Status s = Linear(*ws[i], x, m, t, ys[i]);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   // out[i, :] = round(dequant(W[ids[i], :])); ids are host memory, already range-checked.
   virtual absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n,
                              ActDType t, float* out) = 0;

@@ -44,6 +44,10 @@ class ForwardingBackend : public Backend {
                       float* y) override {
     return inner_->Linear(w, x, m, t, y);
   }
+  absl::Status LinearMany(absl::Span<const QuantWeight* const> ws, const float* x, int64_t m,
+                          ActDType t, absl::Span<float* const> ys) override {
+    return inner_->LinearMany(ws, x, m, t, ys);
+  }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
                      float* out) override {
     return inner_->Embed(w, host_ids, n, t, out);

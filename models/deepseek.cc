@@ -88,10 +88,20 @@ class MlaStage : public LayeredStage {
   MlaCache& CacheOf(int64_t layer, const Segment& s) const {
     return static_cast<MlaSequence&>(*s.seq).caches[layer - range().begin];
   }
+  // A full indexer's projections of the layer input x, made in the same call as the
+  // attention's (Backend::LinearMany): this step's keys k = wk(x) (with one sequence straight
+  // in its cache rows, with several in scratch rows each cache takes its share of) and the
+  // head weights w = weights_proj(x).
+  struct IndexerInputs {
+    Buffer scratch, w;
+    float* k = nullptr;
+  };
+  absl::StatusOr<IndexerInputs> PrepareIndexer(int64_t layer, const std::vector<Segment>& segs,
+                                               int64_t T) const;
   // Runs the indexer of a full layer and sets each segment's carry: dense when its context is
   // short enough that the layer stays dense, else [rows, index_topk] selected positions.
   absl::Status RunIndexer(const MlaLayer& L, int64_t layer, const std::vector<Segment>& segs,
-                          const float* x, const float* qr, int64_t T) const;
+                          IndexerInputs& in, const float* qr, int64_t T) const;
   absl::Status Moe(const MlaLayer& L, const float* x, int64_t T, float* out) const;
 
   std::vector<MlaLayer> layers_;
@@ -214,26 +224,31 @@ absl::Status MlaStage::ReserveCaches(SequenceState& seq_base, int64_t rows) cons
   return absl::OkStatus();
 }
 
+absl::StatusOr<MlaStage::IndexerInputs> MlaStage::PrepareIndexer(
+    int64_t layer, const std::vector<Segment>& segs, int64_t T) const {
+  Backend& b = backend();
+  const ModelConfig& c = ctx_.cfg;
+  IndexerInputs in;
+  if (segs.size() == 1) {
+    in.k = CacheOf(layer, segs[0]).index_k.row(segs[0].seq->position_);
+  } else {
+    RING_ASSIGN_OR_RETURN(in.scratch, b.AllocF(T * c.index_head_dim));
+    in.k = in.scratch.f();
+  }
+  RING_ASSIGN_OR_RETURN(in.w, b.AllocF(T * c.index_n_heads));
+  return in;
+}
+
 absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
-                                  const std::vector<Segment>& segs, const float* x,
+                                  const std::vector<Segment>& segs, IndexerInputs& in,
                                   const float* qr, int64_t T) const {
   Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t ih = c.index_n_heads, id = c.index_head_dim;
   RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * ih * id));
-  // This step's keys: with one sequence straight into its cache rows, with several into
-  // scratch rows that each cache takes its share of.
-  Buffer scratch;
-  float* k;
-  if (segs.size() == 1) {
-    k = CacheOf(layer, segs[0]).index_k.row(segs[0].seq->position_);
-  } else {
-    RING_ASSIGN_OR_RETURN(scratch, b.AllocF(T * id));
-    k = scratch.f();
-  }
+  float* k = in.k;
   RING_RETURN_IF_ERROR(b.Linear(L.wq_b, qr, T, t, q.f()));
-  RING_RETURN_IF_ERROR(b.Linear(L.wk, x, T, t, k));
   RING_RETURN_IF_ERROR(b.LayerNorm(k, T, id, L.k_norm_w, L.k_norm_b, 1e-5f, t, k));
   bool any_sparse = false;
   for (const Segment& s : segs) {
@@ -253,8 +268,7 @@ absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
   }
   if (!any_sparse) return absl::OkStatus();
   // w = round(weights_proj(x) * heads^-0.5 * dim^-0.5); the scores and top-k in one op.
-  RING_ASSIGN_OR_RETURN(Buffer w, b.AllocF(T * ih));
-  RING_RETURN_IF_ERROR(b.Linear(L.weights_proj, x, T, t, w.f()));
+  Buffer& w = in.w;
   const float wscale = static_cast<float>(1.0 / std::sqrt(double(ih)) / std::sqrt(double(id)));
   RING_RETURN_IF_ERROR(b.ScaleRound(w.f(), T * ih, wscale, t));
   for (const Segment& s : segs) {
@@ -292,21 +306,29 @@ absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs
   const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t qd = nope + rope, vd = c.v_head_dim, kvl = c.kv_lora_rank;
 
+  // Everything computed from x in one call (one launch on CUDA): q_a (or q), kv_a, and a
+  // full indexer's keys and head weights. ckv = [latent_raw | k_pe]: each sequence's latent
+  // is normed and its key rotated in the cache rows of this step.
   Buffer qr;
   RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * H * qd));
-  if (L.q_lora) {
-    const int64_t ql = *c.q_lora_rank;
-    RING_ASSIGN_OR_RETURN(qr, b.AllocF(T * ql));
-    RING_RETURN_IF_ERROR(b.Linear(L.q_a_proj, x, T, t, qr.f()));
-    RING_RETURN_IF_ERROR(b.RmsNorm(qr.f(), T, ql, L.q_a_norm, 1e-6f, t, qr.f()));
-    RING_RETURN_IF_ERROR(b.Linear(L.q_b_proj, qr.f(), T, t, q.f()));
-  } else {
-    RING_RETURN_IF_ERROR(b.Linear(L.q_proj, x, T, t, q.f()));
-  }
-  // ckv = [latent_raw | k_pe]: each sequence's latent is normed and its key rotated in the
-  // cache rows of this step.
   RING_ASSIGN_OR_RETURN(Buffer ckv, b.AllocF(T * (kvl + rope)));
-  RING_RETURN_IF_ERROR(b.Linear(L.kv_a_proj, x, T, t, ckv.f()));
+  if (L.q_lora) {
+    RING_ASSIGN_OR_RETURN(qr, b.AllocF(T * *c.q_lora_rank));
+  }
+  std::vector<const QuantWeight*> ws = {L.q_lora ? &L.q_a_proj : &L.q_proj, &L.kv_a_proj};
+  std::vector<float*> ys = {L.q_lora ? qr.f() : q.f(), ckv.f()};
+  const bool own_indexer = L.indexer && !L.indexer_shared;
+  IndexerInputs ix;
+  if (own_indexer) {
+    RING_ASSIGN_OR_RETURN(ix, PrepareIndexer(layer, segs, T));
+    ws.insert(ws.end(), {&L.wk, &L.weights_proj});
+    ys.insert(ys.end(), {ix.k, ix.w.f()});
+  }
+  RING_RETURN_IF_ERROR(b.LinearMany(ws, x, T, t, ys));
+  if (L.q_lora) {
+    RING_RETURN_IF_ERROR(b.RmsNorm(qr.f(), T, *c.q_lora_rank, L.q_a_norm, 1e-6f, t, qr.f()));
+    RING_RETURN_IF_ERROR(b.Linear(L.q_b_proj, qr.f(), T, t, q.f()));
+  }
   for (const Segment& s : segs) {
     MlaCache& cache = CacheOf(layer, s);
     const int64_t offset = s.seq->position_;
@@ -322,7 +344,7 @@ absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs
   }
 
   // Sparse selection: a full layer runs its indexer; a shared one reuses the carry.
-  if (L.indexer && !L.indexer_shared) RING_RETURN_IF_ERROR(RunIndexer(L, layer, segs, x, qr.f(), T));
+  if (own_indexer) RING_RETURN_IF_ERROR(RunIndexer(L, layer, segs, ix, qr.f(), T));
   RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * vd));
   for (const Segment& s : segs) {
     const TopkState& carry = *s.carry;

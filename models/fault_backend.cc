@@ -113,6 +113,12 @@ class FaultBackend final : public ForwardingBackend {
                       float* y) override {
     return inner().Linear(Sub(w), x, m, t, y);
   }
+  absl::Status LinearMany(absl::Span<const QuantWeight* const> ws, const float* x, int64_t m,
+                          ActDType t, absl::Span<float* const> ys) override {
+    std::vector<const QuantWeight*> sub;
+    for (const QuantWeight* w : ws) sub.push_back(&Sub(*w));
+    return inner().LinearMany(sub, x, m, t, ys);
+  }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
                      float* out) override {
     return inner().Embed(Sub(w), host_ids, n, t, out);

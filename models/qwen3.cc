@@ -164,9 +164,8 @@ absl::Status QwenStage::Attention(int64_t layer, const std::vector<Segment>& seg
     k = kv.f();
     v = kv.f() + T * kvw;
   }
-  RING_RETURN_IF_ERROR(b.Linear(L.q_proj, xn, T, t, q.f()));
-  RING_RETURN_IF_ERROR(b.Linear(L.k_proj, xn, T, t, k));
-  RING_RETURN_IF_ERROR(b.Linear(L.v_proj, xn, T, t, v));
+  RING_RETURN_IF_ERROR(
+      b.LinearMany({&L.q_proj, &L.k_proj, &L.v_proj}, xn, T, t, {q.f(), k, v}));
   RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * d));
   for (const Segment& s : segs) {
     KvCache& cache = cache_of(s);

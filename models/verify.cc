@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "kernels/status.h"
 #include "models/backend.h"
@@ -201,6 +202,24 @@ class LockstepBackend final : public Backend {
     rec_->act = t;
     return Op("Linear", w.name, {F(x, m * w.cols())}, {F(y, m * w.rows())},
               [&](Backend& b, const Mapper& mp) { return b.Linear(w, M(mp, x), m, t, M(mp, y)); });
+  }
+  // One op, as the device runs it (CUDA: one launch for all weights), checked as a Linear.
+  absl::Status LinearMany(absl::Span<const QuantWeight* const> ws, const float* x, int64_t m,
+                          ActDType t, absl::Span<float* const> ys) override {
+    if (ws.empty() || ws.size() != ys.size()) return Backend::LinearMany(ws, x, m, t, ys);
+    rec_->act = t;
+    std::vector<std::string> names;
+    std::vector<Region> outs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      names.push_back(ws[i]->name);
+      outs.push_back(F(ys[i], m * ws[i]->rows()));
+    }
+    return Op("Linear", absl::StrJoin(names, "+"), {F(x, m * ws[0]->cols())}, std::move(outs),
+              [&](Backend& b, const Mapper& mp) {
+                std::vector<float*> yv;
+                for (float* y : ys) yv.push_back(M(mp, y));
+                return b.LinearMany(ws, M(mp, x), m, t, yv);
+              });
   }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
                      float* out) override {

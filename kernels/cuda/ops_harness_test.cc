@@ -512,6 +512,78 @@ TEST_F(GpuTest, MatmulAllFormats) {
   }
 }
 
+// Several weights on one x in one decode-GEMV launch (QMatmulTMany): q/k/v-like row counts
+// with row tails (200, 72, 40, 16 rows), every format, m = 1, 2, 5, 8; each output against
+// its own weight's reference, so a block working on the wrong part, or writing another
+// part's rows, fails. 5 weights run as 4 + 1; weights of different widths as separate
+// launches; m = 9 (no decode GEMV) as one QMatmulT each.
+TEST_F(GpuTest, MatmulManySharedX) {
+  uint32_t seed = 1500;
+  for (const FormatCase& f : AllFormats()) {
+    const int64_t g = f.spec.mode == QuantMode::kNone ? 32 : f.spec.group_size;
+    const int64_t cols = 2944 % g == 0 ? 2944 : 3072;
+    std::vector<std::unique_ptr<TestWeight>> ws;
+    for (int64_t rows : {200, 72, 40, 16, 24}) {
+      ws.push_back(MakeWeight(f.spec, f.dtype, 1, rows, cols, ++seed, f.global_scale));
+      ASSERT_NE(ws.back(), nullptr);
+    }
+    for (size_t n : {size_t{3}, size_t{5}}) {
+      std::vector<const DeviceQuantWeight*> dw;
+      for (size_t i = 0; i < n; ++i) dw.push_back(&ws[i]->dev.view);
+      for (int64_t m : {1, 2, 5, 8, 9}) {
+        const std::vector<float> x = RandomFloats(m * cols, seed * 7 + m);
+        absl::StatusOr<DeviceBuffer> dx = DeviceBuffer::FromVector(ToBf16Bits(x));
+        ASSERT_TRUE(dx.ok()) << dx.status();
+        std::vector<DeviceBuffer> dy;
+        std::vector<float*> ys;
+        for (size_t i = 0; i < n; ++i) {
+          absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(m * ws[i]->rows * sizeof(float));
+          ASSERT_TRUE(b.ok()) << b.status();
+          dy.push_back(*std::move(b));
+          ys.push_back(dy.back().as<float>());
+        }
+        QMatmulArgs a;
+        a.x = dx->data();
+        a.x_dtype = DType::kBF16;
+        a.m = m;
+        const size_t first = std::min<size_t>(n, 4);
+        absl::StatusOr<std::string> desc =
+            DescribeQmmMany(absl::MakeConstSpan(dw).subspan(0, first), a);
+        ASSERT_TRUE(desc.ok()) << desc.status();
+        QMatmulArgs one = a;
+        one.y = ys[0];
+        const bool gemv = KernelOf(*ws[0], one) == "gemv";
+        EXPECT_EQ(desc->find(absl::StrFormat("parts%d", first)) != std::string::npos, gemv) << *desc;
+        absl::Status st = QMatmulTMany(dw, ys, a, nullptr);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (size_t i = 0; i < n; ++i) {
+          absl::StatusOr<std::vector<float>> got = dy[i].ToVector<float>(m * ws[i]->rows);
+          ASSERT_TRUE(got.ok()) << got.status();
+          QMatmulArgs pi = a;
+          pi.y = ys[i];
+          const std::string kernel = KernelOf(*ws[i], pi);
+          Report(absl::StrFormat("qmm_many[%s] part %d/%d", gemv ? "gemv" : kernel, i + 1, n),
+                 absl::StrFormat("M%d %s", m, ws[i]->Shape()), ws[i]->Mode(), *got,
+                 CpuMatmulT(*ws[i], x, m), MatmulTol(*ws[i], kernel), ws[i]->rows);
+        }
+      }
+    }
+  }
+  // Different widths never share a launch.
+  const QuantSpec mx{QuantMode::kMxfp4, 4, 32};
+  auto a1 = MakeWeight(mx, DType::kU8, 1, 64, 256, 1601);
+  auto a2 = MakeWeight(mx, DType::kU8, 1, 64, 512, 1602);
+  ASSERT_TRUE(a1 && a2);
+  const DeviceQuantWeight* pair[] = {&a1->dev.view, &a2->dev.view};
+  QMatmulArgs a;
+  a.x_dtype = DType::kBF16;
+  a.m = 1;
+  absl::StatusOr<std::string> desc = DescribeQmmMany(pair, a);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  EXPECT_EQ(*desc, "separate: 2 launches");
+}
+
 // The device probe behind the automatic variant-4 choice: Hopper's bf16 MMA keeps subnormal
 // inputs (checked on the H200); on other GPUs the probe decides and the harness below checks
 // whichever kernels it lets run.

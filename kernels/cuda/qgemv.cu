@@ -37,7 +37,9 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
@@ -1149,6 +1151,90 @@ absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStre
     RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w), w, a));
     return LaunchT<F>(w, p, a, fam, stream, nullptr);
   });
+}
+
+namespace {
+
+// Whether weights a and b can share one decode-GEMV launch: the kernel instantiation and
+// everything in WeightView but the pointers and rows must agree.
+bool SameGemvLayout(const DeviceQuantWeight& a, const DeviceQuantWeight& b) {
+  return a.spec.mode == b.spec.mode && a.spec.bits == b.spec.bits &&
+         a.spec.group_size == b.spec.group_size && a.dtype == b.dtype &&
+         a.scale_dtype == b.scale_dtype && a.cols == b.cols && a.batch == 1 && b.batch == 1 &&
+         a.global_scale == b.global_scale;
+}
+
+// ws[i0, i0 + n) in one launch if they share the decode GEMV; false (nothing launched) if not.
+absl::StatusOr<bool> LaunchGemvParts(absl::Span<const DeviceQuantWeight* const> ws,
+                                     absl::Span<float* const> ys, const QMatmulArgs& a,
+                                     cudaStream_t stream, std::string* describe) {
+  const DeviceQuantWeight& w0 = *ws[0];
+  for (const DeviceQuantWeight* w : ws) {
+    if (!SameGemvLayout(w0, *w)) return false;
+  }
+  if (a.problems != 1 || a.expert_ids != nullptr || a.row_offsets != nullptr) return false;
+  bool launched = false;
+  RING_RETURN_IF_ERROR(WithFormat(w0, [&](auto fmt) -> absl::Status {
+    using F = decltype(fmt);
+    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, w0), w0, a));
+    if (fam != Family::kTcGemv) return absl::OkStatus();
+    QMatmulArgs a0 = a;
+    a0.y = ys[0];
+    a0.ldy = 0;
+    RING_ASSIGN_OR_RETURN(QmmParams p, MakeParams(w0, a0, w0.cols, w0.rows));
+    p.nparts = static_cast<int>(ws.size());
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (ys[i] == nullptr) return absl::InvalidArgumentError("y is null");
+      const WeightView v = MakeView(*ws[i]);
+      p.parts[i] = GemvPart{v.w, v.scales, v.biases, v.rows, ys[i], v.rows, 0};
+    }
+    launched = true;
+    return LaunchGemv(w0, p, 1, a.overlap, stream, describe);
+  }));
+  return launched;
+}
+
+}  // namespace
+
+absl::Status QMatmulTMany(absl::Span<const DeviceQuantWeight* const> ws,
+                          absl::Span<float* const> ys, const QMatmulArgs& a,
+                          cudaStream_t stream) {
+  if (ws.empty() || ws.size() != ys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("QMatmulTMany: %d weights, %d outputs", ws.size(), ys.size()));
+  }
+  for (size_t i0 = 0; i0 < ws.size(); i0 += kMaxGemvParts) {
+    const size_t n = std::min<size_t>(kMaxGemvParts, ws.size() - i0);
+    if (n > 1) {
+      RING_ASSIGN_OR_RETURN(const bool launched,
+                            LaunchGemvParts(ws.subspan(i0, n), ys.subspan(i0, n), a, stream, nullptr));
+      if (launched) continue;
+    }
+    for (size_t i = i0; i < i0 + n; ++i) {
+      QMatmulArgs ai = a;
+      ai.y = ys[i];
+      ai.ldy = 0;
+      RING_RETURN_IF_ERROR(QMatmulT(*ws[i], ai, stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DescribeQmmMany(absl::Span<const DeviceQuantWeight* const> ws,
+                                            const QMatmulArgs& a) {
+  if (ws.empty() || ws.size() > static_cast<size_t>(kMaxGemvParts)) {
+    return absl::InvalidArgumentError("DescribeQmmMany: 1..4 weights");
+  }
+  alignas(16) static float dummy[4] = {};
+  std::vector<float*> ys(ws.size(), dummy);
+  QMatmulArgs probe = a;
+  if (probe.x == nullptr) probe.x = dummy;
+  std::string out;
+  if (ws.size() > 1) {
+    RING_ASSIGN_OR_RETURN(const bool launched, LaunchGemvParts(ws, ys, probe, nullptr, &out));
+    if (launched) return out;
+  }
+  return absl::StrCat("separate: ", ws.size(), " launches");
 }
 
 absl::StatusOr<std::string> DescribeQmm(const DeviceQuantWeight& w, const QMatmulArgs& a) {

@@ -48,6 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/dtype.h"
 #include "kernels/quant.h"
@@ -117,6 +118,21 @@ struct QMatmulArgs {
 
 absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream);
 absl::Status QMatmulN(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream);
+
+// y_i = x @ W_i^T for weights that share x (q/k/v, gate/up, MLA's q_a/kv_a): where the
+// decode GEMV runs them (m <= 8, bf16 x) and they share format, group size, scale dtype and
+// cols (unstacked weights), up to 4 at a time in one launch, so a decode step pays one
+// kernel's ramp and tail instead of several; otherwise one QMatmulT each. `a` as for
+// QMatmulT with a single problem; its y and ldy are ignored: ys[i] is dense [m, rows_i].
+// Each output equals QMatmulT's up to fp32 summation order (the launch may split K
+// differently).
+absl::Status QMatmulTMany(absl::Span<const DeviceQuantWeight* const> ws,
+                          absl::Span<float* const> ys, const QMatmulArgs& a,
+                          cudaStream_t stream);
+// The kernel line QMatmulTMany would launch for 1..4 weights ("separate: N launches" when it
+// would not combine them); bench and tests.
+absl::StatusOr<std::string> DescribeQmmMany(absl::Span<const DeviceQuantWeight* const> ws,
+                                            const QMatmulArgs& a);
 
 // The family QMatmulT will run for these arguments on the current device (InvalidArgument
 // when a forced kTensorCore is not applicable).

@@ -194,11 +194,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   if (pdl != 0 && !early) GridDepWait();
 
   const int64_t prob = blockIdx.z;
+  WeightView wv = p.w;
+  int64_t bx = blockIdx.x;
+  const int part = p.nparts > 1 ? SelectGemvPart(p, &wv, &bx) : 0;
   int64_t b = 0;
   const bool bad = !ProblemBatch(p, prob, &b);
   if (bad) b = 0;
-  const int64_t row_base = (static_cast<int64_t>(blockIdx.x) * tiles_pb + tl) * (16 * WR);
-  const int nslices = static_cast<int>(p.w.cols / SE);
+  const int64_t row_base = (bx * tiles_pb + tl) * (16 * WR);
+  const int nslices = static_cast<int>(wv.cols / SE);
   const int nsteps = (nslices + 3) >> 2;
 
   const uint32_t* wp[WR][2];
@@ -207,14 +210,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = min(row_base + wr * 16 + g + 8 * h, p.w.rows - 1);
-      wp[wr][h] = RowPtr(p.w, b, row) + t * KW;
-      sp[wr][h] = static_cast<const uint8_t*>(p.w.scales) + ScaleRow(p.w, b, row) * P::kScaleEntryBytes;
+      const int64_t row = min(row_base + wr * 16 + g + 8 * h, wv.rows - 1);
+      wp[wr][h] = RowPtr(wv, b, row) + t * KW;
+      sp[wr][h] = static_cast<const uint8_t*>(wv.scales) + ScaleRow(wv, b, row) * P::kScaleEntryBytes;
     }
   }
   int64_t bdelta = 0;
   if constexpr (P::kAffine) {
-    bdelta = static_cast<const uint8_t*>(p.w.biases) - static_cast<const uint8_t*>(p.w.scales);
+    bdelta = static_cast<const uint8_t*>(wv.biases) - static_cast<const uint8_t*>(wv.scales);
   }
   const bool tv = g < p.m;
   // x of token g is read only after the dependency wait; the pointer itself is plain math.
@@ -356,8 +359,8 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
             for (int wr = 0; wr < WR; ++wr) {
               uint32_t a0[4], a1[4];
               // F::Pairs may branch per lane (mxfp4's rare huge scales take the generic path).
-              F::Pairs(raw[u][wr][0], w, CS::Make(sr[u][wr][0], p.w), a0);
-              F::Pairs(raw[u][wr][1], w, CS::Make(sr[u][wr][1], p.w), a1);
+              F::Pairs(raw[u][wr][0], w, CS::Make(sr[u][wr][0], wv), a0);
+              F::Pairs(raw[u][wr][1], w, CS::Make(sr[u][wr][1], wv), a1);
               __syncwarp();
               MmaBf16(acc[wr], a0[0], a1[0], a0[1], a1[1], xq[w][0], xq[w][1]);
               MmaBf16(acc[wr], a0[2], a1[2], a0[3], a1[3], xq[w][2], xq[w][3]);
@@ -389,15 +392,18 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
         for (int i = 0; i < 4; ++i) acc[wr][i] += red[((warp + j) * V + wr * 4 + i) * 32 + lane];
     }
   }
-  float* ybase = p.y + prob * p.y_pstride;
+  float* yp = nullptr;
+  int64_t ldy = 0;
+  GemvPartOutput(p, part, &yp, &ldy);
+  float* ybase = yp + prob * p.y_pstride;
 #pragma unroll
   for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
       const int64_t tok = 2 * t + (i & 1);
-      if (row < p.w.rows && tok < p.m) {
-        ybase[tok * p.ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
+      if (row < wv.rows && tok < p.m) {
+        ybase[tok * ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
       }
     }
   }
@@ -465,11 +471,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   if (pdl != 0 && !early) GridDepWait();
 
   const int64_t prob = blockIdx.z;
+  WeightView wv = p.w;
+  int64_t bx = blockIdx.x;
+  const int part = p.nparts > 1 ? SelectGemvPart(p, &wv, &bx) : 0;
   int64_t b = 0;
   const bool bad = !ProblemBatch(p, prob, &b);
   if (bad) b = 0;
-  const int64_t row_base = (static_cast<int64_t>(blockIdx.x) * tiles_pb + tl) * (16 * WR);
-  const int nslices = static_cast<int>(p.w.cols / SE);
+  const int64_t row_base = (bx * tiles_pb + tl) * (16 * WR);
+  const int nslices = static_cast<int>(wv.cols / SE);
   const int nsteps = (nslices + 3) >> 2;
   constexpr int V = WR * 4;
   extern __shared__ uint4 dyn_smem[];  // [K-split reduction][staged x]
@@ -480,9 +489,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = min(row_base + wr * 16 + g + 8 * h, p.w.rows - 1);
-      wp[wr][h] = RowPtr(p.w, b, row) + t * KW;
-      sp[wr][h] = static_cast<const uint8_t*>(p.w.scales) + ScaleRow(p.w, b, row);
+      const int64_t row = min(row_base + wr * 16 + g + 8 * h, wv.rows - 1);
+      wp[wr][h] = RowPtr(wv, b, row) + t * KW;
+      sp[wr][h] = static_cast<const uint8_t*>(wv.scales) + ScaleRow(wv, b, row);
     }
   }
   // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
@@ -685,15 +694,18 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       acc[wr][i] += __shfl_xor_sync(kFullMask, acc[wr][i], 2);
     }
   if (t != 0) return;
-  float* ybase = p.y + prob * p.y_pstride;
+  float* yp = nullptr;
+  int64_t ldy = 0;
+  GemvPartOutput(p, part, &yp, &ldy);
+  float* ybase = yp + prob * p.y_pstride;
 #pragma unroll
   for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
       const int64_t tok = i & 1;
-      if (row < p.w.rows && tok < p.m) {
-        ybase[tok * p.ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
+      if (row < wv.rows && tok < p.m) {
+        ybase[tok * ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
       }
     }
   }
@@ -835,9 +847,16 @@ int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) 
   }
 }
 
+// A multi-weight launch (p.nparts > 1) is shaped as one matrix of all the parts' rows;
+// each part then gets whole blocks of its own (its last block may idle a few warps).
 template <class P>
-absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStream_t stream,
+absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaStream_t stream,
                     std::string* describe) {
+  QmmParams p = p_in;
+  if (p.nparts > 1) {
+    p.w.rows = 0;
+    for (int i = 0; i < p.nparts; ++i) p.w.rows += p.parts[i].rows;
+  }
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
   const int sms = (*dev)->sm_count;
@@ -865,12 +884,22 @@ absl::Status Launch(const QmmParams& p, int64_t problems, int overlap, cudaStrea
       sh.smem += xbytes;
     }
   }
+  if (p.nparts > 1) {
+    const int64_t block_rows = 16 * sh.wr * static_cast<int64_t>(sh.tiles_pb);
+    p.w.rows = p_in.w.rows;
+    sh.gx = 0;
+    for (int i = 0; i < p.nparts; ++i) {
+      p.parts[i].block_begin = sh.gx;
+      sh.gx += (p.parts[i].rows + block_rows - 1) / block_rows;
+    }
+  }
   if (sh.gx > 0x7fffffff) return absl::InvalidArgumentError("matrix too tall");
   if (describe != nullptr) {
     const int col = kVariants[vi].col;
-    *describe = absl::StrFormat("gemv wr%d u%d wk%d blk%d grid%dx%d%s%s", sh.wr, sh.u, sh.wk,
+    *describe = absl::StrFormat("gemv wr%d u%d wk%d blk%d grid%dx%d%s%s%s", sh.wr, sh.u, sh.wk,
                                 sh.threads, sh.gx, problems,
                                 col == 1 ? " col-sub" : (col == 2 ? " col-unit" : (col == 3 ? " col-sub-smx" : "")),
+                                p.nparts > 1 ? absl::StrFormat(" parts%d", p.nparts) : "",
                                 pdl ? absl::StrFormat(" pdl%d", pdl) : "");
     return absl::OkStatus();
   }

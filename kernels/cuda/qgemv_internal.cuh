@@ -31,6 +31,20 @@ struct WeightView {
   float gs_factor;     // nvfp4: global_scale / (448 * 6), 0 when absent
 };
 
+// One weight of a multi-weight decode GEMV launch (QMatmulTMany): the pointers and rows
+// that differ from QmmParams::w (format, cols and scale layout are shared), its output, and
+// the first block of grid x that works on it.
+struct GemvPart {
+  const uint32_t* w;
+  const void* scales;
+  const void* biases;
+  int64_t rows;
+  float* y;
+  int64_t ldy;
+  int64_t block_begin;
+};
+inline constexpr int kMaxGemvParts = 4;
+
 struct QmmParams {
   WeightView w;
   const void* x;
@@ -46,6 +60,9 @@ struct QmmParams {
   const int32_t* row_off;
   const int32_t* y_rows;
   int64_t problems;
+  // Decode GEMV only: nparts > 1 weights on the same x (parts[0] repeats w, y and ldy).
+  int nparts;
+  GemvPart parts[kMaxGemvParts];
 };
 
 // ---- device helpers --------------------------------------------------------------------
@@ -218,6 +235,41 @@ __device__ __forceinline__ void MmaBf16Zero(float (&c)[4], uint32_t a0, uint32_t
 }
 
 // ---- decode GEMV (qgemv_gemv.cu) -------------------------------------------------------------
+// The part of a multi-weight launch that block `bx` of grid x works on: sets *w's pointers
+// and rows to it and makes *bx relative to its first block; returns its index. Static
+// indices only, so the parameter array stays in the constant bank.
+__device__ __forceinline__ int SelectGemvPart(const QmmParams& p, WeightView* w, int64_t* bx) {
+  int part = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxGemvParts; ++i) {
+    if (i < p.nparts && *bx >= p.parts[i].block_begin) part = i;
+  }
+  GemvPart s = p.parts[0];
+#pragma unroll
+  for (int i = 1; i < kMaxGemvParts; ++i) {
+    if (part == i) s = p.parts[i];
+  }
+  w->w = s.w;
+  w->scales = s.scales;
+  w->biases = s.biases;
+  w->rows = s.rows;
+  *bx -= s.block_begin;
+  return part;
+}
+// Output and row stride of part `part` (p.y / p.ldy for a single-weight launch).
+__device__ __forceinline__ void GemvPartOutput(const QmmParams& p, int part, float** y,
+                                               int64_t* ldy) {
+  *y = p.y;
+  *ldy = p.ldy;
+#pragma unroll
+  for (int i = 1; i < kMaxGemvParts; ++i) {
+    if (part == i) {
+      *y = p.parts[i].y;
+      *ldy = p.parts[i].ldy;
+    }
+  }
+}
+
 // Whether the tensor-core GEMV (M <= 8, bf16 x) has a kernel for this weight's format: mxfp4,
 // nvfp4 without a global scale, mxfp8, bf16 matrices (values exact in bf16), and 4-bit affine
 // with bf16 scales (groups 32/64/128) or fp16 scales (group 64), computed exactly.

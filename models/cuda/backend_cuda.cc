@@ -376,20 +376,11 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       });
     }
     const int64_t span = m * d->cols;
-    const bool reuse = conv_src_ == x && conv_elems_ >= span;
-    if (!reuse) {
-      RING_RETURN_IF_ERROR(ReserveConversion(span));
-      conv_src_ = x;
-      conv_elems_ = span;
-    }
-    uint16_t* xb = static_cast<uint16_t*>(conv_bufs_.back());
-    // y over x's floats makes the conversion stale for the next Linear.
-    const auto addr = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
-    if (addr(y) < addr(x + span) && addr(x) < addr(y + m * d->rows)) conv_src_ = nullptr;
-    // Decode GEMVs of small matrices overlap their start with the previous kernel's tail
-    // (programmatic dependent launch; weights are never written while a step runs).
-    const int64_t packed = d->batch * d->rows * d->cols * std::max(d->spec.bits, 4) / 8;
-    const int overlap = m <= 8 && packed <= kOverlapMaxBytes ? 2 : 0;
+    uint16_t* xb = nullptr;
+    bool reuse = false;
+    RING_RETURN_IF_ERROR(Bf16Input(x, span, &xb, &reuse));
+    NoteOutput(x, span, y, m * d->rows);
+    const int overlap = m <= 8 && PackedBytes(*d) <= kOverlapMaxBytes ? 2 : 0;
     return Submit(OpRecord('B').Add(d, x, m, y, xb, reuse, overlap).Take(),
                   [=, this]() -> absl::Status {
       if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
@@ -401,6 +392,44 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       a.round_bf16 = true;
       a.overlap = overlap;
       return cuda::QMatmulT(*d, a, stream_);
+    });
+  }
+  // Weights on the same x whose decode GEMVs can share a launch (cuda::QMatmulTMany).
+  absl::Status LinearMany(absl::Span<const QuantWeight* const> ws, const float* x, int64_t m,
+                          ActDType t, absl::Span<float* const> ys) override {
+    if (ws.size() < 2 || ws.size() != ys.size() || m > 8 || t != ActDType::kBF16) {
+      return Backend::LinearMany(ws, x, m, t, ys);
+    }
+    std::vector<const cuda::DeviceQuantWeight*> ds;
+    int64_t packed = 0;
+    for (const QuantWeight* w : ws) {
+      RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(*w));
+      if (d->cols != ws[0]->cols()) return Backend::LinearMany(ws, x, m, t, ys);
+      ds.push_back(d);
+      packed += PackedBytes(*d);
+    }
+    const int64_t span = m * ds[0]->cols;
+    uint16_t* xb = nullptr;
+    bool reuse = false;
+    RING_RETURN_IF_ERROR(Bf16Input(x, span, &xb, &reuse));
+    OpRecord rec('M');
+    rec.Add(x, m, xb, reuse);
+    for (size_t i = 0; i < ds.size(); ++i) {
+      NoteOutput(x, span, ys[i], m * ds[i]->rows);
+      rec.Add(ds[i], ys[i]);
+    }
+    const int overlap = packed <= kOverlapMaxBytes ? 2 : 0;
+    rec.Add(overlap);
+    std::vector<float*> yv(ys.begin(), ys.end());
+    return Submit(rec.Take(), [=, this]() -> absl::Status {
+      if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
+      cuda::QMatmulArgs a;
+      a.x = xb;
+      a.x_dtype = DType::kBF16;
+      a.m = m;
+      a.round_bf16 = true;
+      a.overlap = overlap;
+      return cuda::QMatmulTMany(ds, yv, a, stream_);
     });
   }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
@@ -562,6 +591,28 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   };
 
   // An op that may be held back and replayed from a graph (file comment).
+  // The bf16 copy of x[0, span) that the tensor-core matmuls read: the previous Linear's
+  // when it converted the same x (*reuse), else a fresh buffer the op converts into.
+  absl::Status Bf16Input(const float* x, int64_t span, uint16_t** xb, bool* reuse) {
+    *reuse = conv_src_ == x && conv_elems_ >= span;
+    if (!*reuse) {
+      RING_RETURN_IF_ERROR(ReserveConversion(span));
+      conv_src_ = x;
+      conv_elems_ = span;
+    }
+    *xb = static_cast<uint16_t*>(conv_bufs_.back());
+    return absl::OkStatus();
+  }
+  // An output y[0, n) over x's floats makes the conversion stale for the next Linear.
+  void NoteOutput(const float* x, int64_t span, const float* y, int64_t n) {
+    const auto addr = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+    if (addr(y) < addr(x + span) && addr(x) < addr(y + n)) conv_src_ = nullptr;
+  }
+  // Decode GEMVs of small matrices overlap their start with the previous kernel's tail
+  // (programmatic dependent launch; weights are never written while a step runs).
+  static int64_t PackedBytes(const cuda::DeviceQuantWeight& d) {
+    return d.batch * d.rows * d.cols * std::max(d.spec.bits, 4) / 8;
+  }
   absl::Status Submit(std::string record, Work work) {
     if (!in_step_ || !graphs_enabled_) {
       RING_RETURN_IF_ERROR(Flush());
