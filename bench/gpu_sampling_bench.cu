@@ -4,6 +4,9 @@
 // token (wall clock: both end synchronized on the host), median of 5 batches of N tokens,
 // and the ratio. Logits are bf16-rounded normals (sigma 3 ~ a peaked LM distribution, sigma 1
 // a flat one whose top-p set overflows the on-chip candidate list: the full-sort path).
+// Then cuda::ArgMaxRows (the greedy step after lm_head) over 1 and 8 rows of the same width:
+// wall clock of one call plus a stream synchronize, and device time per call from events
+// around `iters` back-to-back calls.
 //
 //   gpu_sampling_bench [--iters N] [--vocab V]     (default 50 tokens, GLM-5's 154880)
 #include <cuda_runtime.h>
@@ -106,6 +109,40 @@ int Main(int argc, char** argv) {
       t = cpu::SampleToken(absl::MakeConstSpan(pinned, vocab), req);
     });
     std::printf("| %-36s | %9.1f | %12.1f | %6.1fx |\n", c.name, gpu, cpu, cpu / gpu);
+  }
+  std::printf("| %-36s | %9s | %12s |\n", "ArgMaxRows", "wall us", "device us");
+  for (int64_t rows : {int64_t{1}, int64_t{8}}) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::vector<float> x(rows * vocab);
+    for (float& v : x) v = RoundBf16(nd(rng));
+    absl::StatusOr<DeviceBuffer> dx = DeviceBuffer::FromVector(x);
+    Check(dx.status(), "upload");
+    absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::Allocate(rows * sizeof(int32_t));
+    Check(dout.status(), "alloc");
+    auto argmax = [&] { Check(ArgMaxRows(dx->as<float>(), rows, vocab, dout->as<int32_t>(), nullptr), "ArgMaxRows"); };
+    const double wall = MedianUs(iters, [&](int) {
+      argmax();
+      if (cudaStreamSynchronize(nullptr) != cudaSuccess) std::exit(1);
+    });
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<double> dev;
+    for (int b = 0; b < 6; ++b) {
+      cudaEventRecord(e0, nullptr);
+      for (int i = 0; i < iters; ++i) argmax();
+      cudaEventRecord(e1, nullptr);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (b > 0) dev.push_back(1000.0 * ms / iters);
+    }
+    std::sort(dev.begin(), dev.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const std::string name = "rows " + std::to_string(rows);
+    std::printf("| %-36s | %9.1f | %12.1f |\n", name.c_str(), wall, dev[dev.size() / 2]);
   }
   cudaFreeHost(pinned);
   return 0;

@@ -56,6 +56,7 @@
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -1711,19 +1712,120 @@ TEST_F(GpuTest, ArgMax) {
   }
 }
 
+// Rows wide enough for several blocks per row (ArgMaxRows splits a row into contiguous
+// slices of ceil(n / blocks), up to 8): maxima in the last slice, equal maxima on both sides
+// of a slice boundary, NaN (below every number, except in column 0 where cpu::ArgMax keeps
+// it), infinities, signed zeros, and widths around the one-block / several-block switch.
+TEST_F(GpuTest, ArgMaxAcrossBlocks) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {int64_t{154880}, int64_t{154879}, int64_t{4095}, int64_t{4097}, int64_t{12289}}) {
+    const int64_t rows = 10;
+    std::vector<float> x = RandomFloats(rows * n, 1900 + static_cast<uint32_t>(n), 3.f, true);
+    const int64_t per = (n + 7) / 8;  // the slice of 8 blocks; a tie straddles its boundary
+    for (int64_t r = 0; r < rows; ++r) {
+      float* xr = x.data() + r * n;
+      switch (r) {
+        case 0: xr[n - 1] = 100.f; break;                                        // last slice
+        case 1: xr[per - 1] = xr[per] = xr[n - 2] = 100.f; break;                // straddling tie
+        case 2: xr[0] = nan; break;                                              // NaN in column 0
+        case 3:                                                                  // NaN elsewhere
+          for (int64_t i = 1; i < n; i += 97) xr[i] = nan;
+          xr[per] = nan;
+          xr[per + 1] = 50.f;
+          break;
+        case 4: std::fill(xr, xr + n, -inf); break;
+        case 5:
+          std::fill(xr, xr + n, -inf);
+          xr[n / 2] = xr[n - 1] = inf;
+          break;
+        case 6: std::fill(xr, xr + n, nan); break;
+        case 7:  // the maximum is zero, first as -0
+          for (int64_t i = 0; i < n; ++i) xr[i] = -std::fabs(xr[i]) - 1.f;
+          xr[3] = -0.f;
+          xr[n - 5] = 0.f;
+          break;
+        case 8: std::fill(xr, xr + n, 1.f); break;  // all equal
+        default: xr[n - 1] = xr[cpu::ArgMax(xr, n)]; break;  // a tie in the last slice
+      }
+    }
+    std::vector<int32_t> ref(rows);
+    for (int64_t r = 0; r < rows; ++r) ref[r] = static_cast<int32_t>(cpu::ArgMax(x.data() + r * n, n));
+    DeviceBuffer dx = UpF(x), dout = Zeros(rows);
+    ASSERT_TRUE(ArgMaxRows(dx.as<float>(), rows, n, dout.as<int32_t>(), nullptr).ok());
+    ReportExact("argmax", absl::StrFormat("%dx%d", rows, n), "edge rows", DlI(dout.as<int32_t>(), rows), ref);
+  }
+}
+
 // ---- sampling ---------------------------------------------------------------------------
 // SampleRow against the oracle cpu::SampleToken on the same request. Ids are exact except
 // boundary cases (sampling.cuh): a GPU id that differs must be what the CPU picks for a
 // uniform within 1e-9 of the draw; the table's mode column says how many there were.
 // Logprobs and top_logprobs values: NMSE <= 1e-10 (same float up to the last bits of the
 // double log-sum-exp). Logits are bf16-rounded, so ties are common, as in real rows.
+struct SampleCase {
+  const char* name;
+  SamplingParams p;
+  bool penalties = false;
+};
+
+// Compares SampleRow on row x with cpu::SampleToken for each case at a spread of uniforms
+// (the comparison rule is the section comment's).
+void CompareSampleRow(const std::vector<float>& x, const std::string& shape,
+                      const std::vector<SampleCase>& cases,
+                      const std::vector<std::pair<int32_t, int32_t>>& counts) {
+  static const std::vector<double> kUniforms = {0.0,  1e-12, 0.01,  0.1,  0.25,  0.333,    0.5,   0.6180339887,
+                                                0.75, 0.9,   0.99,  0.999, 0.42, 0.077, 0.999999, 0.5e-6};
+  const int64_t vocab = static_cast<int64_t>(x.size());
+  DeviceBuffer dx = UpF(x);
+  for (const SampleCase& c : cases) {
+    std::vector<int32_t> got, ref;
+    std::vector<float> got_lp, ref_lp;
+    int boundary = 0;
+    for (double u : kUniforms) {
+      SampleRequest req;
+      req.params = c.p;
+      if (c.penalties) {
+        req.params.frequency_penalty = 0.4f;
+        req.params.presence_penalty = 0.6f;
+        req.counts = counts;
+      }
+      req.params.seed = 1;
+      req.uniform = u;
+      const SampledToken want = cpu::SampleToken(x, req);
+      SampledToken have;
+      const absl::Status st = SampleRow(dx.as<float>(), vocab, req, &have, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      int32_t expect = want.id;
+      if (have.id != want.id) {
+        for (double d : {-1e-9, 1e-9}) {
+          SampleRequest near = req;
+          near.uniform = std::clamp(u + d, 0.0, std::nextafter(1.0, 0.0));
+          if (cpu::SampleToken(x, near).id == have.id) expect = have.id;
+        }
+        boundary += expect == have.id;
+      }
+      got.push_back(have.id);
+      ref.push_back(expect);
+      if (c.p.logprobs) {
+        got_lp.push_back(have.logprob);
+        ref_lp.push_back(want.logprob);
+      }
+      ASSERT_EQ(have.top_logprobs.size(), want.top_logprobs.size());
+      for (size_t j = 0; j < want.top_logprobs.size(); ++j) {
+        got.push_back(have.top_logprobs[j].first);
+        ref.push_back(want.top_logprobs[j].first);
+        got_lp.push_back(have.top_logprobs[j].second);
+        ref_lp.push_back(want.top_logprobs[j].second);
+      }
+    }
+    ReportExact("sample ids", shape, absl::StrFormat("%s, %d boundary", c.name, boundary), got, ref);
+    if (!ref_lp.empty()) Report("sample logprobs", shape, c.name, got_lp, ref_lp, 1e-10);
+  }
+}
+
 TEST_F(GpuTest, SampleRowMatchesCpu) {
-  struct Case {
-    const char* name;
-    SamplingParams p;
-    bool penalties = false;
-  };
-  std::vector<Case> cases = {
+  const std::vector<SampleCase> cases = {
       {"greedy lp top5", {.temperature = 0.f, .top_logprobs = 5, .logprobs = true}},
       {"greedy penalties", {.temperature = 0.f}, true},
       {"T0.7", {.temperature = 0.7f}},
@@ -1740,14 +1842,6 @@ TEST_F(GpuTest, SampleRowMatchesCpu) {
         .logprobs = true},
        true},
   };
-  for (Case& c : cases) {
-    if (c.penalties) {
-      c.p.frequency_penalty = 0.4f;
-      c.p.presence_penalty = 0.6f;
-    }
-  }
-  const std::vector<double> uniforms = {0.0,  1e-12, 0.01, 0.1,  0.25, 0.333, 0.5,      0.6180339887,
-                                        0.75, 0.9,   0.99, 0.999, 0.42, 0.077, 0.999999, 0.5e-6};
   for (int64_t vocab : {int64_t{1000}, int64_t{151936}, int64_t{154880}}) {
     for (float sigma : {3.f, 1.f}) {
       std::vector<float> x = RandomFloats(vocab, 2100 + vocab + static_cast<int>(sigma), sigma, true);
@@ -1761,49 +1855,58 @@ TEST_F(GpuTest, SampleRowMatchesCpu) {
           counts.emplace_back(tok, 1 + static_cast<int32_t>(rng() % 4));
         }
       }
-      DeviceBuffer dx = UpF(x);
-      for (const Case& c : cases) {
-        std::vector<int32_t> got, ref;
-        std::vector<float> got_lp, ref_lp;
-        int boundary = 0;
-        for (double u : uniforms) {
-          SampleRequest req;
-          req.params = c.p;
-          req.params.seed = 1;
-          req.uniform = u;
-          if (c.penalties) req.counts = counts;
-          const SampledToken want = cpu::SampleToken(x, req);
-          SampledToken have;
-          const absl::Status st = SampleRow(dx.as<float>(), vocab, req, &have, nullptr);
-          ASSERT_TRUE(st.ok()) << st;
-          int32_t expect = want.id;
-          if (have.id != want.id) {
-            for (double d : {-1e-9, 1e-9}) {
-              SampleRequest near = req;
-              near.uniform = std::clamp(u + d, 0.0, std::nextafter(1.0, 0.0));
-              if (cpu::SampleToken(x, near).id == have.id) expect = have.id;
-            }
-            boundary += expect == have.id;
-          }
-          got.push_back(have.id);
-          ref.push_back(expect);
-          if (c.p.logprobs) {
-            got_lp.push_back(have.logprob);
-            ref_lp.push_back(want.logprob);
-          }
-          ASSERT_EQ(have.top_logprobs.size(), want.top_logprobs.size());
-          for (size_t j = 0; j < want.top_logprobs.size(); ++j) {
-            got.push_back(have.top_logprobs[j].first);
-            ref.push_back(want.top_logprobs[j].first);
-            got_lp.push_back(have.top_logprobs[j].second);
-            ref_lp.push_back(want.top_logprobs[j].second);
-          }
-        }
-        const std::string shape = absl::StrFormat("V%d sigma%.0f", vocab, sigma);
-        ReportExact("sample ids", shape, absl::StrFormat("%s, %d boundary", c.name, boundary), got, ref);
-        if (!ref_lp.empty()) Report("sample logprobs", shape, c.name, got_lp, ref_lp, 1e-10);
-      }
+      CompareSampleRow(x, absl::StrFormat("V%d sigma%.0f", vocab, sigma), cases, counts);
     }
+  }
+}
+
+// Rows built so that the sampler's multi-block passes (each block of the cluster owns a
+// contiguous slice of the row) meet their edge cases: a top-k / candidate set whose ties at
+// the K-th value overflow the list and must be filled in id order across slices, maxima in
+// the last slice, slices holding only -inf (masked tokens), and NaN for greedy (cpu::ArgMax's
+// rule: ignored, except in column 0).
+TEST_F(GpuTest, SampleRowAcrossBlocks) {
+  const int64_t vocab = 154880;
+  std::mt19937 rng(77);
+  {
+    // 3000 twos and 5000 ones among zeros: every top-k above 3000 ends in ties at 1.
+    std::vector<float> x(vocab, 0.f);
+    std::vector<int32_t> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int i = 0; i < 8000; ++i) x[ids[i]] = i < 3000 ? 2.f : 1.f;
+    CompareSampleRow(x, "V154880 ties 2/1/0", {
+        {"greedy top20", {.temperature = 0.f, .top_logprobs = 20, .logprobs = true}},
+        {"top-k 3500", {.top_k = 3500}},
+        {"top-k 4096 T0.5", {.temperature = 0.5f, .top_k = 4096}},
+        {"top-k 2999", {.top_k = 2999}},
+        {"top-p 0.1", {.top_p = 0.1f}},
+        {"top-p 0.5", {.top_p = 0.5f}},  // past the candidate list: full sort
+        {"T1", {}},
+    }, {});
+  }
+  {
+    // The first half masked, the maximum in the last slice, a tie for it in slice 6.
+    std::vector<float> x = RandomFloats(vocab, 78, 3.f, true);
+    std::fill(x.begin(), x.begin() + vocab / 2, -std::numeric_limits<float>::infinity());
+    x[vocab - 1] = x[vocab - 1 - vocab / 8] = 20.f;
+    const std::vector<std::pair<int32_t, int32_t>> counts = {{static_cast<int32_t>(vocab - 1), 1}, {5, 2}};
+    CompareSampleRow(x, "V154880 half -inf", {
+        {"greedy lp top5", {.temperature = 0.f, .top_logprobs = 5, .logprobs = true}},
+        {"greedy penalties", {.temperature = 0.f}, true},
+        {"T1 lp", {.logprobs = true}},
+        {"top-k 50 pen", {.top_k = 50}, true},
+        {"top-p 0.9", {.top_p = 0.9f}},
+        {"min-p 0.1", {.min_p = 0.1f}},
+    }, counts);
+  }
+  {
+    // Greedy with NaN: in column 0 it is the answer; elsewhere it never is.
+    std::vector<float> x = RandomFloats(vocab, 79, 3.f, true);
+    for (int64_t i = 1; i < vocab; i += 1001) x[i] = std::numeric_limits<float>::quiet_NaN();
+    CompareSampleRow(x, "V154880 NaN", {{"greedy", {.temperature = 0.f}}}, {});
+    x[0] = std::numeric_limits<float>::quiet_NaN();
+    CompareSampleRow(x, "V154880 NaN at 0", {{"greedy", {.temperature = 0.f}}}, {});
   }
 }
 

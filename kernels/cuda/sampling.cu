@@ -1,33 +1,45 @@
 // Kernels behind sampling.cuh.
 //
-// ArgMaxRows: one block per row; each thread scans a strided slice, then a shared-memory
-// reduction of (value, index) pairs that prefers the larger value and, among equal values,
-// the lower index (cpu::ArgMax's `x[i] > x[best]` scan).
+// Every pass over a row runs on a thread-block cluster (kCluster blocks on as many SMs): a
+// single SM streams a 600 KB row at a fraction of the chip's bandwidth, and a cluster's
+// blocks can meet in each other's shared memory (cluster.sync between phases) where a grid
+// would need a kernel boundary or a global-memory scratch per phase. Each block takes a
+// contiguous slice of the row, so "lower id" across blocks is "lower block rank", and
+// cross-block partials are combined in rank order, the same in every block.
 //
-// SampleRow, one row, each kernel one block of 1024 threads (a row is ~600 KB: it sits in
-// L2 and one SM streams it in a few microseconds; several blocks would need a grid-wide
-// sync per phase for no gain at batch 1):
+// ArgMaxRows: one cluster per row; each thread keeps the max of a packed (order key, ~id)
+// over its part of the block's slice, so the larger value wins and, among equal values, the
+// lower id (cpu::ArgMax's `x[i] > x[best]` scan); NaN is below every number, and a NaN in
+// column 0 is the answer, as that scan makes it.
+//
+// SampleRow, one row:
 //   1. Penalize (only with counts): a copy of the row minus the penalties.
 //   2. Stats: max and first argmax of the penalized row (the greedy answer), log-sum-exp of
 //      the raw row (logprobs), sum of the weights w = exp((l - max) / T) (top-p's mass
 //      without top-k).
 //   3. SelectTop (truncation only): the candidates, i.e. the first min(K, 4096) ids in the
 //      CPU's candidate order (logit descending, id ascending), without sorting the row: a
-//      radix select over order-preserving 32-bit keys (4 passes of 8 bits, histograms in
-//      shared memory) finds the K-th key T; the ids with key >= T are compacted (ties at T
-//      in id order when they overflow the list) and bitonic-sorted on chip by (key, id).
+//      radix select over order-preserving 32-bit keys (4 passes of 8 bits; each block
+//      histograms its slice in shared memory, every block sums the cluster's histograms)
+//      finds the K-th key T; the ids with key >= T are compacted into block 0's shared
+//      memory (ties at T in id order when they overflow the list: each block's ties go after
+//      the lower ranks') and block 0 bitonic-sorts them by (key, id), in registers and warp
+//      shuffles except for partners 128 or more positions apart.
 //   4. Walk: over the candidates (or the whole row in id order when nothing truncates, as
-//      the CPU draws then) each thread owns a contiguous chunk of positions; one block scan
-//      of the chunk sums gives every position's exclusive prefix, so the top-p / min-p cut
-//      and the draw are each one pass over the chunks plus a block minimum. When the cut
-//      falls beyond the candidate list it raises `fallback`; the host then sorts the row in
-//      full (cub radix sort, stable, so ties stay in id order) and walks that instead.
+//      the CPU draws then) each thread owns a contiguous chunk of positions; a block scan of
+//      the chunk sums plus the lower blocks' totals gives every position's exclusive prefix,
+//      so the top-p / min-p cut and the draw are each one pass over the chunks plus a
+//      cluster minimum. When the cut falls beyond the candidate list it raises `fallback`;
+//      the host then sorts the row in full (cub radix sort, stable, so ties stay in id
+//      order) and walks that instead.
 //   5. Finish (logprobs only): the chosen id's logprob and the top_logprobs, whose ids come
 //      from step 3 run over the raw logits.
 // Arithmetic mirrors cpu::SampleToken: penalties and `l - max` in float without FMA
 // contraction, weights in double, the same comparisons; only summation order differs (see
 // the tolerance note in sampling.cuh).
 #include "kernels/cuda/sampling.cuh"
+
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstring>
@@ -43,40 +55,105 @@
 namespace ring::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+namespace cg = cooperative_groups;
 
-__device__ __forceinline__ bool Better(float v, int64_t i, float bv, int64_t bi) {
-  return v > bv || (v == bv && i < bi);
+// Blocks per cluster: 8 is the size every cluster-capable GPU guarantees (portable).
+constexpr int kCluster = 8;
+
+// Launches `kernel` on `clusters` clusters of `blocks` blocks. A GPU whose SM groups cannot
+// hold `blocks` such blocks at once rejects the launch; one block per cluster then gives the
+// same answer (the kernels read the cluster's size), only slower.
+template <typename... Params, typename... Args>
+absl::Status LaunchClusters(void (*kernel)(Params...), int clusters, int blocks, int threads,
+                            cudaStream_t stream, Args... args) {
+  for (int b : {blocks, 1}) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(clusters) * b);
+    cfg.blockDim = dim3(threads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = b;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+    if (e == cudaSuccess || b == 1) {
+      RING_CUDA_RETURN_IF_ERROR(e);
+      return absl::OkStatus();
+    }
+    (void)cudaGetLastError();  // clear the rejected launch before the single-block retry
+  }
+  return absl::OkStatus();
 }
 
+// [begin, end) of a row of n that block `rank` of `blocks` owns.
+struct Slice {
+  int64_t begin, end;
+};
+__device__ __forceinline__ Slice BlockSlice(int64_t n, int rank, int blocks) {
+  const int64_t per = (n + blocks - 1) / blocks;
+  const int64_t begin = min(n, rank * per);
+  return {begin, min(n, begin + per)};
+}
+
+// Larger float -> larger key; -0 and +0 share a key because the CPU compares values (they
+// tie and the lower id wins).
+__device__ __forceinline__ uint32_t OrderKey(float v) {
+  uint32_t b = __float_as_uint(v);
+  if (b == 0x80000000u) b = 0;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// (value, id) as one integer whose maximum is the CPU scan's winner: the larger value, then
+// the lower id. NaN gets key 0, below -inf (key 0x007fffff): `x > best` never picks it.
+__device__ __forceinline__ unsigned long long PackMax(float v, int64_t i) {
+  const uint32_t key = isnan(v) ? 0u : OrderKey(v);
+  return (static_cast<unsigned long long>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
+}
+__device__ __forceinline__ int32_t PackedId(unsigned long long p) {
+  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(p));
+}
+__device__ __forceinline__ bool PackedIsNan(unsigned long long p) { return (p >> 32) == 0; }
+
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(const T& a, const T& b) const {
+    return a < b ? b : a;
+  }
+};
+
+// Writes `v` into this block's slot `*mine`, waits for the cluster, and returns the values
+// of all blocks' slots combined in rank order with `op`. Callers keep the slot unchanged
+// until the cluster syncs again (each block reads the others' slots).
+template <typename T, typename Op>
+__device__ T ClusterCombine(cg::cluster_group& cluster, T* mine, T v, Op op) {
+  if (threadIdx.x == 0) *mine = v;
+  cluster.sync();
+  T acc = *cluster.map_shared_rank(mine, 0);
+  for (unsigned r = 1; r < cluster.num_blocks(); ++r) acc = op(acc, *cluster.map_shared_rank(mine, r));
+  return acc;
+}
+
+constexpr int kThreads = 512;
+
 __global__ void __launch_bounds__(kThreads) ArgMaxKernel(const float* x, int64_t n, int32_t* out) {
-  __shared__ float sv[kThreads];
-  __shared__ int64_t si[kThreads];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
-  float bv = -INFINITY;
-  int64_t bi = n;  // "none yet"
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    const float v = row[i];
-    if (bi == n || v > bv) {
-      bv = v;
-      bi = i;
-    }
-  }
-  sv[threadIdx.x] = bv;
-  si[threadIdx.x] = bi;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const float v = sv[threadIdx.x + s];
-      const int64_t i = si[threadIdx.x + s];
-      if (i < n && (si[threadIdx.x] == n || Better(v, i, sv[threadIdx.x], si[threadIdx.x]))) {
-        sv[threadIdx.x] = v;
-        si[threadIdx.x] = i;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(si[0] == n ? 0 : si[0]);
+  using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ unsigned long long s_best;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const int64_t row = blockIdx.x / blocks;
+  const float* xr = x + row * n;
+  const Slice s = BlockSlice(n, static_cast<int>(cluster.block_rank()), blocks);
+  unsigned long long best = 0;  // below every element, NaN included
+#pragma unroll 4
+  for (int64_t i = s.begin + threadIdx.x; i < s.end; i += kThreads) best = max(best, PackMax(xr[i], i));
+  best = Reduce(tmp).Reduce(best, MaxOp());
+  best = ClusterCombine(cluster, &s_best, best, MaxOp());
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) out[row] = isnan(xr[0]) ? 0 : PackedId(best);
+  cluster.sync();  // the other blocks' s_best outlives block 0's reads
 }
 
 // ---- SampleRow ----------------------------------------------------------------------------
@@ -84,6 +161,7 @@ constexpr int kBlock = 1024;
 constexpr int kMaxTop = 20;
 constexpr int kCands = kSampleCandidates;
 static_assert((kCands & (kCands - 1)) == 0, "bitonic sort needs a power of two");
+static_assert(kCands == 4 * kBlock, "the on-chip sort holds 4 candidates per thread");
 
 struct RowStats {
   float max_adj;
@@ -102,14 +180,6 @@ struct DeviceResult {
   float top_logprobs[kMaxTop];
 };
 
-// Larger float -> larger key; -0 and +0 share a key because the CPU compares values (they
-// tie and the lower id wins).
-__device__ __forceinline__ uint32_t OrderKey(float v) {
-  uint32_t b = __float_as_uint(v);
-  if (b == 0x80000000u) b = 0;
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
 // cpu::SampleToken's weight: exp(double(l - m) * inv_t), the subtraction in float.
 struct Weight {
   float m, inv_t;
@@ -118,14 +188,8 @@ struct Weight {
   }
 };
 
-struct MaxAt {
-  float v;
-  int32_t i;
-};
-struct MaxAtOp {
-  __device__ __forceinline__ MaxAt operator()(const MaxAt& a, const MaxAt& b) const {
-    return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
-  }
+struct SumOp {
+  __device__ __forceinline__ double operator()(double a, double b) const { return a + b; }
 };
 
 __global__ void PenalizeKernel(float* adj, const int2* counts, int n, float frequency,
@@ -140,52 +204,116 @@ __global__ void PenalizeKernel(float* adj, const int2* counts, int n, float freq
 __global__ void __launch_bounds__(kBlock)
     StatsKernel(const float* logits, const float* adj, int n, float inv_t, bool want_lse,
                 bool want_total, RowStats* st, DeviceResult* res) {
-  using MaxReduce = cub::BlockReduce<MaxAt, kBlock>;
+  using MaxReduce = cub::BlockReduce<unsigned long long, kBlock>;
+  using RawReduce = cub::BlockReduce<float, kBlock>;
   using SumReduce = cub::BlockReduce<double, kBlock>;
   __shared__ union {
     typename MaxReduce::TempStorage max;
+    typename RawReduce::TempStorage raw;
     typename SumReduce::TempStorage sum;
   } tmp;
-  __shared__ MaxAt s_adj;
+  // One slot per exchange, so no exchange waits for the previous one's readers.
+  __shared__ unsigned long long s_best;
   __shared__ float s_raw;
-  MaxAt a{-INFINITY, n};
-  float raw = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += kBlock) {
-    const float v = adj[i];
-    if (v > a.v || a.i == n) a = {v, i};
+  __shared__ double s_e, s_w;
+  cg::cluster_group cluster = cg::this_cluster();
+  const Slice s = BlockSlice(n, static_cast<int>(cluster.block_rank()), static_cast<int>(cluster.num_blocks()));
+  unsigned long long a = 0;
+  float raw = -INFINITY;  // fmaxf skips NaN, as std::max from -inf does
+  for (int64_t i = s.begin + threadIdx.x; i < s.end; i += kBlock) {
+    a = max(a, PackMax(adj[i], i));
     raw = fmaxf(raw, logits[i]);
   }
-  const MaxAt best = MaxReduce(tmp.max).Reduce(a, MaxAtOp());
+  a = MaxReduce(tmp.max).Reduce(a, MaxOp());
   __syncthreads();
-  const MaxAt raw_best = MaxReduce(tmp.max).Reduce(MaxAt{raw, 0}, MaxAtOp());
-  if (threadIdx.x == 0) {
-    s_adj = best;
-    s_raw = raw_best.v;
-  }
-  __syncthreads();
-  const float m_raw = s_raw;
-  const Weight w{s_adj.v, inv_t};
-  // Double exps are the expensive part of a single block's pass: only those asked for.
+  raw = RawReduce(tmp.raw).Reduce(raw, MaxOp());
+  a = ClusterCombine(cluster, &s_best, a, MaxOp());
+  const float m_raw = ClusterCombine(cluster, &s_raw, raw, MaxOp());
+  // The CPU's max skips NaN (std::max from -inf) while its argmax keeps a NaN in column 0.
+  const float m_adj = PackedIsNan(a) ? -INFINITY : adj[PackedId(a)];
+  const Weight w{m_adj, inv_t};
+  // Double exps are the expensive part of a pass: only those asked for.
   double se = 0, sw = 0;
   if (want_lse) {
-    for (int i = threadIdx.x; i < n; i += kBlock) se += exp(static_cast<double>(logits[i]) - m_raw);
+    for (int64_t i = s.begin + threadIdx.x; i < s.end; i += kBlock) se += exp(static_cast<double>(logits[i]) - m_raw);
   }
   if (want_total) {
-    for (int i = threadIdx.x; i < n; i += kBlock) sw += w(adj[i]);
+    for (int64_t i = s.begin + threadIdx.x; i < s.end; i += kBlock) sw += w(adj[i]);
   }
-  const double sum_e = SumReduce(tmp.sum).Sum(se);
+  se = SumReduce(tmp.sum).Sum(se);
   __syncthreads();
-  const double sum_w = SumReduce(tmp.sum).Sum(sw);
-  if (threadIdx.x == 0) {
-    st->max_adj = s_adj.v;
-    st->argmax_adj = s_adj.i == n ? 0 : s_adj.i;
-    st->lse = isfinite(m_raw) ? m_raw + log(sum_e) : m_raw;
-    st->total = sum_w;
+  sw = SumReduce(tmp.sum).Sum(sw);
+  se = ClusterCombine(cluster, &s_e, se, SumOp());
+  sw = ClusterCombine(cluster, &s_w, sw, SumOp());
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+    st->max_adj = m_adj;
+    st->argmax_adj = isnan(adj[0]) ? 0 : PackedId(a);
+    st->lse = isfinite(m_raw) ? m_raw + log(se) : m_raw;
+    st->total = sw;
     res->id = st->argmax_adj;
     res->fallback = 0;
     res->logprob = 0;
     res->n_top = 0;
   }
+  cluster.sync();  // every block's slots outlive the others' reads
+}
+
+// Compare-exchange of positions i < p of a bitonic stage of span k: ascending where
+// (i & k) == 0.
+__device__ __forceinline__ void CompareSwap(unsigned long long& x, unsigned long long& y, bool ascending) {
+  if ((x > y) == ascending) {
+    const unsigned long long t = x;
+    x = y;
+    y = t;
+  }
+}
+
+// Ascending bitonic sort of comp[0, size) by one block (size a power of two <= kCands;
+// positions past it may hold anything and are sorted among themselves). Thread t holds
+// positions 4t..4t+3 in registers: partners under 4 apart are in the same thread, under 128
+// apart in the same warp (shuffles), and only the stages with wider partners go through
+// shared memory, so a 4096-entry sort takes 15 block barriers instead of 78.
+__device__ void SortCandidates(unsigned long long* comp, int size) {
+  constexpr int kPer = kCands / kBlock;
+  const int base = threadIdx.x * kPer;
+  unsigned long long v[kPer];
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) v[e] = comp[base + e];
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      if (j >= kPer * 32) {
+        __syncthreads();  // the previous shared stage's reads are done
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) comp[base + e] = v[e];
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int i = base + e, p = i ^ j;
+          const unsigned long long y = comp[p];
+          const bool keep_min = ((i & k) == 0) == (i < p);
+          v[e] = keep_min ? min(v[e], y) : max(v[e], y);
+        }
+      } else if (j >= kPer) {
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int i = base + e, p = i ^ j;
+          const unsigned long long y = __shfl_xor_sync(0xffffffffu, v[e], j / kPer);
+          const bool keep_min = ((i & k) == 0) == (i < p);
+          v[e] = keep_min ? min(v[e], y) : max(v[e], y);
+        }
+      } else if (j == 2) {
+        CompareSwap(v[0], v[2], ((base + 0) & k) == 0);
+        CompareSwap(v[1], v[3], ((base + 1) & k) == 0);
+      } else {
+        CompareSwap(v[0], v[1], ((base + 0) & k) == 0);
+        CompareSwap(v[2], v[3], ((base + 2) & k) == 0);
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) comp[base + e] = v[e];
+  __syncthreads();
 }
 
 // Writes to ids[0..*n_out) the first ids of the row `vals` in candidate order (value
@@ -195,47 +323,66 @@ __global__ void __launch_bounds__(kBlock)
 __global__ void __launch_bounds__(kBlock)
     SelectTopKernel(const float* vals, int n, int need, int32_t* ids, int* n_out) {
   using IntScan = cub::BlockScan<int, kBlock>;
-  __shared__ unsigned long long comp[kCands];  // (~key << 32 | id): ascending = our order
-  __shared__ int hist[256];
-  __shared__ typename IntScan::TempStorage scan_tmp;
-  __shared__ int s_digit, s_rank, s_ties, s_count;
+  using IntReduce = cub::BlockReduce<int, kBlock>;
+  __shared__ unsigned long long comp[kCands];  // block 0's: (~key << 32 | id), ascending = our order
+  __shared__ int hist[2][256];                 // this block's, alternating per pass
+  __shared__ int tot[256];                     // the cluster's
+  __shared__ union {
+    typename IntScan::TempStorage scan;
+    typename IntReduce::TempStorage reduce;
+  } tmp;
+  __shared__ int s_digit, s_rank, s_ties, s_count, s_block_ties;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const Slice s = BlockSlice(n, rank, blocks);
   const int lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) s_count = 0;  // block 0's is the cluster's; read after later syncs
 
   // Radix select of the need-th largest key, most significant byte first.
   uint32_t prefix = 0, mask = 0;
-  int rank = need;  // 1-based rank of T among the keys matching `prefix`
+  int rank_t = need;  // 1-based rank of T among the keys matching `prefix`
   int ties = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = threadIdx.x; d < 256; d += kBlock) hist[d] = 0;
+  for (int shift = 24, pass = 0; shift >= 0; shift -= 8, ++pass) {
+    int* h = hist[pass & 1];
+    for (int d = threadIdx.x; d < 256; d += kBlock) h[d] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += kBlock) {
-      const int i = base + threadIdx.x;
+    for (int64_t base = s.begin; base < s.end; base += kBlock) {
+      const int64_t i = base + threadIdx.x;
       int digit = 256;  // no bin
-      if (i < n) {
+      if (i < s.end) {
         const uint32_t key = OrderKey(vals[i]);
         if ((key & mask) == prefix) digit = static_cast<int>((key >> shift) & 255u);
       }
       // Logits share their top bits, so most of a warp hits one bin: one atomic per bin.
       const unsigned peers = __match_any_sync(0xffffffffu, digit);
-      if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+      if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&h[digit], __popc(peers));
+    }
+    // Every block's histogram is complete; the buffer is next written two passes on, after
+    // the next pass's sync, so the other blocks' reads below are done by then.
+    cluster.sync();
+    for (int d = threadIdx.x; d < 256; d += kBlock) {
+      int c = 0;
+      for (int r = 0; r < blocks; ++r) c += cluster.map_shared_rank(h, r)[d];
+      tot[d] = c;
     }
     __syncthreads();
     if (threadIdx.x < 32) {
       // Lane l owns digits 255 - 8l .. 248 - 8l (descending); a warp scan finds the digit
-      // where the count from the top reaches `rank`.
+      // where the count from the top reaches `rank_t`.
       int c[8], sum = 0;
-      for (int j = 0; j < 8; ++j) sum += (c[j] = hist[255 - lane * 8 - j]);
+      for (int j = 0; j < 8; ++j) sum += (c[j] = tot[255 - lane * 8 - j]);
       int incl = sum;
       for (int o = 1; o < 32; o <<= 1) {
         const int y = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o) incl += y;
       }
       int above = incl - sum;
-      if (above < rank && rank <= incl) {
+      if (above < rank_t && rank_t <= incl) {
         for (int j = 0; j < 8; ++j) {
-          if (above + c[j] >= rank) {
+          if (above + c[j] >= rank_t) {
             s_digit = 255 - lane * 8 - j;
-            s_rank = rank - above;
+            s_rank = rank_t - above;
             s_ties = c[j];
             break;
           }
@@ -246,65 +393,57 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
     prefix |= static_cast<uint32_t>(s_digit) << shift;
     mask |= 255u << shift;
-    rank = s_rank;
+    rank_t = s_rank;
     ties = s_ties;
     __syncthreads();
   }
   const uint32_t t_key = prefix;
-  const int above_t = need - rank;  // ids with key > T
+  const int above_t = need - rank_t;  // ids with key > T
   const bool all_ties = above_t + ties <= kCands;
 
-  // Compaction: unordered (the sort orders), except overflowing ties, which go in id order.
-  if (threadIdx.x == 0) s_count = 0;
-  __syncthreads();
-  for (int base = 0; base < n; base += kBlock) {
-    const int i = base + threadIdx.x;
-    const uint32_t key = i < n ? OrderKey(vals[i]) : 0;
-    const bool take = i < n && (key > t_key || (all_ties && key == t_key));
+  // Compaction into block 0: unordered (the sort orders), except overflowing ties, which go
+  // in id order.
+  unsigned long long* comp0 = cluster.map_shared_rank(comp, 0);
+  int* count0 = cluster.map_shared_rank(&s_count, 0);
+  int my_ties = 0;
+  for (int64_t base = s.begin; base < s.end; base += kBlock) {
+    const int64_t i = base + threadIdx.x;
+    const uint32_t key = i < s.end ? OrderKey(vals[i]) : 0;
+    const bool take = i < s.end && (key > t_key || (all_ties && key == t_key));
+    my_ties += i < s.end && key == t_key;
     const unsigned ballot = __ballot_sync(0xffffffffu, take);
     int slot = 0;
-    if (lane == 0 && ballot != 0) slot = atomicAdd(&s_count, __popc(ballot));
+    if (lane == 0 && ballot != 0) slot = atomicAdd(count0, __popc(ballot));
     slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(ballot & ((1u << lane) - 1));
-    if (take) comp[slot] = (static_cast<unsigned long long>(~key) << 32) | static_cast<uint32_t>(i);
+    if (take) comp0[slot] = (static_cast<unsigned long long>(~key) << 32) | static_cast<uint32_t>(i);
   }
-  __syncthreads();
   if (!all_ties) {
-    for (int base = 0; base < n; base += kBlock) {
-      const int count = s_count;  // uniform: written before the last barrier
-      if (count >= kCands) break;
-      const int i = base + threadIdx.x;
-      const int tie = (i < n && OrderKey(vals[i]) == t_key) ? 1 : 0;
+    // Ties at T fill the list after the above_t larger keys, block by block in rank order.
+    my_ties = IntReduce(tmp.reduce).Sum(my_ties);
+    if (threadIdx.x == 0) s_block_ties = my_ties;
+    cluster.sync();
+    int offset = above_t;
+    for (int r = 0; r < rank; ++r) offset += *cluster.map_shared_rank(&s_block_ties, r);
+    for (int64_t base = s.begin; base < s.end && offset < kCands; base += kBlock) {
+      const int64_t i = base + threadIdx.x;
+      const int tie = (i < s.end && OrderKey(vals[i]) == t_key) ? 1 : 0;
       int off, agg;
-      IntScan(scan_tmp).ExclusiveSum(tie, off, agg);
-      if (tie && count + off < kCands) {
-        comp[count + off] = (static_cast<unsigned long long>(~t_key) << 32) | static_cast<uint32_t>(i);
+      __syncthreads();  // tmp is reused
+      IntScan(tmp.scan).ExclusiveSum(tie, off, agg);
+      if (tie && offset + off < kCands) {
+        comp0[offset + off] = (static_cast<unsigned long long>(~t_key) << 32) | static_cast<uint32_t>(i);
       }
-      __syncthreads();
-      if (threadIdx.x == 0) s_count = min(kCands, count + agg);
-      __syncthreads();
+      offset += agg;
     }
   }
-  const int count = s_count;
+  cluster.sync();  // block 0 holds every candidate; no block reads another's memory after this
+  if (rank != 0) return;
+  const int count = all_ties ? s_count : kCands;
   int size = 1;
   while (size < count) size <<= 1;
   for (int i = count + threadIdx.x; i < size; i += kBlock) comp[i] = ~0ull;
   __syncthreads();
-  // Bitonic sort, ascending.
-  for (int k = 2; k <= size; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < size; i += kBlock) {
-        const int p = i ^ j;
-        if (p > i) {
-          const unsigned long long x = comp[i], y = comp[p];
-          if (((i & k) == 0) == (x > y)) {
-            comp[i] = y;
-            comp[p] = x;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  SortCandidates(comp, size);
   for (int i = threadIdx.x; i < count; i += kBlock) ids[i] = static_cast<int32_t>(comp[i] & 0xffffffffu);
   if (threadIdx.x == 0) *n_out = count;
 }
@@ -326,29 +465,46 @@ __global__ void __launch_bounds__(kBlock)
     WalkKernel(WalkArgs a, const RowStats* st, DeviceResult* res) {
   using Scan = cub::BlockScan<double, kBlock>;
   __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int s_stop;
-  __shared__ double s_cum;
+  __shared__ double s_agg;  // this block's weight sum
+  __shared__ int s_stop;    // this block's first cut position (lim: none)
+  __shared__ double s_cum;  // the prefix at s_stop
+  __shared__ int s_draw;    // this block's first drawn position
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int blocks = static_cast<int>(cluster.num_blocks());
   const int n = a.n_order != nullptr ? *a.n_order : a.n;
   const Weight w{st->max_adj, a.inv_t};
   auto id_at = [&](int p) { return a.order != nullptr ? a.order[p] : p; };
   auto w_at = [&](int p) { return w(a.adj[id_at(p)]); };
   const int lim = min(n, a.universe);
-  if (a.top_k && lim < a.universe) {  // the top-k mass is not all here
-    if (threadIdx.x == 0) res->fallback = 1;
+  if (a.top_k && lim < a.universe) {  // the top-k mass is not all here (before any exchange)
+    if (rank == 0 && threadIdx.x == 0) res->fallback = 1;
     return;
   }
-  const int chunk = (lim + kBlock - 1) / kBlock;
-  const int begin = min(lim, static_cast<int>(threadIdx.x) * chunk);
-  const int end = min(lim, begin + chunk);
+  const int64_t threads = static_cast<int64_t>(blocks) * kBlock;
+  const int64_t chunk = (lim + threads - 1) / threads;
+  const int64_t lim64 = lim;
+  const int begin = static_cast<int>(min(lim64, (rank * int64_t{kBlock} + threadIdx.x) * chunk));
+  const int end = static_cast<int>(min(lim64, begin + chunk));
   double sum = 0;
   for (int p = begin; p < end; ++p) sum += w_at(p);
   double pre, agg;
   Scan(scan_tmp).ExclusiveSum(sum, pre, agg);
+  // The lower blocks' sums and the cluster's, each added in rank order.
+  if (threadIdx.x == 0) s_agg = agg;
+  cluster.sync();
+  double offset = 0, all = 0;
+  for (int r = 0; r < blocks; ++r) {
+    const double v = *cluster.map_shared_rank(&s_agg, r);
+    if (r < rank) offset += v;
+    all += v;
+  }
+  pre += offset;
   // Mass the top-p fraction is of: the top-k's (all here) or the whole row's (Stats).
-  const double total = lim == a.universe ? agg : st->total;
+  const double total = lim == a.universe ? all : st->total;
 
   int stop = lim;  // kept positions: [0, stop)
-  double cum = agg;
+  double cum = all;
   if (a.truncate) {
     if (threadIdx.x == 0) s_stop = lim;
     __syncthreads();
@@ -369,37 +525,46 @@ __global__ void __launch_bounds__(kBlock)
     }
     if (mine < lim) atomicMin(&s_stop, mine);
     __syncthreads();
-    stop = s_stop;
-    if (mine == stop && mine < lim) s_cum = e;
-    __syncthreads();
-    if (stop < lim) {
-      cum = s_cum;
-    } else if (lim < a.universe) {  // the cut lies past the candidates
-      if (threadIdx.x == 0) res->fallback = 1;
+    if (mine == s_stop && mine < lim) s_cum = e;
+    cluster.sync();
+    // Blocks hold ascending positions: the first block with a cut has the cluster's.
+    for (int r = 0; r < blocks && stop == lim; ++r) {
+      const int sr = *cluster.map_shared_rank(&s_stop, r);
+      if (sr < lim) {
+        stop = sr;
+        cum = *cluster.map_shared_rank(&s_cum, r);
+      }
+    }
+    if (stop == lim && lim < a.universe) {  // the cut lies past the candidates
+      if (rank == 0 && threadIdx.x == 0) res->fallback = 1;
+      cluster.sync();  // the others' s_stop outlives this block's reads
       return;
     }
   }
 
   // The draw: the first kept position whose inclusive prefix exceeds uniform * cum.
   const double r = a.uniform * cum;
-  if (threadIdx.x == 0) s_stop = stop;
+  if (threadIdx.x == 0) s_draw = stop;
   __syncthreads();
   double rr = r - pre;
   // Chunks wholly before the draw's position skip (rr >= their sum); those after it stop at
-  // their first position; the block minimum is the draw.
+  // their first position; the cluster minimum is the draw.
   const bool walk = rr < sum;
   for (int p = begin; walk && p < min(end, stop); ++p) {
     if ((rr -= w_at(p)) < 0) {
-      atomicMin(&s_stop, p);
+      atomicMin(&s_draw, p);
       break;
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  cluster.sync();
+  if (rank == 0 && threadIdx.x == 0) {
+    int d = stop;
+    for (int q = 0; q < blocks; ++q) d = min(d, *cluster.map_shared_rank(&s_draw, q));
     // Past the end only by rounding: the first candidate, which is the first argmax.
-    res->id = s_stop < stop ? id_at(s_stop) : st->argmax_adj;
+    res->id = d < stop ? id_at(d) : st->argmax_adj;
     res->fallback = 0;
   }
+  cluster.sync();  // the others' s_draw outlives block 0's reads
 }
 
 __global__ void FinishKernel(const float* logits, const RowStats* st, const int32_t* top_ids,
@@ -467,10 +632,13 @@ absl::Status ArgMaxRows(const float* x, int64_t rows, int64_t n, int32_t* out,
   if (x == nullptr || out == nullptr || n <= 0) {
     return absl::InvalidArgumentError("argmax: null pointer or empty row");
   }
-  if (rows > 0x7fffffff || n > 0x7fffffff) return absl::InvalidArgumentError("argmax: too large");
-  ArgMaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, out);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  // A cluster per row, up to kCluster blocks, at least 8 elements per thread: a short row
+  // stays in one block.
+  const int blocks = static_cast<int>(std::clamp<int64_t>((n + kThreads * 8 - 1) / (kThreads * 8), 1, kCluster));
+  if (rows > 0x7fffffff / kCluster || n > 0x7fffffff) {
+    return absl::InvalidArgumentError("argmax: too large");
+  }
+  return LaunchClusters(ArgMaxKernel, static_cast<int>(rows), blocks, kThreads, stream, x, n, out);
 }
 
 absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& req,
@@ -525,9 +693,9 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
     adj = adj_buf;
   }
   const float inv_t = sample ? 1.0f / p.temperature : 1.0f;
-  StatsKernel<<<1, kBlock, 0, stream>>>(logits, adj, n, inv_t, want_logprobs,
-                                        sample && truncate && p.top_k == 0, st, res);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_RETURN_IF_ERROR(LaunchClusters(StatsKernel, 1, kCluster, kBlock, stream, logits, adj, n,
+                                      inv_t, want_logprobs, sample && truncate && p.top_k == 0,
+                                      st, res));
 
   WalkArgs walk{adj, nullptr, nullptr, n, universe, truncate, p.top_k > 0, inv_t, p.top_p,
                 p.min_p, req.uniform};
@@ -535,17 +703,18 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
   const bool full_sort_first = sample && truncate && p.top_k > 0 && universe > kCands;
   if (sample && !full_sort_first) {
     if (truncate) {
-      SelectTopKernel<<<1, kBlock, 0, stream>>>(adj, n, std::min(universe, kCands), cand, n_cand);
-      RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      RING_RETURN_IF_ERROR(LaunchClusters(SelectTopKernel, 1, kCluster, kBlock, stream, adj, n,
+                                          std::min(universe, kCands), cand, n_cand));
       walk.order = cand;
       walk.n_order = n_cand;
     }
-    WalkKernel<<<1, kBlock, 0, stream>>>(walk, st, res);
-    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    // At most kCands candidates are one block's work; the whole row in id order is not.
+    RING_RETURN_IF_ERROR(
+        LaunchClusters(WalkKernel, 1, truncate ? 1 : kCluster, kBlock, stream, walk, st, res));
   }
   if (n_top > 0) {
-    SelectTopKernel<<<1, kBlock, 0, stream>>>(logits, n, n_top, top, n_top_dev);
-    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    RING_RETURN_IF_ERROR(
+        LaunchClusters(SelectTopKernel, 1, kCluster, kBlock, stream, logits, n, n_top, top, n_top_dev));
   }
   auto finish_and_fetch = [&](DeviceResult* host) -> absl::Status {
     if (want_logprobs) {
@@ -569,8 +738,7 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
     StreamBuffer sorted;
     RING_ASSIGN_OR_RETURN(walk.order, SortRow(adj, n, stream, &sorted));
     walk.n_order = nullptr;
-    WalkKernel<<<1, kBlock, 0, stream>>>(walk, st, res);
-    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    RING_RETURN_IF_ERROR(LaunchClusters(WalkKernel, 1, kCluster, kBlock, stream, walk, st, res));
     RING_RETURN_IF_ERROR(finish_and_fetch(&r));
     if (r.fallback) return absl::InternalError("sample: the fully sorted walk asked for more");
   }
