@@ -56,6 +56,34 @@ absl::Status Run(const DeviceQuantWeight& w, const QMatmulArgs& in, cpu::ActDTyp
 
 }  // namespace
 
+absl::Status LinearTMany(absl::Span<const DeviceQuantWeight* const> ws,
+                         absl::Span<float* const> ys, const QMatmulArgs& in, cpu::ActDType act,
+                         cudaStream_t stream) {
+  if (ws.empty() || ws.size() != ys.size()) {
+    return absl::InvalidArgumentError("LinearTMany: weights and outputs differ in count");
+  }
+  bool same_cols = true;
+  for (const DeviceQuantWeight* w : ws) same_cols = same_cols && w->cols == ws[0]->cols;
+  if (ws.size() == 1 || !same_cols || act != cpu::ActDType::kBF16 || in.m > 8 ||
+      in.x_dtype != DType::kF32) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      QMatmulArgs a = in;
+      a.y = ys[i];
+      RING_RETURN_IF_ERROR(Run(*ws[i], a, act, /*transpose=*/true, stream));
+    }
+    return absl::OkStatus();
+  }
+  // One bf16 copy of x for all of them (as Run makes for one).
+  QMatmulArgs a = in;
+  a.round_bf16 = true;
+  const int64_t span = XSpan(a, ws[0]->cols);
+  RING_ASSIGN_OR_RETURN(StreamBuffer xb, StreamBuffer::Allocate(span * 2, stream));
+  RING_RETURN_IF_ERROR(ToBf16(static_cast<const float*>(a.x), span, xb.as<uint16_t>(), stream));
+  a.x = xb.data();
+  a.x_dtype = DType::kBF16;
+  return QMatmulTMany(ws, ys, a, stream);
+}
+
 absl::Status LinearT(const DeviceQuantWeight& w, const QMatmulArgs& a, cpu::ActDType act,
                      cudaStream_t stream) {
   return Run(w, a, act, /*transpose=*/true, stream);

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/qgemv.cuh"
 
@@ -27,6 +28,11 @@ namespace ring::cuda {
 // y[p][m, rows] = round(x[p][m, cols] @ W_b(p)^T).
 absl::Status LinearT(const DeviceQuantWeight& w, const QMatmulArgs& a, cpu::ActDType act,
                      cudaStream_t stream);
+// LinearT for weights that share x (`a` as for LinearT, y ignored: ys[i] is weight i's),
+// with one bf16 copy of x and one QMatmulTMany launch where the decode GEMV takes them all.
+absl::Status LinearTMany(absl::Span<const DeviceQuantWeight* const> ws,
+                         absl::Span<float* const> ys, const QMatmulArgs& a, cpu::ActDType act,
+                         cudaStream_t stream);
 // y[p][m, cols] = round(x[p][m, rows] @ W_b(p)) (transpose=false).
 absl::Status LinearN(const DeviceQuantWeight& w, const QMatmulArgs& a, cpu::ActDType act,
                      cudaStream_t stream);

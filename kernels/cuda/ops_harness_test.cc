@@ -1477,6 +1477,24 @@ TEST_F(GpuTest, MoeRouting) {
     Report("route sigmoid weights", shape, d.norm ? "norm" : "no norm", Dl(dw.as<float>(), w.size()), w,
            kTolRouteWeights);
   }
+  // Ties: equal scores everywhere but a few experts, so the k-th place is a tie that the
+  // lowest index wins (across lanes of the warp kernel), at T = 1 and 5.
+  for (int64_t T : {int64_t{1}, int64_t{5}}) {
+    const int64_t E = 256, k = 8;
+    std::vector<float> logits(T * E, 0.25f), bias(E, 0.f);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e : {int64_t{200}, int64_t{37}, int64_t{255}, int64_t{64 + t}}) logits[t * E + e] = 1.5f;
+    }
+    cpu::SigmoidRouting r{E, k, 1, 1, true, 2.5f};
+    std::vector<int32_t> ids(T * k);
+    std::vector<float> w(T * k);
+    cpu::RouteSigmoid(logits.data(), bias.data(), T, r, ids.data(), w.data());
+    DeviceBuffer dl = UpF(logits), db = UpF(bias), di = Zeros(ids.size()), dw = Zeros(w.size());
+    ASSERT_TRUE(RouteSigmoid(dl.as<float>(), db.as<float>(), T, r, di.as<int32_t>(), dw.as<float>(), nullptr).ok());
+    const std::string shape = absl::StrFormat("T%d E%d k%d ties", T, E, k);
+    ReportExact("route sigmoid ids", shape, "norm", DlI(di.as<int32_t>(), ids.size()), ids);
+    Report("route sigmoid weights", shape, "norm", Dl(dw.as<float>(), w.size()), w, kTolRouteWeights);
+  }
   // Qwen3-MoE: softmax top-k.
   struct Q {
     int64_t E, k;

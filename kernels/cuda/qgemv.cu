@@ -1160,7 +1160,7 @@ namespace {
 bool SameGemvLayout(const DeviceQuantWeight& a, const DeviceQuantWeight& b) {
   return a.spec.mode == b.spec.mode && a.spec.bits == b.spec.bits &&
          a.spec.group_size == b.spec.group_size && a.dtype == b.dtype &&
-         a.scale_dtype == b.scale_dtype && a.cols == b.cols && a.batch == 1 && b.batch == 1 &&
+         a.scale_dtype == b.scale_dtype && a.cols == b.cols && a.batch == b.batch &&
          a.global_scale == b.global_scale;
 }
 
@@ -1172,7 +1172,7 @@ absl::StatusOr<bool> LaunchGemvParts(absl::Span<const DeviceQuantWeight* const> 
   for (const DeviceQuantWeight* w : ws) {
     if (!SameGemvLayout(w0, *w)) return false;
   }
-  if (a.problems != 1 || a.expert_ids != nullptr || a.row_offsets != nullptr) return false;
+  if (a.row_offsets != nullptr) return false;
   bool launched = false;
   RING_RETURN_IF_ERROR(WithFormat(w0, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
@@ -1189,7 +1189,7 @@ absl::StatusOr<bool> LaunchGemvParts(absl::Span<const DeviceQuantWeight* const> 
       p.parts[i] = GemvPart{v.w, v.scales, v.biases, v.rows, ys[i], v.rows, 0};
     }
     launched = true;
-    return LaunchGemv(w0, p, 1, a.overlap, stream, describe);
+    return LaunchGemv(w0, p, a.problems, a.overlap, stream, describe);
   }));
   return launched;
 }

@@ -120,10 +120,12 @@ absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStre
 absl::Status QMatmulN(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream);
 
 // y_i = x @ W_i^T for weights that share x (q/k/v, gate/up, MLA's q_a/kv_a): where the
-// decode GEMV runs them (m <= 8, bf16 x) and they share format, group size, scale dtype and
-// cols (unstacked weights), up to 4 at a time in one launch, so a decode step pays one
-// kernel's ramp and tail instead of several; otherwise one QMatmulT each. `a` as for
-// QMatmulT with a single problem; its y and ldy are ignored: ys[i] is dense [m, rows_i].
+// decode GEMV runs them (m <= 8, bf16 x) and they share format, group size, scale dtype,
+// cols and batch (MoE: the gate and up stacks of the same experts), up to 4 at a time in one
+// launch, so a decode step pays one kernel's ramp and tail instead of several; otherwise one
+// QMatmulT each. `a` as for QMatmulT (no grouped rows); its y and ldy are ignored: ys[i] is
+// part i's output, dense [m, rows_i], and problem p of every part writes at
+// ys[i] + p * a.y_problem_stride.
 // Each output equals QMatmulT's up to fp32 summation order (the launch may split K
 // differently).
 absl::Status QMatmulTMany(absl::Span<const DeviceQuantWeight* const> ws,
