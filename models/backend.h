@@ -125,6 +125,14 @@ class Backend {
                              ActDType t, float* out) = 0;
   virtual absl::Status RmsNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                                float eps, ActDType t, float* out) = 0;
+  // sum = round(a + b) (sum may alias a), then out = RmsNorm(sum): exactly Add then RmsNorm
+  // (a backend may run them as one kernel).
+  virtual absl::Status AddRmsNorm(const float* a, const float* b, int64_t rows, int64_t dim,
+                                  const TensorView& w, float eps, ActDType t, float* sum,
+                                  float* out) {
+    absl::Status s = Add(a, b, rows * dim, t, sum);
+    return s.ok() ? RmsNorm(sum, rows, dim, w, eps, t, out) : s;
+  }
   virtual absl::Status LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                                  const TensorView& b, float eps, ActDType t, float* out) = 0;
   // RoPE of the table (YaRN pre-scale first) on [tokens, heads, head_dim] rows, `stride`

@@ -56,6 +56,11 @@ class ForwardingBackend : public Backend {
                        float eps, ActDType t, float* out) override {
     return inner_->RmsNorm(x, rows, dim, w, eps, t, out);
   }
+  absl::Status AddRmsNorm(const float* a, const float* b, int64_t rows, int64_t dim,
+                          const TensorView& w, float eps, ActDType t, float* sum,
+                          float* out) override {
+    return inner_->AddRmsNorm(a, b, rows, dim, w, eps, t, sum, out);
+  }
   absl::Status LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                          const TensorView& b, float eps, ActDType t, float* out) override {
     return inner_->LayerNorm(x, rows, dim, w, b, eps, t, out);

@@ -70,9 +70,12 @@ class LayeredStage : public Stage {
   // Every family's decoder layer is the same pre-norm residual block,
   //   h = h + Attention(RmsNorm_in(h));  h = h + FeedForward(RmsNorm_post(h)),
   // run here; the families supply the three parts. h is [rows, hidden] (the segments' rows
-  // one after the other) and is updated in place.
-  absl::Status RunLayer(int64_t layer, const std::vector<Segment>& segs, float* h,
-                        int64_t rows) const;
+  // one after the other) and is updated in place. xn [rows, hidden] holds RmsNorm_in(h)
+  // on entry when xn_ready (made by the previous layer), and RmsNorm of the result with
+  // *next_input_norm on exit when that is given: each residual add is one op with the norm
+  // after it (Backend::AddRmsNorm).
+  absl::Status RunLayer(int64_t layer, const std::vector<Segment>& segs, float* h, float* xn,
+                        bool xn_ready, const TensorView* next_input_norm, int64_t rows) const;
   // Makes every cache of this stage hold `rows` positions (before any layer runs, so a
   // request that does not fit fails with a clear error and changes nothing).
   virtual absl::Status ReserveCaches(SequenceState& seq, int64_t rows) const = 0;

@@ -133,6 +133,13 @@ class FaultBackend final : public ForwardingBackend {
     return inner().ExpertsSwiGlu(Sub(gate), Sub(up), Sub(down), x, T, ids, k, t, y);
   }
 
+  // The two ops separately, so that RmsNorm's fault applies.
+  absl::Status AddRmsNorm(const float* a, const float* b, int64_t rows, int64_t dim,
+                          const TensorView& w, float eps, ActDType t, float* sum,
+                          float* out) override {
+    if (!bf16_rms_) return inner().AddRmsNorm(a, b, rows, dim, w, eps, t, sum, out);
+    return Backend::AddRmsNorm(a, b, rows, dim, w, eps, t, sum, out);
+  }
   absl::Status RmsNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                        float eps, ActDType t, float* out) override {
     RING_RETURN_IF_ERROR(inner().RmsNorm(x, rows, dim, w, eps, t, out));

@@ -31,19 +31,19 @@ absl::Status LayeredStage::LoadEnds(const WeightLoader& w) {
 }
 
 absl::Status LayeredStage::RunLayer(int64_t layer, const std::vector<Segment>& segs, float* h,
+                                    float* xn, bool xn_ready, const TensorView* next_input_norm,
                                     int64_t rows) const {
   Backend& b = backend();
-  const int64_t n = rows * ctx_.cfg.hidden_size;
+  const int64_t n = rows * ctx_.cfg.hidden_size, hidden = ctx_.cfg.hidden_size;
   const float eps = static_cast<float>(ctx_.cfg.rms_norm_eps);
   const BlockNorms norms = Norms(layer);
-  RING_ASSIGN_OR_RETURN(Buffer xn, b.AllocF(n));
   RING_ASSIGN_OR_RETURN(Buffer o, b.AllocF(n));
-  RING_RETURN_IF_ERROR(b.RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.input, eps, ctx_.act, xn.f()));
-  RING_RETURN_IF_ERROR(Attention(layer, segs, xn.f(), rows, o.f()));
-  RING_RETURN_IF_ERROR(b.Add(h, o.f(), n, ctx_.act, h));
-  RING_RETURN_IF_ERROR(b.RmsNorm(h, rows, ctx_.cfg.hidden_size, norms.post, eps, ctx_.act, xn.f()));
-  RING_RETURN_IF_ERROR(FeedForward(layer, xn.f(), rows, o.f()));
-  return b.Add(h, o.f(), n, ctx_.act, h);
+  if (!xn_ready) RING_RETURN_IF_ERROR(b.RmsNorm(h, rows, hidden, norms.input, eps, ctx_.act, xn));
+  RING_RETURN_IF_ERROR(Attention(layer, segs, xn, rows, o.f()));
+  RING_RETURN_IF_ERROR(b.AddRmsNorm(h, o.f(), rows, hidden, norms.post, eps, ctx_.act, h, xn));
+  RING_RETURN_IF_ERROR(FeedForward(layer, xn, rows, o.f()));
+  if (next_input_norm == nullptr) return b.Add(h, o.f(), n, ctx_.act, h);
+  return b.AddRmsNorm(h, o.f(), rows, hidden, *next_input_norm, eps, ctx_.act, h, xn);
 }
 
 absl::StatusOr<StageOutput> LayeredStage::Forward(Sequence& seq, const StageInput& in) const {
@@ -179,9 +179,15 @@ absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
           b.Upload(in.topk.indices.data(), in.topk.indices.size() * 4, carry.indices.data()));
     }
   }
+  // The normed input of the next layer, made by the same op as this layer's last residual
+  // add where the next layer is in this stage.
+  RING_ASSIGN_OR_RETURN(Buffer xn, b.AllocF(rows * hidden));
   for (int64_t l = range().begin; l < range().end; ++l) {
     b.BeginLayer(l);
-    RING_RETURN_IF_ERROR(RunLayer(l, segs, h.f(), rows));
+    const bool has_next = l + 1 < range().end;
+    const BlockNorms next = has_next ? Norms(l + 1) : BlockNorms{};
+    RING_RETURN_IF_ERROR(RunLayer(l, segs, h.f(), xn.f(), /*xn_ready=*/l > range().begin,
+                                  has_next ? &next.input : nullptr, rows));
     RING_RETURN_IF_ERROR(b.EndLayer(l, h.f(), rows * hidden));
     if (!capture) continue;
     for (size_t i = 0; i < segs.size(); ++i) {

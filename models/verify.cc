@@ -235,6 +235,18 @@ class LockstepBackend final : public Backend {
                 return b.RmsNorm(M(mp, x), rows, dim, w, eps, t, M(mp, out));
               });
   }
+  // One op, as the device runs it (CUDA: one kernel), checked as an RmsNorm.
+  absl::Status AddRmsNorm(const float* a, const float* b, int64_t rows, int64_t dim,
+                          const TensorView& w, float eps, ActDType t, float* sum,
+                          float* out) override {
+    rec_->act = t;
+    const int64_t n = rows * dim;
+    return Op("RmsNorm", absl::StrCat(rows, "x", dim, " after add"), {F(a, n), F(b, n)},
+              {F(sum, n), F(out, n)}, [&](Backend& be, const Mapper& mp) {
+                return be.AddRmsNorm(M(mp, a), M(mp, b), rows, dim, w, eps, t, M(mp, sum),
+                                     M(mp, out));
+              });
+  }
   absl::Status LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                          const TensorView& bias, float eps, ActDType t, float* out) override {
     rec_->act = t;

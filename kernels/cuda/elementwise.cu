@@ -68,14 +68,27 @@ __device__ __forceinline__ void LoadRowRegs(DevArray a, int64_t base, int64_t di
   }
 }
 
+// With `add` (AddRmsNorm) the row normed is s = round(x + add), which is also stored to
+// `sum` (may alias x: every element is read before it is written, by the same thread).
 __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
-                              DevMutArray out, uint16_t* out_bf16) {
+                              DevMutArray out, uint16_t* out_bf16, DevArray add,
+                              DevMutArray sum) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
     float v[kRowRegs], wv[kRowRegs];
     LoadRowRegs(x, base, dim, v);
     LoadRowRegs(w, 0, dim, wv);
+    if (add.data != nullptr) {
+      float av[kRowRegs];
+      LoadRowRegs(add, base, dim, av);
+#pragma unroll
+      for (int c = 0; c < kRowRegs; ++c) {
+        const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+        v[c] = DevRoundAct(v[c] + av[c], rt);  // 0 + 0 past dim
+        if (i < dim) Store(sum.data, sum.dtype, base + i, v[c]);
+      }
+    }
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < kRowRegs; ++c) ss = fmaf(v[c], v[c], ss);  // + 0 past dim: exact
@@ -94,13 +107,19 @@ __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cp
   }
   float ss = 0.f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = Load(x.data, x.dtype, base + i);
+    float v = Load(x.data, x.dtype, base + i);
+    if (add.data != nullptr) {
+      v = DevRoundAct(v + Load(add.data, add.dtype, base + i), rt);
+      Store(sum.data, sum.dtype, base + i, v);
+    }
     ss = fmaf(v, v, ss);
   }
   ss = BlockSum(ss, scratch);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  // The normed row: x, or the sum this thread stored above (x may be overwritten by now).
+  const DevArray src = add.data != nullptr ? DevArray{sum.data, sum.dtype} : x;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    float y = DevRoundAct(Load(x.data, x.dtype, base + i) * inv, rt);
+    float y = DevRoundAct(Load(src.data, src.dtype, base + i) * inv, rt);
     if (w.data != nullptr) y = DevRoundAct(y * Load(w.data, w.dtype, i), rt);
     Store(out.data, out.dtype, base + i, y);
     if (out_bf16 != nullptr) out_bf16[base + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
@@ -331,8 +350,25 @@ absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, flo
   RING_EW_CHECK(CheckOut(out));
   if (rows <= 0 || dim <= 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
-  RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(x, dim, weight, eps,
-                                                                             round, out, out_bf16);
+  RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(
+      x, dim, weight, eps, round, out, out_bf16, DevArray{nullptr, DType::kF32},
+      DevMutArray{nullptr, DType::kF32});
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status AddRmsNorm(DevArray a, DevArray b, int64_t rows, int64_t dim, DevArray weight,
+                        float eps, cpu::ActDType round, DevMutArray sum, DevMutArray out,
+                        cudaStream_t stream, uint16_t* out_bf16) {
+  RING_EW_CHECK(CheckAct(a, "a"));
+  RING_EW_CHECK(CheckAct(b, "b"));
+  RING_EW_CHECK(CheckAct(weight, "weight", /*optional=*/true));
+  RING_EW_CHECK(CheckOut(sum));
+  RING_EW_CHECK(CheckOut(out));
+  if (rows <= 0 || dim <= 0) return absl::OkStatus();
+  if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
+  RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(
+      a, dim, weight, eps, round, out, out_bf16, b, sum);
   RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

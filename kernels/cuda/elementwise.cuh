@@ -40,6 +40,12 @@ absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, flo
                      cpu::ActDType round, DevMutArray out, cudaStream_t stream,
                      uint16_t* out_bf16 = nullptr);
 
+// sum = round(a + b) (cpu::Add; sum may alias a), then out = RmsNorm(sum) as above, in one
+// launch: a residual add and the next norm (bitwise the two calls).
+absl::Status AddRmsNorm(DevArray a, DevArray b, int64_t rows, int64_t dim, DevArray weight,
+                        float eps, cpu::ActDType round, DevMutArray sum, DevMutArray out,
+                        cudaStream_t stream, uint16_t* out_bf16 = nullptr);
+
 // cpu::LayerNorm: two-pass mean/variance in fp32, round, * w (round), + b (round).
 absl::Status LayerNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, DevArray bias,
                        float eps, cpu::ActDType round, DevMutArray out, cudaStream_t stream);

@@ -1079,6 +1079,28 @@ TEST_F(GpuTest, RmsNormAndLayerNorm) {
       cpu::LayerNorm(x.data(), s.rows, s.dim, wv, bv, 1e-5f, md.round, ref.data());
       ASSERT_TRUE(LayerNorm(dx.in(), s.rows, s.dim, dw.in(), db.in(), 1e-5f, md.round, dout.out(), nullptr).ok());
       Report("layer_norm", shape, mode, Download(dout, x.size()), ref, EwTol(md.round));
+
+      // Residual add + norm in one launch, the sum written over x (in place, as the layer
+      // program does) and the bf16 side output: equal to cpu::Add then cpu::RmsNorm.
+      const std::vector<float> r = RandomFloats(s.rows * s.dim, 74, 3.f, bf);
+      std::vector<float> sum_ref(x.size());
+      cpu::Add(x.data(), r.data(), x.size(), md.round, sum_ref.data());
+      cpu::RmsNorm(sum_ref.data(), s.rows, s.dim, wv, 1e-5f, md.round, ref.data());
+      DevVec dh = Upload(x, md.storage), dr = Upload(r, md.storage);
+      absl::StatusOr<DeviceBuffer> dbits = DeviceBuffer::Allocate(x.size() * 2);
+      ASSERT_TRUE(dbits.ok());
+      ASSERT_TRUE(AddRmsNorm(dh.in(), dr.in(), s.rows, s.dim, dw.in(), 1e-5f, md.round, dh.out(),
+                             dout.out(), nullptr, dbits->as<uint16_t>())
+                      .ok());
+      Report("add_rms_norm sum", shape, mode, Download(dh, x.size()), sum_ref, EwTol(md.round));
+      Report("add_rms_norm", shape, mode, Download(dout, x.size()), ref, EwTol(md.round));
+      if (md.round == cpu::ActDType::kBF16) {
+        absl::StatusOr<std::vector<uint16_t>> bits = dbits->ToVector<uint16_t>(x.size());
+        ASSERT_TRUE(bits.ok());
+        std::vector<float> got(x.size());
+        for (size_t i = 0; i < got.size(); ++i) got[i] = Bf16ToFloat((*bits)[i]);
+        Report("add_rms_norm bf16 bits", shape, mode, got, ref, EwTol(md.round));
+      }
     }
   }
 }

@@ -456,6 +456,17 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return cuda::RmsNorm(In(x), rows, dim, dw, eps, t, Out(out), stream_, xb);
     });
   }
+  absl::Status AddRmsNorm(const float* a, const float* b, int64_t rows, int64_t dim,
+                          const TensorView& w, float eps, ActDType t, float* sum,
+                          float* out) override {
+    RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(w));
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, rows * dim, t));
+    return Submit(OpRecord('+').Add(a, b, rows, dim, dw.data, eps, t, sum, out, xb).Take(),
+                  [=, this] {
+                    return cuda::AddRmsNorm(In(a), In(b), rows, dim, dw, eps, t, Out(sum),
+                                            Out(out), stream_, xb);
+                  });
+  }
   absl::Status LayerNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w,
                          const TensorView& b, float eps, ActDType t, float* out) override {
     RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(w));
