@@ -79,9 +79,12 @@ struct Region {
   // Outputs that are not contiguous: the (offset, length) pieces, in floats from p, that
   // are the op's (the gaps belong to other data and are not compared). Empty: all of it.
   std::vector<std::pair<int64_t, int64_t>> pieces;
+  // An output of an op with several (LinearMany: one per weight): when the op is wrong on
+  // its own, the check names the outputs that are wrong on their own by these names.
+  std::string name;
 };
-Region F(const void* p, int64_t n) { return {p, n * 4, false, {}}; }
-Region I(const void* p, int64_t n) { return {p, n * 4, true, {}}; }
+Region F(const void* p, int64_t n) { return {p, n * 4, false, {}, {}}; }
+Region I(const void* p, int64_t n) { return {p, n * 4, true, {}, {}}; }
 
 // Maps a device-space pointer to the pointer an op call should use.
 using Mapper = std::function<void*(const void*)>;
@@ -203,7 +206,8 @@ class LockstepBackend final : public Backend {
     return Op("Linear", w.name, {F(x, m * w.cols())}, {F(y, m * w.rows())},
               [&](Backend& b, const Mapper& mp) { return b.Linear(w, M(mp, x), m, t, M(mp, y)); });
   }
-  // One op, as the device runs it (CUDA: one launch for all weights), checked as a Linear.
+  // One op, as the device runs it (CUDA: one launch for all weights), checked as a Linear;
+  // when it is wrong, the check names the weights whose own outputs are wrong.
   absl::Status LinearMany(absl::Span<const QuantWeight* const> ws, const float* x, int64_t m,
                           ActDType t, absl::Span<float* const> ys) override {
     if (ws.empty() || ws.size() != ys.size()) return Backend::LinearMany(ws, x, m, t, ys);
@@ -213,6 +217,7 @@ class LockstepBackend final : public Backend {
     for (size_t i = 0; i < ws.size(); ++i) {
       names.push_back(ws[i]->name);
       outs.push_back(F(ys[i], m * ws[i]->rows()));
+      outs.back().name = ws[i]->name;
     }
     return Op("Linear", absl::StrJoin(names, "+"), {F(x, m * ws[0]->cols())}, std::move(outs),
               [&](Backend& b, const Mapper& mp) {
@@ -552,6 +557,7 @@ class LockstepBackend final : public Backend {
     double cn = 0, cd = 0, in = 0, id = 0;
     int64_t int_n = 0, comp_bad = 0, iso_bad = 0;
     bool any_float = false;
+    std::vector<std::pair<std::string, TensorDiff>> named;  // isolated, per named output
     for (const Region& r : outs) {
       const int64_t n = r.bytes / 4;
       std::vector<float> d(n), c(n), s(n);
@@ -578,6 +584,13 @@ class LockstepBackend final : public Backend {
       any_float = true;
       Accumulate(d.data(), c.data(), static_cast<int64_t>(c.size()), oc.composed, cn, cd);
       Accumulate(s.data(), c.data(), static_cast<int64_t>(c.size()), oc.isolated, in, id);
+      if (!r.name.empty()) {
+        TensorDiff own;
+        double on = 0, od = 0;
+        Accumulate(s.data(), c.data(), static_cast<int64_t>(c.size()), own, on, od);
+        Finish(own, on, od);
+        named.emplace_back(r.name, own);
+      }
     }
     for (size_t i = 0; i < merged.size(); ++i) {
       RING_RETURN_IF_ERROR(dev_->Upload(composed[i].data(), merged[i].bytes, const_cast<void*>(merged[i].p)));
@@ -595,6 +608,14 @@ class LockstepBackend final : public Backend {
     Judge(oc);
     // An index output with mismatches also fails on the float tolerance's terms.
     if (int_n > 0 && any_float && oc.isolated.mismatch > 0.01) rec_->ops.back().isolated_ok = false;
+    OpCheck& judged = rec_->ops.back();
+    if (!judged.isolated_ok && !named.empty()) {
+      std::vector<std::string> wrong;
+      for (const auto& [name, own] : named) {
+        if (!(own.nmse <= judged.tolerance)) wrong.push_back(name);
+      }
+      if (!wrong.empty()) judged.detail = absl::StrJoin(wrong, "+");
+    }
     return absl::OkStatus();
   }
 
