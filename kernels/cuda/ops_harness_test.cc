@@ -1278,6 +1278,12 @@ TEST_F(GpuTest, AttentionGqa) {
   for (S s : {S{7, 7, 4, 2, 32, 0, false}, S{5, 25, 8, 2, 128, 20, false},
               S{1, 40, 8, 2, 128, -1, false}, S{6, 30, 4, 4, 64, -1, true},
               S{1, 300, 16, 1, 512, -1, true}, S{3, 70, 32, 8, 128, 67, false},
+              // Decode on the batched-key kernel (dk = dv in {64, 128, 256}): Qwen3-0.6B-like
+              // heads over keys that are no multiple of a warp's batch, a masked 1000-key
+              // row, fewer keys than warps, a single key, d = 256 (its smaller batch).
+              S{1, 301, 16, 8, 128, 300, false}, S{1, 1000, 32, 8, 128, -1, true},
+              S{1, 5, 2, 1, 64, -1, false}, S{1, 1, 4, 2, 128, 0, false},
+              S{2, 9, 4, 2, 256, 7, false}, S{1, 200, 8, 2, 256, -1, true},
               // L >= 16: the tiled prefill kernel (ragged query tiles and key chunks, head
               // widths up to its 256, causal after a prefix, mask).
               S{37, 37, 4, 2, 128, 0, false}, S{40, 100, 4, 4, 64, 60, true},
