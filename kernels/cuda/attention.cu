@@ -77,6 +77,50 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+// One key's score `sc` into an online softmax state (running max m, running sum l): the
+// factor `cold` the accumulators are rescaled by and the key's weight `pnew`.
+__device__ __forceinline__ void OnlineSoftmaxStep(float sc, float& m, float& l, float& cold,
+                                                  float& pnew) {
+  if (sc > m) {
+    cold = expf(m - sc);
+    pnew = 1.f;
+    m = sc;
+  } else {
+    cold = 1.f;
+    pnew = expf(sc - m);
+  }
+  l = l * cold + pnew;
+}
+
+// The end of a (query, head) block: each warp has written its state (m, l, dv accumulators)
+// at part + w * (dv + 2); merges them and writes the rounded output row (and its bf16 bits).
+template <int kWarps>
+__device__ __forceinline__ void MergeWarpStates(const float* part, int64_t dv,
+                                                cpu::ActDType rt, float* o, uint16_t* o_bf16) {
+  float M = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) {
+    const float* pw = part + w * (dv + 2);
+    if (pw[1] > 0.f) M = fmaxf(M, pw[0]);
+  }
+  float denom = 0.f;
+  float f[kWarps];
+  for (int w = 0; w < kWarps; ++w) {
+    const float* pw = part + w * (dv + 2);
+    f[w] = pw[1] > 0.f ? expf(pw[0] - M) : 0.f;
+    denom += pw[1] * f[w];
+  }
+  const float inv = 1.f / denom;
+  for (int64_t d = threadIdx.x; d < dv; d += blockDim.x) {
+    float s = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (f[w] != 0.f) s += part[w * (dv + 2) + 2 + d] * f[w];
+    }
+    const float r = RoundActDev(s * inv, rt);
+    o[d] = r;
+    if (o_bf16 != nullptr) o_bf16[d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(r));
+  }
+}
+
 template <int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     AttentionKernel(AttentionParams p, cpu::ActDType rt) {
@@ -105,15 +149,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (mask != nullptr) dot += mask[j];
     const float* vj = p.v + j * p.v_tok + kh * p.v_head;
     float cold, pnew;
-    if (dot > m) {
-      cold = expf(m - dot);
-      pnew = 1.f;
-      m = dot;
-    } else {
-      cold = 1.f;
-      pnew = expf(dot - m);
-    }
-    l = l * cold + pnew;
+    OnlineSoftmaxStep(dot, m, l, cold, pnew);
 #pragma unroll
     for (int c = 0; c < kMaxChunks; ++c) {
       if (c < nchunks) {
@@ -134,31 +170,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (c < nchunks && d < p.dv) mine[2 + d] = acc[c];
   }
   __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) {
-    const float* pw = part + w * (p.dv + 2);
-    if (pw[1] > 0.f) M = fmaxf(M, pw[0]);
-  }
-  float denom = 0.f;
-  float f[kWarps];
-  for (int w = 0; w < kWarps; ++w) {
-    const float* pw = part + w * (p.dv + 2);
-    f[w] = pw[1] > 0.f ? expf(pw[0] - M) : 0.f;
-    denom += pw[1] * f[w];
-  }
-  const float inv = 1.f / denom;
-  float* o = p.out + (i * p.hq + h) * p.dv;
-  for (int64_t d = threadIdx.x; d < p.dv; d += blockDim.x) {
-    float s = 0.f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (f[w] != 0.f) s += part[w * (p.dv + 2) + 2 + d] * f[w];
-    }
-    const float r = RoundActDev(s * inv, rt);
-    o[d] = r;
-    if (p.out_bf16 != nullptr) {
-      p.out_bf16[(i * p.hq + h) * p.dv + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(r));
-    }
-  }
+  const int64_t row = (i * p.hq + h) * p.dv;
+  MergeWarpStates<kWarps>(part, p.dv, rt, p.out + row,
+                          p.out_bf16 != nullptr ? p.out_bf16 + row : nullptr);
 }
 
 // AttentionKernel for dk = dv = D in {64, 128, 256} with 16-byte aligned K/V rows (Qwen3,
@@ -232,15 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       float sc = dot[b];
       if (mask != nullptr) sc += mask[j];
       float cold, pnew;
-      if (sc > m) {
-        cold = expf(m - sc);
-        pnew = 1.f;
-        m = sc;
-      } else {
-        cold = 1.f;
-        pnew = expf(sc - m);
-      }
-      l = l * cold + pnew;
+      OnlineSoftmaxStep(sc, m, l, cold, pnew);
 #pragma unroll
       for (int e = 0; e < V; ++e) acc[e] = acc[e] * cold + pnew * vr[b][e];
     }
@@ -253,31 +259,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int e = 0; e < V; ++e) mine[2 + lane * V + e] = acc[e];
   __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) {
-    const float* pw = part + w * (D + 2);
-    if (pw[1] > 0.f) M = fmaxf(M, pw[0]);
-  }
-  float denom = 0.f;
-  float f[kWarps];
-  for (int w = 0; w < kWarps; ++w) {
-    const float* pw = part + w * (D + 2);
-    f[w] = pw[1] > 0.f ? expf(pw[0] - M) : 0.f;
-    denom += pw[1] * f[w];
-  }
-  const float inv = 1.f / denom;
-  float* o = p.out + (i * p.hq + h) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float sum = 0.f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (f[w] != 0.f) sum += part[w * (D + 2) + 2 + d] * f[w];
-    }
-    const float r = RoundActDev(sum * inv, rt);
-    o[d] = r;
-    if (p.out_bf16 != nullptr) {
-      p.out_bf16[(i * p.hq + h) * D + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(r));
-    }
-  }
+  const int64_t row = (i * p.hq + h) * D;
+  MergeWarpStates<kWarps>(part, D, rt, p.out + row,
+                          p.out_bf16 != nullptr ? p.out_bf16 + row : nullptr);
 }
 
 // Asynchronous 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.

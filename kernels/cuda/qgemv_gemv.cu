@@ -171,6 +171,21 @@ __host__ __device__ constexpr int ScaleBytesPerChunk() {
   }
 }
 
+// A warp's steps of its K split: a contiguous range, a multiple of U long, so that only the
+// warp holding the matrix's last steps has a partial batch; full_end ends the steps whose
+// four slices all exist.
+struct StepRange {
+  int begin, end, full_end;
+};
+template <int U>
+__device__ __forceinline__ StepRange WarpSteps(int nsteps, int nslices, int warps_k, int wk) {
+  const int per0 = (nsteps + warps_k - 1) / warps_k;
+  const int per = (per0 + U - 1) / U * U;
+  const int begin = wk * per;
+  const int end = min(nsteps, begin + per);
+  return {begin, end, min(end, nslices >> 2)};
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 // Indices of steps and slices are 32-bit (they count 16-byte pieces of one row); the few
 // 64-bit row pointers are computed once. Rows past the matrix end read the last row (valid
@@ -229,13 +244,8 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[wr][i] = 0.f;
 
-  // This warp's steps: a contiguous range, a multiple of U long, so that only the warp
-  // holding the matrix's last steps has a partial batch.
-  const int per0 = (nsteps + warps_k - 1) / warps_k;
-  const int per = (per0 + U - 1) / U * U;
-  const int s_begin = wk * per;
-  const int s_end = min(nsteps, s_begin + per);
-  const int full_end = min(s_end, nslices >> 2);
+  const StepRange range = WarpSteps<U>(nsteps, nslices, warps_k, wk);
+  const int s_begin = range.begin, s_end = range.end, full_end = range.full_end;
 
   auto batch = [&]<bool kFull>(int s0) {
     uint32_t raw[U][WR][2][KW];
@@ -536,11 +546,8 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[wr][i] = 0.f;
 
-  const int per0 = (nsteps + warps_k - 1) / warps_k;
-  const int per = (per0 + U - 1) / U * U;
-  const int s_begin = wk * per;
-  const int s_end = min(nsteps, s_begin + per);
-  const int full_end = min(s_end, nslices >> 2);
+  const StepRange range = WarpSteps<U>(nsteps, nslices, warps_k, wk);
+  const int s_begin = range.begin, s_end = range.end, full_end = range.full_end;
 
   auto batch = [&]<bool kFull>(int s0) {
     uint32_t raw[U][WR][2][KW];

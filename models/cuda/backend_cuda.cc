@@ -386,13 +386,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return Submit(OpRecord('B').Add(d, x, m, y, xb, reuse, overlap).Take(),
                   [=, this]() -> absl::Status {
       if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
-      cuda::QMatmulArgs a;
-      a.x = xb;
-      a.x_dtype = DType::kBF16;
-      a.m = m;
+      cuda::QMatmulArgs a = Bf16Args(xb, m, overlap);
       a.y = y;
-      a.round_bf16 = true;
-      a.overlap = overlap;
       return cuda::QMatmulT(*d, a, stream_);
     });
   }
@@ -425,13 +420,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     std::vector<float*> yv(ys.begin(), ys.end());
     return Submit(rec.Take(), [=, this]() -> absl::Status {
       if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
-      cuda::QMatmulArgs a;
-      a.x = xb;
-      a.x_dtype = DType::kBF16;
-      a.m = m;
-      a.round_bf16 = true;
-      a.overlap = overlap;
-      return cuda::QMatmulTMany(ds, yv, a, stream_);
+      return cuda::QMatmulTMany(ds, yv, Bf16Args(xb, m, overlap), stream_);
     });
   }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
@@ -620,6 +609,16 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   void NoteOutput(const float* x, int64_t span, const float* y, int64_t n) {
     const auto addr = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
     if (addr(y) < addr(x + span) && addr(x) < addr(y + n)) conv_src_ = nullptr;
+  }
+  // A matmul on the bf16 copy xb of m activation rows, outputs rounded to bf16.
+  static cuda::QMatmulArgs Bf16Args(const uint16_t* xb, int64_t m, int overlap) {
+    cuda::QMatmulArgs a;
+    a.x = xb;
+    a.x_dtype = DType::kBF16;
+    a.m = m;
+    a.round_bf16 = true;
+    a.overlap = overlap;
+    return a;
   }
   // Decode GEMVs of small matrices overlap their start with the previous kernel's tail
   // (programmatic dependent launch; weights are never written while a step runs).
