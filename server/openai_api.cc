@@ -372,9 +372,11 @@ void OpenAiApi::HandleCompletion(http::HttpRequest req, std::shared_ptr<http::Ht
     try {
       body = json::parse(req.body);
     } catch (const json::parse_error& e) {
-      throw ApiError{400, absl::StrCat("malformed JSON body: ", e.what())};
+      throw ApiError{400, absl::StrCat("malformed JSON body: ", e.what()), "invalid_request_error", "", ""};
     }
-    if (!body.is_object()) throw ApiError{400, "the request body must be a JSON object"};
+    if (!body.is_object()) {
+      throw ApiError{400, "the request body must be a JSON object", "invalid_request_error", "", ""};
+    }
     Fields f(body);
     const auto model = f.String("model");
     if (!model) Fields::Fail("model", "is required");
