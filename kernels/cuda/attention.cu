@@ -34,6 +34,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/status.h"
@@ -124,6 +125,7 @@ __device__ __forceinline__ void MergeWarpStates(const float* part, int64_t dv,
 template <int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     AttentionKernel(AttentionParams p, cpu::ActDType rt) {
+  PdlBegin();
   extern __shared__ float smem[];
   const int64_t h = blockIdx.x / p.L, i = blockIdx.x % p.L;
   const int64_t kh = h / (p.hq / p.hkv);
@@ -549,6 +551,7 @@ __device__ __forceinline__ void MlaIssueChunk(const MlaDecodeParams& p, const Ml
 // fit an SM and overlap each other's copies (measured faster on the H200 than one block that
 // double-buffers its chunks: 24 against 28 us per layer at 2k keys).
 __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParams p, cpu::ActDType rt) {
+  PdlBegin();
   extern __shared__ __align__(16) float sm[];
   const int kvl = p.kvl, rope = p.rope;
   const MlaSmem L = MlaLayout(kvl, rope);
@@ -691,8 +694,9 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
 // head h's dims [c * 128, c * 128 + 128): the split weights by a block reduction, then one
 // dim per thread over the splits, 8 loads in flight at a time, two FMA chains.
 __global__ void __launch_bounds__(kMlaCombineThreads)
-    MlaCombineKernel(const float* __restrict__ part, int splits, int64_t H, int kvl,
+    MlaCombineKernel(const float* part, int splits, int64_t H, int kvl,
                      cpu::ActDType rt, float* __restrict__ out) {
+  PdlBegin();
   __shared__ float f[kMlaMaxSplits];
   __shared__ float wred[kMlaCombineThreads / 32];
   const int64_t h = blockIdx.x;
@@ -814,11 +818,12 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
         fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   if (wide) {
-    AttentionKernel<kWideWarps><<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p, round);
+    RING_LAUNCH_PDL((AttentionKernel<kWideWarps>), static_cast<unsigned>(blocks), warps * 32, smem,
+                    stream, p, round);
   } else {
-    AttentionKernel<kNarrowWarps><<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p, round);
+    RING_LAUNCH_PDL((AttentionKernel<kNarrowWarps>), static_cast<unsigned>(blocks), warps * 32,
+                    smem, stream, p, round);
   }
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
@@ -901,14 +906,14 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         MlaDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  MlaDecodeKernel<<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks)),
-                    kMlaThreads, smem, stream>>>(p, t);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  MlaCombineKernel<<<dim3(static_cast<unsigned>(H),
-                          static_cast<unsigned>((kvl + kMlaCombineThreads - 1) / kMlaCombineThreads)),
-                     kMlaCombineThreads, 0, stream>>>(p.part, static_cast<int>(splits), H, p.kvl, t,
-                                                      olat);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(MlaDecodeKernel,
+                  dim3(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks)),
+                  kMlaThreads, smem, stream, p, t);
+  RING_LAUNCH_PDL(MlaCombineKernel,
+                  dim3(static_cast<unsigned>(H),
+                       static_cast<unsigned>((kvl + kMlaCombineThreads - 1) / kMlaCombineThreads)),
+                  kMlaCombineThreads, 0, stream, p.part, static_cast<int>(splits), H, p.kvl, t,
+                  olat);
   QMatmulArgs oa;
   oa.x = olat;
   oa.m = 1;

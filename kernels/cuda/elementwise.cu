@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 
 namespace ring::cuda {
@@ -73,6 +74,7 @@ __device__ __forceinline__ void LoadRowRegs(DevArray a, int64_t base, int64_t di
 __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
                               DevMutArray out, uint16_t* out_bf16, DevArray add,
                               DevMutArray sum) {
+  PdlBegin();
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
@@ -128,6 +130,7 @@ __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cp
 
 __global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b, float eps,
                                 cpu::ActDType rt, DevMutArray out) {
+  PdlBegin();
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
@@ -191,6 +194,7 @@ __device__ __forceinline__ void RotatePair(float x1, float x2, int64_t pos, floa
 __global__ void RopeKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
                            int64_t stride, int64_t half, int traditional, const float* inv_freq,
                            int64_t offset, cpu::ActDType rt) {
+  PdlBegin();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tokens * heads * half) return;
   const int64_t i = idx % half;
@@ -214,6 +218,7 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
     HeadNormRopeKernel(float* q, int64_t q_rows, int64_t q_heads, const float* qw, float* k,
                        int64_t k_rows, int64_t k_heads, const float* kw, int d, float eps,
                        float pre_scale, const float* inv_freq, int64_t offset, cpu::ActDType rt) {
+  PdlBegin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kHeadNormRopeWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= q_rows + k_rows) return;
@@ -259,6 +264,7 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
 
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
                              DevMutArray out, uint16_t* out_bf16) {
+  PdlBegin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = Load(gate.data, gate.dtype, i);
@@ -271,6 +277,7 @@ __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDTyp
 }
 
 __global__ void AddKernel(DevArray a, DevArray b, int64_t n, cpu::ActDType rt, DevMutArray out) {
+  PdlBegin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     Store(out.data, out.dtype, i,
@@ -281,6 +288,7 @@ __global__ void AddKernel(DevArray a, DevArray b, int64_t n, cpu::ActDType rt, D
 // One thread per scaled element.
 __global__ void ScaleRoundKernel(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim,
                                  int64_t stride, int64_t dims, float s, cpu::ActDType rt) {
+  PdlBegin();
   const int64_t n = tokens * heads * dims;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -291,6 +299,7 @@ __global__ void ScaleRoundKernel(DevMutArray x, int64_t tokens, int64_t heads, i
 }
 
 __global__ void ToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
+  PdlBegin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(x[i]));
@@ -299,11 +308,23 @@ __global__ void ToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
 
 __global__ void GatherRowsKernel(const float* src, int64_t width, const int32_t* idx,
                                  float* dst) {
+  PdlBegin();
   const int64_t r = blockIdx.y;
   const float* s = src + static_cast<int64_t>(idx[r]) * width;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < width;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     dst[r * width + c] = s[c];
+  }
+}
+
+__global__ void SlowCopyKernel(const uint32_t* src, uint32_t* dst, int64_t n, int64_t cycles) {
+  PdlBegin();
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
   }
 }
 
@@ -350,10 +371,9 @@ absl::Status RmsNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, flo
   RING_EW_CHECK(CheckOut(out));
   if (rows <= 0 || dim <= 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
-  RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(
-      x, dim, weight, eps, round, out, out_bf16, DevArray{nullptr, DType::kF32},
-      DevMutArray{nullptr, DType::kF32});
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(RmsNormKernel, static_cast<unsigned>(rows), RowThreads(dim), 0, stream, x, dim,
+                  weight, eps, round, out, out_bf16, DevArray{nullptr, DType::kF32},
+                  DevMutArray{nullptr, DType::kF32});
   return absl::OkStatus();
 }
 
@@ -367,9 +387,8 @@ absl::Status AddRmsNorm(DevArray a, DevArray b, int64_t rows, int64_t dim, DevAr
   RING_EW_CHECK(CheckOut(out));
   if (rows <= 0 || dim <= 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
-  RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(
-      a, dim, weight, eps, round, out, out_bf16, b, sum);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(RmsNormKernel, static_cast<unsigned>(rows), RowThreads(dim), 0, stream, a, dim,
+                  weight, eps, round, out, out_bf16, b, sum);
   return absl::OkStatus();
 }
 
@@ -381,9 +400,8 @@ absl::Status LayerNorm(DevArray x, int64_t rows, int64_t dim, DevArray weight, D
   RING_EW_CHECK(CheckOut(out));
   if (rows <= 0 || dim <= 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("too many rows");
-  LayerNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(
-      x, dim, weight, bias, eps, round, out);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(LayerNormKernel, static_cast<unsigned>(rows), RowThreads(dim), 0, stream, x, dim,
+                  weight, bias, eps, round, out);
   return absl::OkStatus();
 }
 
@@ -402,9 +420,8 @@ absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim
   const int threads = 256;
   const int64_t blocks = (n + threads - 1) / threads;
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("rope too large");
-  RopeKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-      x, tokens, heads, head_dim, stride, dims / 2, traditional, inv_freq, offset, round);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(RopeKernel, static_cast<unsigned>(blocks), threads, 0, stream, x, tokens, heads,
+                  head_dim, stride, dims / 2, traditional, inv_freq, offset, round);
   return absl::OkStatus();
 }
 
@@ -423,10 +440,9 @@ absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float*
   if (rows <= 0) return absl::OkStatus();
   const int64_t blocks = (rows + kHeadNormRopeWarps - 1) / kHeadNormRopeWarps;
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("head norm + rope: too many rows");
-  HeadNormRopeKernel<<<static_cast<unsigned>(blocks), kHeadNormRopeWarps * 32, 0, stream>>>(
-      q, tokens * q_heads, q_heads, q_norm, k, tokens * k_heads, k_heads, k_norm,
-      static_cast<int>(head_dim), eps, pre_scale, inv_freq, offset, round);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(HeadNormRopeKernel, static_cast<unsigned>(blocks), kHeadNormRopeWarps * 32, 0,
+                  stream, q, tokens * q_heads, q_heads, q_norm, k, tokens * k_heads, k_heads,
+                  k_norm, static_cast<int>(head_dim), eps, pre_scale, inv_freq, offset, round);
   return absl::OkStatus();
 }
 
@@ -436,8 +452,8 @@ absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,
   RING_EW_CHECK(CheckAct(up, "up"));
   RING_EW_CHECK(CheckOut(out));
   if (n <= 0) return absl::OkStatus();
-  SwiGluKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(gate, up, n, round, out, out_bf16);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(SwiGluKernel, FlatBlocks(n, 256), 256, 0, stream, gate, up, n, round, out,
+                  out_bf16);
   return absl::OkStatus();
 }
 
@@ -447,8 +463,7 @@ absl::Status Add(DevArray a, DevArray b, int64_t n, cpu::ActDType round, DevMutA
   RING_EW_CHECK(CheckAct(b, "b"));
   RING_EW_CHECK(CheckOut(out));
   if (n <= 0) return absl::OkStatus();
-  AddKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(a, b, n, round, out);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(AddKernel, FlatBlocks(n, 256), 256, 0, stream, a, b, n, round, out);
   return absl::OkStatus();
 }
 
@@ -461,17 +476,15 @@ absl::Status ScaleRound(DevMutArray x, int64_t tokens, int64_t heads, int64_t he
   }
   const int64_t n = tokens * heads * dims;
   if (n <= 0) return absl::OkStatus();
-  ScaleRoundKernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(x, tokens, heads, head_dim, stride,
-                                                           dims, s, round);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(ScaleRoundKernel, FlatBlocks(n, 256), 256, 0, stream, x, tokens, heads, head_dim,
+                  stride, dims, s, round);
   return absl::OkStatus();
 }
 
 absl::Status ToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   if (x == nullptr || out == nullptr) return absl::InvalidArgumentError("to_bf16: null pointer");
-  ToBf16Kernel<<<FlatBlocks(n, 256), 256, 0, stream>>>(x, n, out);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(ToBf16Kernel, FlatBlocks(n, 256), 256, 0, stream, x, n, out);
   return absl::OkStatus();
 }
 
@@ -485,8 +498,15 @@ absl::Status GatherRows(const float* src, int64_t width, const int32_t* idx, int
   const int threads = 128;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((width + threads - 1) / threads, 1024)),
                   static_cast<unsigned>(n));
-  GatherRowsKernel<<<grid, threads, 0, stream>>>(src, width, idx, dst);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(GatherRowsKernel, grid, threads, 0, stream, src, width, idx, dst);
+  return absl::OkStatus();
+}
+
+absl::Status TEST_SlowCopy(const void* src, void* dst, int64_t words, int64_t cycles,
+                           cudaStream_t stream) {
+  if (words <= 0) return absl::OkStatus();
+  RING_LAUNCH_PDL(SlowCopyKernel, FlatBlocks(words, 256), 256, 0, stream,
+                  static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), words, cycles);
   return absl::OkStatus();
 }
 

@@ -94,6 +94,13 @@ absl::Status ToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t strea
 absl::Status GatherRows(const float* src, int64_t width, const int32_t* idx, int64_t n,
                         float* dst, cudaStream_t stream);
 
+// Test hook for programmatic dependent launch (kernels/cuda/launch.cuh): copies `words`
+// 32-bit words src -> dst, but first lets the next kernel in the stream start and spins for
+// `cycles` clock cycles, so that kernel runs while the copy is still pending and must wait
+// for it before reading dst.
+absl::Status TEST_SlowCopy(const void* src, void* dst, int64_t words, int64_t cycles,
+                           cudaStream_t stream);
+
 }  // namespace ring::cuda
 
 #endif  // RINGSERVE_KERNELS_CUDA_ELEMENTWISE_CUH_

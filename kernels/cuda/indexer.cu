@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/status.h"
 
@@ -40,6 +41,7 @@ __device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
 
 __global__ void __launch_bounds__(kScoreWarps * 32)
     IndexerScoresKernel(cpu::IndexerArgs a, cpu::ActDType rt, int keys_per_block, float* scores) {
+  PdlBegin();
   extern __shared__ float qs[];  // [heads, dim]
   const int64_t r = blockIdx.y;
   const int64_t hd = a.heads * a.dim;
@@ -140,6 +142,7 @@ constexpr int kTopKCache = 8192;
 
 __global__ void __launch_bounds__(kTopKThreads)
     TopKRowsKernel(const float* scores, int64_t n, int64_t k, int32_t* out) {
+  PdlBegin();
   __shared__ unsigned hist[256];
   __shared__ uint32_t s_prefix;
   __shared__ int64_t s_need;
@@ -208,8 +211,8 @@ absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, i
     return absl::InvalidArgumentError(absl::StrFormat("topk: k = %d of n = %d", k, n));
   }
   if (rows > 0x7fffffff || n > 0x7fffffff) return absl::InvalidArgumentError("topk: too large");
-  TopKRowsKernel<<<static_cast<unsigned>(rows), kTopKThreads, 0, stream>>>(scores, n, k, out);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(TopKRowsKernel, static_cast<unsigned>(rows), kTopKThreads, 0, stream, scores, n,
+                  k, out);
   return absl::OkStatus();
 }
 
@@ -235,8 +238,8 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
                         StreamBuffer::Allocate(a.T * a.S * sizeof(float), stream));
   const int kpb = a.T == 1 ? kKeysPerBlockDecode : kKeysPerBlock;
   const dim3 grid(static_cast<unsigned>((a.S + kpb - 1) / kpb), static_cast<unsigned>(a.T));
-  IndexerScoresKernel<<<grid, kScoreWarps * 32, smem, stream>>>(a, round, kpb, scores.as<float>());
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(IndexerScoresKernel, grid, kScoreWarps * 32, smem, stream, a, round, kpb,
+                  scores.as<float>());
   return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream);
 }
 

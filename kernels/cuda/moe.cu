@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/status.h"
@@ -60,6 +61,7 @@ __device__ void WriteSigmoidRoute(const float* s, const int32_t* ids, int K,
 
 __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64_t T,
                                    cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
+  PdlBegin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= T) return;
   const int E = static_cast<int>(r.E), K = static_cast<int>(r.k);
@@ -105,6 +107,7 @@ constexpr int kRoutePerLane = static_cast<int>(kMaxRoutedExperts) / 32;
 __global__ void __launch_bounds__(kRouteWarps * 32)
     RouteSigmoidWarpKernel(const float* logits, const float* bias, int64_t T,
                            cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
+  PdlBegin();
   __shared__ float s_sh[kRouteWarps][kMaxRoutedExperts];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
@@ -159,6 +162,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 
 __global__ void RouteSoftmaxKernel(const float* gates, int64_t T, int E, int K, bool norm,
                                    cpu::ActDType rt, int32_t* ids_out, float* sc_out) {
+  PdlBegin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= T) return;
   float p[kMaxRoutedExperts];
@@ -187,6 +191,7 @@ __global__ void RouteSoftmaxKernel(const float* gates, int64_t T, int E, int K, 
 __global__ void CombineKernel(const float* y, const float* w, const float* shared, int64_t T,
                               int64_t K, int64_t hidden, int rounded_products, cpu::ActDType rt,
                               float* out) {
+  PdlBegin();
   const int64_t n = T * hidden;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -334,13 +339,13 @@ absl::Status RouteSigmoid(const float* logits, const float* bias, int64_t T,
   }
   if (T <= 0) return absl::OkStatus();
   if (r.n_group == 1 && T <= 0x7fffffff) {
-    RouteSigmoidWarpKernel<<<static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps),
-                             kRouteWarps * 32, 0, stream>>>(logits, bias, T, r, ids, weights);
+    RING_LAUNCH_PDL(RouteSigmoidWarpKernel,
+                    static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, 0,
+                    stream, logits, bias, T, r, ids, weights);
   } else {
-    RouteSigmoidKernel<<<Blocks(T, kRouteThreads), kRouteThreads, 0, stream>>>(logits, bias, T,
-                                                                                r, ids, weights);
+    RING_LAUNCH_PDL(RouteSigmoidKernel, Blocks(T, kRouteThreads), kRouteThreads, 0, stream, logits,
+                    bias, T, r, ids, weights);
   }
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
@@ -349,9 +354,8 @@ absl::Status RouteSoftmax(const float* gates, int64_t T, int64_t E, int64_t k,
                           cudaStream_t stream) {
   RING_RETURN_IF_ERROR(CheckRouting(E, k));
   if (T <= 0) return absl::OkStatus();
-  RouteSoftmaxKernel<<<Blocks(T, kRouteThreads), kRouteThreads, 0, stream>>>(
-      gates, T, static_cast<int>(E), static_cast<int>(k), norm_topk_prob, round, ids, scores);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(RouteSoftmaxKernel, Blocks(T, kRouteThreads), kRouteThreads, 0, stream, gates, T,
+                  static_cast<int>(E), static_cast<int>(k), norm_topk_prob, round, ids, scores);
   return absl::OkStatus();
 }
 
@@ -507,9 +511,8 @@ absl::Status MoeCombine(const float* y, const float* w, const float* shared, int
   if (y == nullptr || w == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("combine: null pointer");
   }
-  CombineKernel<<<Blocks(T * hidden, 256), 256, 0, stream>>>(
-      y, w, shared, T, k, hidden, mode == cpu::CombineMode::kRoundedProducts, round, out);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(CombineKernel, Blocks(T * hidden, 256), 256, 0, stream, y, w, shared, T, k,
+                  hidden, mode == cpu::CombineMode::kRoundedProducts, round, out);
   return absl::OkStatus();
 }
 

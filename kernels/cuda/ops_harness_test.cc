@@ -518,6 +518,60 @@ TEST_F(GpuTest, MatmulAllFormats) {
 // its own weight's reference, so a block working on the wrong part, or writing another
 // part's rows, fails. 5 weights run as 4 + 1; weights of different widths as separate
 // launches; m = 9 (no decode GEMV) as one QMatmulT each.
+// Programmatic dependent launch (kernels/cuda/launch.cuh): a decode GEMV launched with
+// overlap right behind a kernel that lets it start early and only then writes x must still
+// read the new x. Each round fills x with NaN bits, then a slow copy (TEST_SlowCopy: starts
+// its dependents at once, spins, then writes x) and the GEMV; its output must equal, bit for
+// bit, the same GEMV on x launched plainly. (The GEMV once read x with non-coherent loads
+// that the compiler issued before its dependency wait: it returned NaN here.)
+TEST_F(GpuTest, PdlGemvWaitsForItsProducer) {
+  if (dev_->code_cc < 90) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> owned(stream,
+                                                                           cudaStreamDestroy);
+  uint32_t seed = 2100;
+  for (const FormatCase& f : AllFormats()) {
+    const int64_t cols = 2048, rows = 1024;
+    auto w = MakeWeight(f.spec, f.dtype, 1, rows, cols, ++seed, f.global_scale);
+    ASSERT_NE(w, nullptr);
+    for (int64_t m : {1, 2, 8}) {
+      const std::vector<uint16_t> xb = ToBf16Bits(RandomFloats(m * cols, seed * 3 + m));
+      absl::StatusOr<DeviceBuffer> src = DeviceBuffer::FromVector(xb);
+      absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(xb.size() * 2);
+      absl::StatusOr<DeviceBuffer> want = DeviceBuffer::Allocate(m * rows * sizeof(float));
+      absl::StatusOr<DeviceBuffer> got = DeviceBuffer::Allocate(m * rows * sizeof(float));
+      ASSERT_TRUE(src.ok() && x.ok() && want.ok() && got.ok());
+      QMatmulArgs a;
+      a.x = src->data();
+      a.x_dtype = DType::kBF16;
+      a.m = m;
+      a.y = want->as<float>();
+      if (KernelOf(*w, a) != "gemv") continue;  // the overlap is the decode GEMV's
+      ASSERT_TRUE(QMatmulT(w->dev.view, a, stream).ok());
+      for (int overlap : {1, 2}) {
+        for (int round = 0; round < 3; ++round) {
+          ASSERT_EQ(cudaMemsetAsync(x->data(), 0xff, xb.size() * 2, stream), cudaSuccess);
+          ASSERT_TRUE(TEST_SlowCopy(src->data(), x->data(), static_cast<int64_t>(xb.size() / 2),
+                                    200000, stream)
+                          .ok());
+          QMatmulArgs b = a;
+          b.x = x->data();
+          b.y = got->as<float>();
+          b.overlap = overlap;
+          ASSERT_TRUE(QMatmulT(w->dev.view, b, stream).ok());
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          absl::StatusOr<std::vector<float>> g = got->ToVector<float>(m * rows);
+          absl::StatusOr<std::vector<float>> r = want->ToVector<float>(m * rows);
+          ASSERT_TRUE(g.ok() && r.ok());
+          EXPECT_EQ(0, std::memcmp(g->data(), r->data(), g->size() * sizeof(float)))
+              << w->Mode() << " M" << m << " overlap " << overlap << " round " << round;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(GpuTest, MatmulManySharedX) {
   uint32_t seed = 1500;
   for (const FormatCase& f : AllFormats()) {

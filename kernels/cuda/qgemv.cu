@@ -43,6 +43,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/qgemv_internal.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/status.h"
@@ -702,13 +703,14 @@ __global__ void __launch_bounds__(kTransposeWarps * 32)
 // ---- embedding rows ---------------------------------------------------------------------------
 template <class F>
 __global__ void EmbedKernel(WeightView v, const int32_t* ids, void* out, int out_bf16) {
+  PdlBegin();
   constexpr int KW = F::kWords;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t chunk = unit >> 2;
   const int w = static_cast<int>(unit & 3);
   if (chunk >= v.cols / kChunk) return;
   const int64_t tok = blockIdx.y;
-  const int64_t id = __ldg(ids + tok);
+  const int64_t id = LoadProduced(ids + tok);
   const bool bad = id < 0 || id >= v.rows;
   float val[8];
   if (bad) {
@@ -1329,9 +1331,8 @@ absl::Status EmbedRows(const DeviceQuantWeight& w, const int32_t* ids, int64_t n
     const int threads = 128;
     const dim3 grid(static_cast<unsigned>((units + threads - 1) / threads),
                     static_cast<unsigned>(n));
-    EmbedKernel<F><<<grid, threads, 0, stream>>>(MakeView(w), ids, out,
-                                                 out_dtype == DType::kBF16);
-    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    RING_LAUNCH_PDL((EmbedKernel<F>), grid, threads, 0, stream, MakeView(w), ids, out,
+                    out_dtype == DType::kBF16);
     return absl::OkStatus();
   });
 }

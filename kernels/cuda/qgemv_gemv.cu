@@ -49,6 +49,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/qgemv_internal.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 
@@ -58,17 +59,6 @@ namespace {
 
 constexpr int kGemvMaxThreads = 512;
 constexpr uint32_t kFullMask = 0xffffffffu;
-
-__device__ __forceinline__ void GridDepWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void GridDepLaunchDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // Weight loads: read once, so they bypass L1 (no_allocate).
 template <int kWords>
@@ -204,9 +194,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, tl = warp / warps_k;
-  if (pdl != 0) GridDepLaunchDependents();
+  if (pdl != 0) PdlLaunchDependents();
   const bool early = pdl == 2 && p.ids == nullptr;
-  if (pdl != 0 && !early) GridDepWait();
+  if (pdl != 0 && !early) PdlWait();
 
   const int64_t prob = blockIdx.z;
   WeightView wv = p.w;
@@ -278,7 +268,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
         }
       }
     }
-    if (early) GridDepWait();
+    if (early) PdlWait();
 
     // mxfp4: one warp-wide vote per batch picks the fast decoder (every scale <= 2^1).
     bool fast = false;
@@ -303,7 +293,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
       for (int w = 0; w < NB; ++w) {
         if (sv[u] && tv) {
-          const uint4 v = __ldg(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
+          const uint4 v = LoadProduced(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
           qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[w]);
         } else {
           xq[w][0] = xq[w][1] = xq[w][2] = xq[w][3] = 0u;
@@ -384,7 +374,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   int s0 = s_begin;
   for (; s0 + U <= full_end; s0 += U) batch.template operator()<true>(s0);
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
-  if (early) GridDepWait();  // warps that had no step still must not write before it
+  if (early) PdlWait();  // warps that had no step still must not write before it
 
   constexpr int V = WR * 4;
   if (warps_k > 1) {
@@ -476,9 +466,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, tl = warp / warps_k;
-  if (pdl != 0) GridDepLaunchDependents();
+  if (pdl != 0) PdlLaunchDependents();
   const bool early = !kSmemX && pdl == 2 && p.ids == nullptr;
-  if (pdl != 0 && !early) GridDepWait();
+  if (pdl != 0 && !early) PdlWait();
 
   const int64_t prob = blockIdx.z;
   WeightView wv = p.w;
@@ -522,7 +512,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
     for (int i = threadIdx.x; i < ntok * n8; i += blockDim.x) {
       const int tok = i >= n8 ? 1 : 0;
       const int j = i - tok * n8;
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(XRow(p, prob, tok)) + j);
+      const uint4 v = LoadProduced(reinterpret_cast<const uint4*>(XRow(p, prob, tok)) + j);
       uint32_t q[4];
       qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, q);
       if constexpr (kSubnormal) {
@@ -574,7 +564,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
         }
       }
     }
-    if (early) GridDepWait();
+    if (early) PdlWait();
 
     // kSubnormal: one vote per batch for the single-FFMA scale (every u <= 192).
     bool big = false;
@@ -608,7 +598,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
               xq[w][2] = v.z;
               xq[w][3] = v.w;
             } else {
-              const uint4 v = __ldg(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
+              const uint4 v = LoadProduced(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
               qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[w]);
               if constexpr (kSubnormal) {
 #pragma unroll
@@ -675,7 +665,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   int s0 = s_begin;
   for (; s0 + U <= full_end; s0 += U) batch.template operator()<true>(s0);
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
-  if (early) GridDepWait();
+  if (early) PdlWait();
 
   if (warps_k > 1) {
     float* red = reinterpret_cast<float*>(dyn_smem);  // [warp][V][32]
@@ -786,7 +776,7 @@ absl::Status LaunchWith(void* fn, dim3 grid, int threads, size_t smem, const Qmm
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = pdl && PdlGemvEnabled() ? 1 : 0;
   QmmParams pp = p;
   int a_wk = wk, a_tpb = tiles_pb, a_pdl = pdl;
   void* args[] = {&pp, &a_wk, &a_tpb, &a_pdl};

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/qgemv.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 
@@ -173,7 +174,7 @@ __device__ __forceinline__ int64_t ScaleRow(const WeightView& v, int64_t b, int6
 
 // Which batch slice problem p uses; false when an expert id is out of range.
 __device__ __forceinline__ bool ProblemBatch(const QmmParams& p, int64_t prob, int64_t* b) {
-  const int64_t v = p.ids != nullptr ? static_cast<int64_t>(__ldg(p.ids + prob))
+  const int64_t v = p.ids != nullptr ? static_cast<int64_t>(LoadProduced(p.ids + prob))
                                      : (p.w.batch == 1 ? 0 : p.batch_begin + prob);
   *b = v;
   return v >= 0 && v < p.w.batch;

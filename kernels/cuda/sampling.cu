@@ -50,6 +50,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/status.h"
 
 namespace ring::cuda {
@@ -67,18 +68,8 @@ template <typename... Params, typename... Args>
 absl::Status LaunchClusters(void (*kernel)(Params...), int clusters, int blocks, int threads,
                             cudaStream_t stream, Args... args) {
   for (int b : {blocks, 1}) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(clusters) * b);
-    cfg.blockDim = dim3(threads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = b;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+    const cudaError_t e = LaunchPdlRaw(kernel, dim3(static_cast<unsigned>(clusters) * b),
+                                       dim3(threads), 0, stream, b, args...);
     if (e == cudaSuccess || b == 1) {
       RING_CUDA_RETURN_IF_ERROR(e);
       return absl::OkStatus();
@@ -139,6 +130,7 @@ __device__ T ClusterCombine(cg::cluster_group& cluster, T* mine, T v, Op op) {
 constexpr int kThreads = 512;
 
 __global__ void __launch_bounds__(kThreads) ArgMaxKernel(const float* x, int64_t n, int32_t* out) {
+  PdlBegin();
   using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ unsigned long long s_best;
@@ -194,6 +186,7 @@ struct SumOp {
 
 __global__ void PenalizeKernel(float* adj, const int2* counts, int n, float frequency,
                                float presence) {
+  PdlBegin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int2 c = counts[i];  // (token, occurrences), tokens distinct
@@ -204,6 +197,7 @@ __global__ void PenalizeKernel(float* adj, const int2* counts, int n, float freq
 __global__ void __launch_bounds__(kBlock)
     StatsKernel(const float* logits, const float* adj, int n, float inv_t, bool want_lse,
                 bool want_total, RowStats* st, DeviceResult* res) {
+  PdlBegin();
   using MaxReduce = cub::BlockReduce<unsigned long long, kBlock>;
   using RawReduce = cub::BlockReduce<float, kBlock>;
   using SumReduce = cub::BlockReduce<double, kBlock>;
@@ -322,6 +316,7 @@ __device__ void SortCandidates(unsigned long long* comp, int size) {
 // 1 <= need <= min(n, kCands).
 __global__ void __launch_bounds__(kBlock)
     SelectTopKernel(const float* vals, int n, int need, int32_t* ids, int* n_out) {
+  PdlBegin();
   using IntScan = cub::BlockScan<int, kBlock>;
   using IntReduce = cub::BlockReduce<int, kBlock>;
   __shared__ unsigned long long comp[kCands];  // block 0's: (~key << 32 | id), ascending = our order
@@ -463,6 +458,7 @@ struct WalkArgs {
 // Cut and draw over the positions of `order` (file comment, step 4).
 __global__ void __launch_bounds__(kBlock)
     WalkKernel(WalkArgs a, const RowStats* st, DeviceResult* res) {
+  PdlBegin();
   using Scan = cub::BlockScan<double, kBlock>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ double s_agg;  // this block's weight sum
@@ -569,6 +565,7 @@ __global__ void __launch_bounds__(kBlock)
 
 __global__ void FinishKernel(const float* logits, const RowStats* st, const int32_t* top_ids,
                              int n_top, DeviceResult* res) {
+  PdlBegin();
   const int j = threadIdx.x;
   if (j == 0) res->logprob = static_cast<float>(logits[res->id] - st->lse);
   if (j < n_top) {
@@ -579,6 +576,7 @@ __global__ void FinishKernel(const float* logits, const RowStats* st, const int3
 }
 
 __global__ void SortKeysKernel(const float* adj, int n, uint32_t* keys, int32_t* ids) {
+  PdlBegin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   keys[i] = ~OrderKey(adj[i]);  // ascending = candidate order
@@ -617,8 +615,7 @@ absl::StatusOr<const int32_t*> SortRow(const float* adj, int n, cudaStream_t str
   };
   RING_ASSIGN_OR_RETURN(*buf, StreamBuffer::Allocate(layout(nullptr), stream));
   layout(buf->as<char>());
-  SortKeysKernel<<<(n + 255) / 256, 256, 0, stream>>>(adj, n, k_in, i_in);
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RING_LAUNCH_PDL(SortKeysKernel, (n + 255) / 256, 256, 0, stream, adj, n, k_in, i_in);
   RING_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(temp, sort_bytes, k_in, k_out, i_in,
                                                             i_out, n, 0, 32, stream));
   return i_out;
@@ -687,9 +684,8 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
     RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(adj_buf, logits, vocab * sizeof(float),
                                               cudaMemcpyDeviceToDevice, stream));
     const int c = static_cast<int>(host.size());
-    PenalizeKernel<<<(c + 255) / 256, 256, 0, stream>>>(adj_buf, counts, c, p.frequency_penalty,
-                                                        p.presence_penalty);
-    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    RING_LAUNCH_PDL(PenalizeKernel, (c + 255) / 256, 256, 0, stream, adj_buf, counts, c,
+                    p.frequency_penalty, p.presence_penalty);
     adj = adj_buf;
   }
   const float inv_t = sample ? 1.0f / p.temperature : 1.0f;
@@ -718,8 +714,7 @@ absl::Status SampleRow(const float* logits, int64_t vocab, const SampleRequest& 
   }
   auto finish_and_fetch = [&](DeviceResult* host) -> absl::Status {
     if (want_logprobs) {
-      FinishKernel<<<1, 32, 0, stream>>>(logits, st, top, n_top, res);
-      RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      RING_LAUNCH_PDL(FinishKernel, 1, 32, 0, stream, logits, st, top, n_top, res);
     }
     RING_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host, res, sizeof(DeviceResult), cudaMemcpyDeviceToHost, stream));
