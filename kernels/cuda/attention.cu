@@ -9,6 +9,15 @@
 // The warps' states are merged in shared memory, the output divided and rounded once.
 // Fully masked keys (causal) are skipped, as the reference gives them probability 0;
 // additive-mask keys at bf16's lowest get exp(lowest - max) = 0 once any real key is seen.
+// AttentionVecKernel is the same design for dk = dv in {64, 128, 256} with each warp keeping
+// a batch of keys' rows in flight. Its decode grid (L * hq blocks: 16 for Qwen3-0.6B) leaves
+// most SMs idle and walks every key in one block, so long rows (AttentionVecKeySplit: at
+// least 256 keys a split, up to two blocks per SM in all) run on a (row, split) grid:
+// each block walks one range of keys and writes its merged state (max, sum, unnormalised
+// accumulator) as a partial, and SplitCombineKernel merges a row's partials in split order,
+// divides and rounds, as the single pass would. Keys a split's row cannot see (causal) make
+// an empty partial (sum 0) that the merge skips; a split whose keys all carry the mask's
+// lowest gets weight exp(lowest - max) = 0 like the keys themselves.
 //
 // The MLA composition follows cpu::MlaAttention step by step; see attention.cuh.
 //
@@ -20,7 +29,7 @@
 // latent (one per warp, eight heads per thread as independent FMA chains) plus the rope
 // score rounded exactly as the reference's pe_scores; each head keeps an online softmax over
 // its block's chunks and each block writes one partial (max, sum, kvl-wide accumulator) per
-// head; MlaCombineKernel merges the partials of a head and rounds. The split count gives
+// head; SplitCombineKernel merges the partials of a head and rounds. The split count gives
 // every SM two blocks. The previous version filled its rows with scalar loads one after
 // another and ran the 512-long dot as one FMA chain per lane: latency-bound at ~10x its
 // shared-memory and FMA time.
@@ -47,6 +56,14 @@ namespace {
 constexpr int kNarrowWarps = 4;
 constexpr int kWideWarps = 16;
 constexpr int kMaxChunks = kMaxAttentionDv / 32;
+// Long decode rows on AttentionVecKernel are split over blocks (AttentionVecKeySplit) into
+// splits of at least kSplitMinKeys keys, so a split's key walk stays long against its fixed
+// cost (query load, warp merge, partial written and read back by the combine) and rows under
+// 2 * kSplitMinKeys keys keep the single pass; splits are whole multiples of kSplitKeyAlign
+// keys, one round of the wide kernel's 16 warps at 8 keys each (two rounds at d = 256, 4
+// keys each), so the warps of a full split walk equal shares.
+constexpr int64_t kSplitMinKeys = 256;
+constexpr int64_t kSplitKeyAlign = kWideWarps * 8;
 constexpr float kBf16Lowest = -3.3895313892515355e38f;  // finfo(bfloat16).min
 
 __device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
@@ -94,10 +111,14 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float sc, float& m, float& l, 
 }
 
 // The end of a (query, head) block: each warp has written its state (m, l, dv accumulators)
-// at part + w * (dv + 2); merges them and writes the rounded output row (and its bf16 bits).
+// at part + w * (dv + 2); merges them and writes the rounded output row (and its bf16 bits),
+// or, when `split` is set (a block over one split of the keys), the merged state unrounded
+// and undivided as [max, sum, acc[dv]] there for SplitCombineKernel. A block that saw no
+// key (a split past a row's causal end) writes max -inf and sum 0, which the combine skips.
 template <int kWarps>
 __device__ __forceinline__ void MergeWarpStates(const float* part, int64_t dv,
-                                                cpu::ActDType rt, float* o, uint16_t* o_bf16) {
+                                                cpu::ActDType rt, float* o, uint16_t* o_bf16,
+                                                float* split = nullptr) {
   float M = -INFINITY;
   for (int w = 0; w < kWarps; ++w) {
     const float* pw = part + w * (dv + 2);
@@ -110,11 +131,19 @@ __device__ __forceinline__ void MergeWarpStates(const float* part, int64_t dv,
     f[w] = pw[1] > 0.f ? expf(pw[0] - M) : 0.f;
     denom += pw[1] * f[w];
   }
+  if (split != nullptr && threadIdx.x == 0) {
+    split[0] = M;
+    split[1] = denom;
+  }
   const float inv = 1.f / denom;
   for (int64_t d = threadIdx.x; d < dv; d += blockDim.x) {
     float s = 0.f;
     for (int w = 0; w < kWarps; ++w) {
       if (f[w] != 0.f) s += part[w * (dv + 2) + 2 + d] * f[w];
+    }
+    if (split != nullptr) {
+      split[2 + d] = s;
+      continue;
     }
     const float r = RoundActDev(s * inv, rt);
     o[d] = r;
@@ -185,9 +214,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 // for Qwen3-0.6B's 16 heads over ~300 keys, latency-bound). Lane l holds dims
 // [l * V, l * V + V) of q, K, V and the accumulator; a key's dot sums the lane's V products
 // in order, then the butterfly; keys update the online softmax in ascending order.
+// Long decode rows are split over blocks (AttentionVecKeySplit): block (r, s) takes keys
+// [s * split_keys, (s + 1) * split_keys) of row r and, with `partials` set, writes its
+// merged state to partial (s, r) for SplitCombineKernel; with `partials` null (one split,
+// split_keys >= S) it is the single pass and writes the output itself.
 template <int D, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
-    AttentionVecKernel(AttentionParams p, cpu::ActDType rt) {
+    AttentionVecKernel(AttentionParams p, cpu::ActDType rt, int64_t split_keys, float* partials) {
+  PdlBegin();
   constexpr int V = D / 32;  // floats per lane: 2, 4 or 8
   constexpr int kBatch = V >= 8 ? 4 : 8;  // keys in flight per warp (registers: 2 x kBatch x V)
   extern __shared__ float smem[];
@@ -203,11 +237,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
-  const int64_t jend = p.causal_offset >= 0 ? min(p.S, p.causal_offset + i + 1) : p.S;
+  const int64_t jbeg = blockIdx.y * split_keys;
+  const int64_t jend = min(p.causal_offset >= 0 ? min(p.S, p.causal_offset + i + 1) : p.S,
+                           jbeg + split_keys);
   const float* mask = p.add_mask != nullptr ? p.add_mask + (h * p.L + i) * p.S : nullptr;
   const float* kbase = p.k + kh * p.k_head + lane * V;
   const float* vbase = p.v + kh * p.v_head + lane * V;
-  for (int64_t j0 = static_cast<int64_t>(warp) * kBatch; j0 < jend; j0 += kWarps * kBatch) {
+  for (int64_t j0 = jbeg + static_cast<int64_t>(warp) * kBatch; j0 < jend;
+       j0 += kWarps * kBatch) {
     float kr[kBatch][V], vr[kBatch][V];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -261,9 +298,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int e = 0; e < V; ++e) mine[2 + lane * V + e] = acc[e];
   __syncthreads();
-  const int64_t row = (i * p.hq + h) * D;
-  MergeWarpStates<kWarps>(part, D, rt, p.out + row,
-                          p.out_bf16 != nullptr ? p.out_bf16 + row : nullptr);
+  const int64_t r = i * p.hq + h;
+  if (partials != nullptr) {
+    const int64_t s = blockIdx.y;
+    MergeWarpStates<kWarps>(part, D, rt, nullptr, nullptr,
+                            partials + (s * gridDim.x + r) * (D + 2));
+  } else {
+    MergeWarpStates<kWarps>(part, D, rt, p.out + r * D,
+                            p.out_bf16 != nullptr ? p.out_bf16 + r * D : nullptr);
+  }
 }
 
 // Asynchronous 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.
@@ -467,6 +510,10 @@ __global__ void ScatterAllowedKernel(const int32_t* topk, int64_t T, int64_t K, 
   }
 }
 
+// Key splits merged by SplitCombineKernel (MLA decode, long GQA decode rows): at most
+// kMaxSplits partials per output row (their weights sit in the combine's shared memory).
+constexpr int kMaxSplits = 256;
+constexpr int kCombineThreads = 128;
 
 // Absorbed MLA decode (file comment). Partial p of head h at part + (p * H + h) * (kvl + 2):
 // [max, sum, acc[kvl]].
@@ -475,8 +522,6 @@ constexpr int kMlaHeadsPerBlock = 8;  // one per warp in the softmax pass
 constexpr int kMlaThreads = kMlaHeadsPerBlock * 32;
 constexpr int kMlaMaxKvl = 2 * kMlaThreads;  // the value pass: two latent dims per thread
 constexpr int kMlaMaxRope = 128;
-constexpr int kMlaMaxSplits = 256;    // partials per head
-constexpr int kMlaCombineThreads = 128;
 
 struct MlaDecodeParams {
   const float* qlat = nullptr;  // [H, kvl], rounded
@@ -690,21 +735,28 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
   }
 }
 
-// out[h, :] = round(sum_p acc_p * e^(m_p - M) / sum_p l_p * e^(m_p - M)). Block (h, c) takes
-// head h's dims [c * 128, c * 128 + 128): the split weights by a block reduction, then one
-// dim per thread over the splits, 8 loads in flight at a time, two FMA chains.
-__global__ void __launch_bounds__(kMlaCombineThreads)
-    MlaCombineKernel(const float* part, int splits, int64_t H, int kvl,
-                     cpu::ActDType rt, float* __restrict__ out) {
+// The merge of key splits, for MLA decode (rows = heads, width = kvl) and the split GQA
+// decode (rows = L * hq output rows in [L, hq] order, width = dv): partial (s, r) of row r at
+// part + (s * rows + r) * (width + 2) holds [max, sum, acc[width]], unnormalised; a split
+// that saw no key has sum 0 and is left out.
+// out[r, :] = round(sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M)), and its bf16 bits
+// in out_bf16 when set. Block (r, c) takes row r's dims [c * 128, c * 128 + 128): the split
+// weights by a block reduction, then one dim per thread over the splits in split order, 8
+// loads in flight at a time, two FMA chains; every sum has a fixed order, so a run repeats
+// bit for bit.
+__global__ void __launch_bounds__(kCombineThreads)
+    SplitCombineKernel(const float* part, int splits, int64_t rows, int width,
+                       cpu::ActDType rt, float* __restrict__ out,
+                       uint16_t* __restrict__ out_bf16) {
   PdlBegin();
-  __shared__ float f[kMlaMaxSplits];
-  __shared__ float wred[kMlaCombineThreads / 32];
-  const int64_t h = blockIdx.x;
+  __shared__ float f[kMaxSplits];
+  __shared__ float wred[kCombineThreads / 32];
+  const int64_t r = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t row = kvl + 2;
+  const int64_t stride = width + 2;
   float M = -INFINITY;
-  for (int s = tid; s < splits; s += kMlaCombineThreads) {
-    const float* ps = part + (s * H + h) * row;
+  for (int s = tid; s < splits; s += kCombineThreads) {
+    const float* ps = part + (s * rows + r) * stride;
     if (ps[1] > 0.f) M = fmaxf(M, ps[0]);
   }
 #pragma unroll
@@ -712,11 +764,11 @@ __global__ void __launch_bounds__(kMlaCombineThreads)
   if (lane == 0) wred[warp] = M;
   __syncthreads();
   M = wred[0];
-  for (int w = 1; w < kMlaCombineThreads / 32; ++w) M = fmaxf(M, wred[w]);
+  for (int w = 1; w < kCombineThreads / 32; ++w) M = fmaxf(M, wred[w]);
   __syncthreads();
   float den = 0.f;
-  for (int s = tid; s < splits; s += kMlaCombineThreads) {
-    const float* ps = part + (s * H + h) * row;
+  for (int s = tid; s < splits; s += kCombineThreads) {
+    const float* ps = part + (s * rows + r) * stride;
     const float fs = ps[1] > 0.f ? expf(ps[0] - M) : 0.f;
     f[s] = fs;
     den += ps[1] * fs;
@@ -725,24 +777,26 @@ __global__ void __launch_bounds__(kMlaCombineThreads)
   if (lane == 0) wred[warp] = den;
   __syncthreads();
   den = 0.f;
-  for (int w = 0; w < kMlaCombineThreads / 32; ++w) den += wred[w];
+  for (int w = 0; w < kCombineThreads / 32; ++w) den += wred[w];
   const float inv = 1.f / den;
-  const int d = blockIdx.y * kMlaCombineThreads + tid;
-  if (d >= kvl) return;
-  const float* pd = part + h * row + 2 + d;
+  const int d = blockIdx.y * kCombineThreads + tid;
+  if (d >= width) return;
+  const float* pd = part + r * stride + 2 + d;
   constexpr int kBatch = 8;  // loads in flight per thread
   float a0 = 0.f, a1 = 0.f;
   for (int s0 = 0; s0 < splits; s0 += kBatch) {
     float v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = s0 + u < splits ? pd[(s0 + u) * H * row] : 0.f;
+    for (int u = 0; u < kBatch; ++u) v[u] = s0 + u < splits ? pd[(s0 + u) * rows * stride] : 0.f;
 #pragma unroll
     for (int u = 0; u < kBatch; u += 2) {
       if (s0 + u < splits) a0 = fmaf(v[u], f[s0 + u], a0);
       if (s0 + u + 1 < splits) a1 = fmaf(v[u + 1], f[s0 + u + 1], a1);
     }
   }
-  out[h * kvl + d] = RoundActDev((a0 + a1) * inv, rt);
+  const float o = RoundActDev((a0 + a1) * inv, rt);
+  out[r * width + d] = o;
+  if (out_bf16 != nullptr) out_bf16[r * width + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(o));
 }
 
 unsigned Blocks(int64_t n, int threads) {
@@ -750,6 +804,28 @@ unsigned Blocks(int64_t n, int threads) {
 }
 
 }  // namespace
+
+// As many splits as keep the grid within two blocks per SM (as MlaDecode; rounded down, as
+// a 512-thread block of the wide kernel may fill an SM's registers by itself and a third
+// partial wave would cost a whole split's time), no more than the keys allow at
+// kSplitMinKeys each, then even splits rounded up to kSplitKeyAlign keys. The key range is
+// the one the longest row sees (causal: up to offset + L), so a causal chunk after a short
+// prefix does not spend blocks on keys no row reads.
+AttentionKeySplit AttentionVecKeySplit(const AttentionParams& p, int sm_count) {
+  AttentionKeySplit split;
+  split.keys_per_split = p.S;
+  const int64_t blocks = p.L * p.hq;
+  const int64_t fill = 2 * static_cast<int64_t>(std::max(sm_count, 1));
+  if (blocks <= 0 || blocks >= fill) return split;  // the narrow kernel's grid fills the GPU
+  const int64_t keys = p.causal_offset >= 0 ? std::min(p.S, p.causal_offset + p.L) : p.S;
+  const int64_t splits = std::min({fill / blocks, keys / kSplitMinKeys, int64_t{kMaxSplits}});
+  if (splits < 2) return split;
+  const int64_t per = ((keys + splits - 1) / splits + kSplitKeyAlign - 1) / kSplitKeyAlign *
+                      kSplitKeyAlign;
+  split.splits = (keys + per - 1) / per;
+  split.keys_per_split = per;
+  return split;
+}
 
 absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream_t stream) {
   if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.out == nullptr) {
@@ -795,19 +871,37 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
   const int warps = wide ? kWideWarps : kNarrowWarps;
   if (vec && p.dk == p.dv && (p.dk == 64 || p.dk == 128 || p.dk == 256)) {
     const size_t vsmem = static_cast<size_t>(warps) * (p.dk + 2) * sizeof(float);
-    const dim3 grid(static_cast<unsigned>(blocks));
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, warps * 32, vsmem, stream>>>(p, round);
-    };
-    switch (p.dk * (wide ? 1 : -1)) {
-      case 64: launch(AttentionVecKernel<64, kWideWarps>); break;
-      case 128: launch(AttentionVecKernel<128, kWideWarps>); break;
-      case 256: launch(AttentionVecKernel<256, kWideWarps>); break;
-      case -64: launch(AttentionVecKernel<64, kNarrowWarps>); break;
-      case -128: launch(AttentionVecKernel<128, kNarrowWarps>); break;
-      default: launch(AttentionVecKernel<256, kNarrowWarps>); break;
+    // Split rows (only where the grid is wide): partials [splits][L * hq][dv + 2], merged
+    // by SplitCombineKernel into out.
+    const AttentionKeySplit split = AttentionVecKeySplit(p, (*dev)->sm_count);
+    StreamBuffer partials;
+    if (split.splits > 1) {
+      RING_ASSIGN_OR_RETURN(partials, StreamBuffer::Allocate(split.splits * blocks * (p.dv + 2) *
+                                                                 sizeof(float),
+                                                             stream));
     }
-    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(split.splits));
+    auto launch = [&](auto kernel) {
+      return LaunchPdlRaw(kernel, grid, dim3(warps * 32), vsmem, stream, 0, p, round,
+                          split.keys_per_split, partials.as<float>());
+    };
+    cudaError_t e;
+    switch (p.dk * (wide ? 1 : -1)) {
+      case 64: e = launch(AttentionVecKernel<64, kWideWarps>); break;
+      case 128: e = launch(AttentionVecKernel<128, kWideWarps>); break;
+      case 256: e = launch(AttentionVecKernel<256, kWideWarps>); break;
+      case -64: e = launch(AttentionVecKernel<64, kNarrowWarps>); break;
+      case -128: e = launch(AttentionVecKernel<128, kNarrowWarps>); break;
+      default: e = launch(AttentionVecKernel<256, kNarrowWarps>); break;
+    }
+    RING_CUDA_RETURN_IF_ERROR(e);
+    if (split.splits > 1) {
+      const dim3 cgrid(static_cast<unsigned>(blocks),
+                       static_cast<unsigned>((p.dv + kCombineThreads - 1) / kCombineThreads));
+      RING_LAUNCH_PDL(SplitCombineKernel, cgrid, kCombineThreads, 0, stream, partials.as<float>(),
+                      static_cast<int>(split.splits), blocks, static_cast<int>(p.dv), round,
+                      p.out, p.out_bf16);
+    }
     return absl::OkStatus();
   }
   const size_t smem = (p.dk + warps * (p.dv + 2)) * sizeof(float);
@@ -867,7 +961,7 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   // split adds a partial per head that the combine reads back.
   const int64_t fill = 2 * static_cast<int64_t>(std::max(sm_count, 1));
   const int64_t per_split = std::max({int64_t{1}, (chunks * head_blocks + fill - 1) / fill,
-                                      (chunks + kMlaMaxSplits - 1) / kMlaMaxSplits});
+                                      (chunks + kMaxSplits - 1) / kMaxSplits});
   const int64_t splits = (chunks + per_split - 1) / per_split;
   if (per_split > 0x7fffffff || head_blocks > 65535) {
     return absl::InvalidArgumentError("mla decode: too many keys or heads");
@@ -909,11 +1003,11 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   RING_LAUNCH_PDL(MlaDecodeKernel,
                   dim3(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks)),
                   kMlaThreads, smem, stream, p, t);
-  RING_LAUNCH_PDL(MlaCombineKernel,
+  RING_LAUNCH_PDL(SplitCombineKernel,
                   dim3(static_cast<unsigned>(H),
-                       static_cast<unsigned>((kvl + kMlaCombineThreads - 1) / kMlaCombineThreads)),
-                  kMlaCombineThreads, 0, stream, p.part, static_cast<int>(splits), H, p.kvl, t,
-                  olat);
+                       static_cast<unsigned>((kvl + kCombineThreads - 1) / kCombineThreads)),
+                  kCombineThreads, 0, stream, p.part, static_cast<int>(splits), H, p.kvl, t,
+                  olat, static_cast<uint16_t*>(nullptr));
   QMatmulArgs oa;
   oa.x = olat;
   oa.m = 1;

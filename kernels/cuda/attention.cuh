@@ -5,7 +5,8 @@
 // mask and softmax, one rounding of the output to the activation dtype; every intermediate
 // the reference rounds (MLA's scaled rope query, pe_scores, expanded keys/values, latent
 // queries) is rounded at the same point. Differences are fp32 summation order (the softmax
-// is computed online, keys split over warps) and expf's last ulp.
+// is computed online, keys split over warps, and over blocks for long decode rows) and
+// expf's last ulp.
 //
 //   Attention      GQA / MHA / MQA over strided q, k, v: a causal offset and/or an additive
 //                  [Hq, L, S] mask (Qwen3 GQA, and the core of both MLA forms).
@@ -47,6 +48,20 @@ struct AttentionParams {
 };
 inline constexpr int64_t kMaxAttentionDv = 1024;
 absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream_t stream);
+
+// How Attention splits the keys of each (query, head) row over blocks on the batched-key
+// decode kernel (dk = dv in {64, 128, 256}, 16-byte aligned K/V rows, fewer than 16 queries):
+// when the L * hq rows are at most one per SM of a GPU of `sm_count` SMs and at least 512
+// keys long, block s of a row takes keys [s * keys_per_split, (s + 1) * keys_per_split)
+// (the last split may be shorter; at most two blocks per SM in all) and a combine merges the
+// splits in order. splits == 1 (keys_per_split == S) is the single pass. A function of the
+// shapes (L, hq, S, causal_offset) and sm_count only, so a shape gives the same result bits
+// on every run; exposed for tests and benchmarks to know which path a shape takes.
+struct AttentionKeySplit {
+  int64_t splits = 1;
+  int64_t keys_per_split = 0;
+};
+AttentionKeySplit AttentionVecKeySplit(const AttentionParams& p, int sm_count);
 
 // cpu::Attention's argument layout (heads contiguous inside a token row).
 // out_bf16 (optional): also the bf16 bits of out (exact when round is bf16), for a matmul

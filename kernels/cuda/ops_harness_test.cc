@@ -1334,7 +1334,8 @@ TEST_F(GpuTest, AttentionGqa) {
               S{1, 300, 16, 1, 512, -1, true}, S{3, 70, 32, 8, 128, 67, false},
               // Decode on the batched-key kernel (dk = dv in {64, 128, 256}): Qwen3-0.6B-like
               // heads over keys that are no multiple of a warp's batch, a masked 1000-key
-              // row, fewer keys than warps, a single key, d = 256 (its smaller batch).
+              // row (split over blocks on a large GPU, see AttentionGqaSplitKeys), fewer
+              // keys than warps, a single key, d = 256 (its smaller batch).
               S{1, 301, 16, 8, 128, 300, false}, S{1, 1000, 32, 8, 128, -1, true},
               S{1, 5, 2, 1, 64, -1, false}, S{1, 1, 4, 2, 128, 0, false},
               S{2, 9, 4, 2, 256, 7, false}, S{1, 200, 8, 2, 256, -1, true},
@@ -1371,6 +1372,237 @@ TEST_F(GpuTest, AttentionGqa) {
              ActName(t), Dl(dout.as<float>(), ref.size()), ref, AttnTol(t));
     }
   }
+}
+
+// The split rule of long decode rows (a pure function of shapes and SM count, no GPU): rows
+// under 512 keys and grids with more than one block per SM keep the single pass; otherwise
+// at most two blocks per SM in all, in splits of at least 256 keys, multiples of 128, at
+// most 256 of them, that cover the keys the longest row sees with no empty trailing split.
+TEST(AttentionVecKeySplitTest, SplitRule) {
+  auto plan = [](int64_t L, int64_t S, int64_t hq, int64_t causal, int sm_count) {
+    AttentionParams p;
+    p.L = L;
+    p.S = S;
+    p.hq = hq;
+    p.hkv = 1;
+    p.causal_offset = causal;
+    return AttentionVecKeySplit(p, sm_count);
+  };
+  // Qwen3-0.6B decode on 132 SMs: 16 heads x 16 splits of 256 keys = 256 blocks <= 264.
+  AttentionKeySplit a = plan(1, 4096, 16, 4095, 132);
+  EXPECT_EQ(a.splits, 16);
+  EXPECT_EQ(a.keys_per_split, 256);
+  // 8191 keys: 16 splits of 512, the last of 511 keys.
+  a = plan(1, 8191, 16, -1, 132);
+  EXPECT_EQ(a.splits, 16);
+  EXPECT_EQ(a.keys_per_split, 512);
+  // Short rows, and a causal chunk whose longest row sees 301 keys of 100000.
+  for (const AttentionKeySplit& one :
+       {plan(1, 301, 16, 300, 132), plan(1, 511, 16, -1, 132), plan(1, 100000, 16, 300, 132),
+        plan(1, 100000, 264, -1, 132), plan(2, 100000, 132, -1, 132),
+        plan(1, 100000, 133, -1, 132)}) {
+    EXPECT_EQ(one.splits, 1);
+  }
+  EXPECT_EQ(plan(1, 511, 16, -1, 132).keys_per_split, 511);
+  // One head over 2^20 keys: capped at 256 splits (the combine's limit) of 4096 keys.
+  a = plan(1, 1 << 20, 1, -1, 132);
+  EXPECT_EQ(a.splits, 256);
+  EXPECT_EQ(a.keys_per_split, 4096);
+  // Sweep: every split plan covers the visible keys exactly (last split non-empty).
+  for (int sm : {20, 48, 132, 170}) {
+    for (int64_t hq : {1, 2, 8, 16, 32}) {
+      for (int64_t L : {1, 2, 3}) {
+        for (int64_t S : {512, 513, 1000, 4096, 4097, 8191, 65537, 1 << 20}) {
+          for (int64_t causal : {int64_t{-1}, S - L, S / 2}) {
+            const AttentionKeySplit sp = plan(L, S, hq, causal, sm);
+            if (sp.splits == 1) continue;
+            const int64_t keys = causal >= 0 ? std::min(S, causal + L) : S;
+            EXPECT_LE(L * hq * sp.splits, 2 * sm);
+            EXPECT_LE(sp.splits, 256);
+            EXPECT_GE(sp.keys_per_split, 256);
+            EXPECT_EQ(sp.keys_per_split % 128, 0);
+            EXPECT_GE(sp.splits * sp.keys_per_split, keys);
+            EXPECT_LT((sp.splits - 1) * sp.keys_per_split, keys)
+                << "L" << L << " S" << S << " hq" << hq << " causal " << causal << " sm " << sm;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Long GQA decode rows on the batched-key kernel, whose keys are split over blocks
+// (AttentionVecKeySplit) and merged by SplitCombineKernel; every case must take the split
+// path. mask: 0 none; 1 random values with every third key at bf16's lowest; 2 random values
+// with keys [512, 4096) of every row and all keys of head 1 at the lowest (whole splits
+// masked, and a row with nothing but masked keys, which the reference averages uniformly).
+struct SplitCase {
+  int64_t L, S, hq, hkv, d, causal;
+  int mask;
+};
+struct SplitRun {
+  std::vector<float> ref, out;
+  std::vector<uint16_t> out_bf16;
+  int64_t splits = 0;
+};
+SplitRun RunSplitAttention(const SplitCase& s, cpu::ActDType t, const DeviceInfo& dev,
+                           cudaStream_t stream = nullptr) {
+  SplitRun r;
+  const bool bf = t == cpu::ActDType::kBF16;
+  const std::vector<float> q = RandomFloats(s.L * s.hq * s.d, 2001, 1.f, bf);
+  const std::vector<float> k = RandomFloats(s.S * s.hkv * s.d, 2002, 1.f, bf);
+  const std::vector<float> v = RandomFloats(s.S * s.hkv * s.d, 2003, 1.f, bf);
+  std::vector<float> mask;
+  constexpr float kLowest = -3.3895313892515355e38f;
+  if (s.mask != 0) {
+    mask = RandomFloats(s.hq * s.L * s.S, 2004, 2.f, bf);
+    for (int64_t h = 0; h < s.hq; ++h) {
+      for (int64_t i = 0; i < s.L; ++i) {
+        float* row = mask.data() + (h * s.L + i) * s.S;
+        for (int64_t j = 0; j < s.S; ++j) {
+          const bool low = s.mask == 1 ? j % 3 == 0 : (h == 1 || (j >= 512 && j < 4096));
+          if (low) row[j] = kLowest;
+        }
+      }
+    }
+  }
+  const float scale = 1.f / std::sqrt(static_cast<float>(s.d));
+  cpu::AttentionArgs a{q.data(), s.hq * s.d, k.data(), s.hkv * s.d, v.data(), s.hkv * s.d,
+                       s.L, s.S, s.hq, s.hkv, s.d, s.d, scale,
+                       s.mask != 0 ? mask.data() : nullptr, s.causal};
+  r.ref.resize(s.L * s.hq * s.d);
+  cpu::Attention(a, t, r.ref.data());
+  AttentionParams shape;
+  shape.L = s.L;
+  shape.S = s.S;
+  shape.hq = s.hq;
+  shape.hkv = s.hkv;
+  shape.causal_offset = s.causal;
+  r.splits = AttentionVecKeySplit(shape, dev.sm_count).splits;
+  DeviceBuffer dq = UpF(q), dk = UpF(k), dv = UpF(v);
+  DeviceBuffer dm = UpF(s.mask != 0 ? mask : std::vector<float>{0.f});
+  DeviceBuffer dout = Zeros(r.ref.size()), dbf = Zeros((r.ref.size() + 1) / 2);
+  cpu::AttentionArgs g = a;
+  g.q = dq.as<float>();
+  g.k = dk.as<float>();
+  g.v = dv.as<float>();
+  g.add_mask = s.mask != 0 ? dm.as<float>() : nullptr;
+  if (stream == nullptr) {
+    const absl::Status st = Attention(g, t, dout.as<float>(), nullptr, dbf.as<uint16_t>());
+    EXPECT_TRUE(st.ok()) << st;
+  } else {
+    // Captured into a CUDA graph as the backend does, and the graph launched twice. The
+    // stream does not wait for the legacy stream's zeroing of the outputs: synchronize.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status st = Attention(g, t, dout.as<float>(), stream, dbf.as<uint16_t>());
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    EXPECT_TRUE(st.ok()) << st;
+    cudaGraphExec_t exec = nullptr;
+    if (graph != nullptr && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
+      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      cudaGraphExecDestroy(exec);
+    } else {
+      ADD_FAILURE() << "graph capture of the split attention failed";
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  r.out = Dl(dout.as<float>(), r.ref.size());
+  absl::StatusOr<std::vector<uint16_t>> bits = dbf.ToVector<uint16_t>(r.ref.size());
+  EXPECT_TRUE(bits.ok()) << bits.status();
+  if (bits.ok()) r.out_bf16 = *std::move(bits);
+  return r;
+}
+std::string SplitShape(const SplitCase& s, int64_t splits) {
+  return absl::StrFormat("L%d S%d h%d/%d d%d c%d x%d", s.L, s.S, s.hq, s.hkv, s.d, s.causal,
+                         splits);
+}
+// The bf16 copy holds exactly the bits of the fp32 output (a table row: mismatch count).
+void ReportBf16Copy(const std::string& shape, cpu::ActDType t, const SplitRun& r) {
+  std::vector<int32_t> got(r.out_bf16.begin(), r.out_bf16.end()), want(r.out.size());
+  got.resize(r.out.size());
+  for (size_t i = 0; i < r.out.size(); ++i) want[i] = FloatToBf16(r.out[i]);
+  ReportExact("attn split bf16 copy", shape, ActName(t), got, want);
+}
+
+TEST_F(GpuTest, AttentionGqaSplitKeys) {
+  // Qwen3-0.6B-like decode (16 / 8 heads, d 128) over 4096 keys (causal offset S - 1) and
+  // 8191 (a ragged last split); d = 64 and d = 256 over ~5000 keys; a causal offset far
+  // below S (keys past it unseen, splits over the visible ones only); two query rows; the
+  // two masks, on one and two rows.
+  using C = SplitCase;
+  for (C s : {C{1, 4096, 16, 8, 128, 4095, 0}, C{1, 8191, 16, 8, 128, -1, 0},
+              C{1, 5000, 16, 8, 64, -1, 0}, C{1, 4999, 8, 2, 256, 4998, 0},
+              C{1, 6000, 16, 8, 128, 3000, 0}, C{2, 4096, 16, 8, 128, 4094, 0},
+              C{1, 6000, 16, 8, 128, -1, 1}, C{1, 6000, 16, 8, 128, -1, 2},
+              C{2, 5000, 8, 4, 64, 4998, 2}}) {
+    for (cpu::ActDType t : kActs) {
+      const SplitRun r = RunSplitAttention(s, t, *dev_);
+      EXPECT_GT(r.splits, 1) << SplitShape(s, r.splits) << " took the single pass";
+      const std::string shape = SplitShape(s, r.splits);
+      Report(s.mask != 0 ? absl::StrFormat("attention split +mask%d", s.mask) : "attention split",
+             shape, ActName(t), r.out, r.ref, AttnTol(t));
+      ReportBf16Copy(shape, t, r);
+    }
+  }
+}
+
+// Two query rows in standard decode order (causal offset S - 2: row 0 sees S - 1 keys) with
+// S chosen so the last split holds key S - 1 alone: row 0's last split sees no key and must
+// contribute nothing (no NaN from an empty partial).
+TEST_F(GpuTest, AttentionGqaSplitKeysEmptySplit) {
+  SplitCase s{2, 0, 16, 8, 128, 0, 0};
+  for (int64_t S = 4097; S <= 16384 && s.S == 0; ++S) {
+    AttentionParams p;
+    p.L = s.L;
+    p.S = S;
+    p.hq = s.hq;
+    p.causal_offset = S - 2;
+    const AttentionKeySplit sp = AttentionVecKeySplit(p, dev_->sm_count);
+    if (sp.splits > 1 && (sp.splits - 1) * sp.keys_per_split == S - 1) s.S = S;
+  }
+  ASSERT_GT(s.S, 0) << "no key count in [4097, 16384] gives a one-key last split on "
+                    << dev_->sm_count << " SMs";
+  s.causal = s.S - 2;
+  for (cpu::ActDType t : kActs) {
+    const SplitRun r = RunSplitAttention(s, t, *dev_);
+    Report("attention split empty", SplitShape(s, r.splits), ActName(t), r.out, r.ref,
+           AttnTol(t));
+  }
+}
+
+// The split path repeats bit for bit: the same inputs twice, and once more captured into a
+// CUDA graph (stream-ordered scratch inside the capture, the graph launched twice).
+TEST_F(GpuTest, AttentionGqaSplitKeysDeterministic) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (SplitCase s : {SplitCase{1, 8191, 16, 8, 128, 8190, 0},
+                      SplitCase{2, 6000, 16, 8, 128, -1, 2}}) {
+    for (cpu::ActDType t : kActs) {
+      const SplitRun a = RunSplitAttention(s, t, *dev_);
+      const SplitRun b = RunSplitAttention(s, t, *dev_);
+      const SplitRun c = RunSplitAttention(s, t, *dev_, stream);
+      EXPECT_GT(a.splits, 1);
+      ASSERT_EQ(a.out.size(), b.out.size());
+      ASSERT_EQ(a.out.size(), c.out.size());
+      int64_t diff_b = 0, diff_c = 0;
+      for (size_t i = 0; i < a.out.size(); ++i) {
+        diff_b += std::memcmp(&a.out[i], &b.out[i], sizeof(float)) != 0;
+        diff_c += std::memcmp(&a.out[i], &c.out[i], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(diff_b, 0) << SplitShape(s, a.splits) << " " << ActName(t)
+                           << ": a second run differs";
+      EXPECT_EQ(diff_c, 0) << SplitShape(s, a.splits) << " " << ActName(t)
+                           << ": the graph-captured run differs";
+      EXPECT_EQ(a.out_bf16, c.out_bf16);
+      Report("attention split graph", SplitShape(s, c.splits), ActName(t), c.out, c.ref,
+             AttnTol(t));
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // MLA core in its four regimes: dense / sparse x expanded (prefill chunk after a cached
