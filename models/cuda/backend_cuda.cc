@@ -27,7 +27,9 @@
 //     kernels into one backend buffer, unless the buffer already holds it: a Linear reading
 //     the same input right after another (q/k/v, gate/up), or the output of the op just
 //     before, since RmsNorm, SwiGlu and Attention write their output's bf16 bits there too.
-//   * Decode GEMVs of small matrices use programmatic dependent launch (QMatmulArgs::overlap).
+//   * Every decode kernel starts under the previous one's tail (programmatic dependent launch,
+//     kernels/cuda/launch.cuh; RING_CUDA_PDL=0 turns it off); decode GEMVs of small matrices
+//     also issue their first weight loads before the wait (QMatmulArgs::overlap).
 //   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128.
 //   * Downloads go through a pinned staging buffer.
 // Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
