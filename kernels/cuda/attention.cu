@@ -99,7 +99,10 @@ __device__ __forceinline__ float WarpSum(float v) {
 // factor `cold` the accumulators are rescaled by and the key's weight `pnew`.
 __device__ __forceinline__ void OnlineSoftmaxStep(float sc, float& m, float& l, float& cold,
                                                   float& pnew) {
-  if (sc > m) {
+  if (sc == -INFINITY) {  // a key masked with -inf: weight 0 as in the reference, even as the
+    cold = 1.f;           // first key (exp(-inf - -inf) would be NaN)
+    pnew = 0.f;
+  } else if (sc > m) {
     cold = expf(m - sc);
     pnew = 1.f;
     m = sc;
@@ -966,12 +969,17 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   if (per_split > 0x7fffffff || head_blocks > 65535) {
     return absl::InvalidArgumentError("mla decode: too many keys or heads");
   }
-  // One scratch block: q_lat, o_lat, the partials.
+  // One scratch block: q_lat, o_lat, the partials, then o_lat's bf16 bits (bf16 mode: the
+  // combine writes them, so the unembed GEMV needs no conversion launch of its own).
+  const bool bf16 = t == cpu::ActDType::kBF16;
   const int64_t part_floats = splits * H * (kvl + 2);
+  const int64_t bf16_at = ((2 * H * kvl + part_floats) * 4 + 255) / 256 * 256;  // 16-byte rows
   RING_ASSIGN_OR_RETURN(StreamBuffer scratch,
-                        StreamBuffer::Allocate((2 * H * kvl + part_floats) * sizeof(float), stream));
+                        StreamBuffer::Allocate(bf16_at + (bf16 ? H * kvl * 2 : 0), stream));
   float* qlat = scratch.as<float>();
   float* olat = qlat + H * kvl;
+  uint16_t* olat_bf16 =
+      bf16 ? reinterpret_cast<uint16_t*>(static_cast<char*>(scratch.data()) + bf16_at) : nullptr;
   QMatmulArgs qa;
   qa.x = a.q;  // q_nope of head h at h * qd
   qa.m = 1;
@@ -1007,7 +1015,7 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
                   dim3(static_cast<unsigned>(H),
                        static_cast<unsigned>((kvl + kCombineThreads - 1) / kCombineThreads)),
                   kCombineThreads, 0, stream, p.part, static_cast<int>(splits), H, p.kvl, t,
-                  olat, static_cast<uint16_t*>(nullptr));
+                  olat, olat_bf16);
   QMatmulArgs oa;
   oa.x = olat;
   oa.m = 1;
@@ -1015,7 +1023,13 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   oa.problems = H;
   oa.x_problem_stride = kvl;
   oa.y_problem_stride = a.vd;
-  return LinearT(unembed_out, oa, t, stream);
+  if (!bf16) return LinearT(unembed_out, oa, t, stream);
+  // What LinearT does in bf16 mode, on the bits the combine wrote (o_lat is rounded to bf16,
+  // so they are exactly the conversion it would make).
+  oa.x = olat_bf16;
+  oa.x_dtype = DType::kBF16;
+  oa.round_bf16 = true;
+  return QMatmulT(unembed_out, oa, stream);
 }
 
 }  // namespace

@@ -1343,6 +1343,9 @@ TEST_F(GpuTest, AttentionGqa) {
               // widths up to its 256, causal after a prefix, mask).
               S{37, 37, 4, 2, 128, 0, false}, S{40, 100, 4, 4, 64, 60, true},
               S{20, 20, 3, 1, 256, 0, false}, S{16, 50, 2, 2, 192, -1, true}}) {
+    // Masked keys at bf16's lowest and, the second time, at -inf (a warp's first key
+    // included: its weight must be 0, not NaN).
+    for (int inf = 0; inf < (s.mask ? 2 : 1); ++inf)
     for (cpu::ActDType t : kActs) {
       const bool bf = t == cpu::ActDType::kBF16;
       const std::vector<float> q = RandomFloats(s.L * s.hq * s.d, 1001, 1.f, bf);
@@ -1351,7 +1354,9 @@ TEST_F(GpuTest, AttentionGqa) {
       std::vector<float> mask;
       if (s.mask) {
         mask = RandomFloats(s.hq * s.L * s.S, 1004, 2.f, bf);
-        for (size_t i = 0; i < mask.size(); i += 3) mask[i] = -3.3895313892515355e38f;
+        for (size_t i = 0; i < mask.size(); i += 3) {
+          mask[i] = inf ? -std::numeric_limits<float>::infinity() : -3.3895313892515355e38f;
+        }
       }
       const float scale = 1.f / std::sqrt(static_cast<float>(s.d));
       cpu::AttentionArgs a{q.data(), s.hq * s.d, k.data(), s.hkv * s.d, v.data(), s.hkv * s.d,
@@ -1367,7 +1372,7 @@ TEST_F(GpuTest, AttentionGqa) {
       g.v = dv.as<float>();
       g.add_mask = s.mask ? dm.as<float>() : nullptr;
       ASSERT_TRUE(Attention(g, t, dout.as<float>(), nullptr).ok());
-      Report(s.mask ? "attention +mask" : "attention",
+      Report(s.mask ? (inf ? "attention +mask-inf" : "attention +mask") : "attention",
              absl::StrFormat("L%d S%d h%d/%d d%d c%d", s.L, s.S, s.hq, s.hkv, s.d, s.causal),
              ActName(t), Dl(dout.as<float>(), ref.size()), ref, AttnTol(t));
     }
