@@ -465,39 +465,71 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
 
 // pe[h, i, j] = round(sum_d round(q[i, h, off + d] * scale) * kpe[j, d]) over d < rope,
 // sequential in d like cpu::MatMulABt; bf16's lowest where key j is not allowed. A block
-// takes kPeKeys keys (their rope keys in shared memory, one per lane) for kPeRows (h, i)
-// rows (kPeRows / 8 per warp): the query values are warp-uniform loads, the writes of a
-// row coalesced.
-constexpr int kPeKeys = 32;
+// takes kPeKeys keys (their rope keys in shared memory, kPeKeys / 32 per lane) for kPeRows
+// (h, i) rows (kPeRows / 8 per warp), whose scaled and rounded queries it stages in shared
+// memory once: a lane runs its 8 x 4 dot products side by side (one key read per row, 32
+// independent FMA chains, each still in d order, so the bits are those of one chain at a
+// time), and the writes of a row stay coalesced.
+constexpr int kPeKeys = 128;
 constexpr int kPeRows = 64;
+size_t PeScoresSmem(int64_t rope) { return sizeof(float) * (kPeKeys * (rope + 1) + kPeRows * rope); }
 
 __global__ void __launch_bounds__(256)
     PeScoresKernel(const float* q, int64_t q_tok, int64_t q_head, int64_t q_off, float scale,
                    const float* kpe, int64_t rope, int64_t T, int64_t H, int64_t Sk,
                    const uint8_t* allowed, int64_t causal_offset, cpu::ActDType rt, float* out) {
-  extern __shared__ float kt[];  // [kPeKeys][rope + 1]
+  constexpr int kPerWarp = kPeRows / 8, kPerLane = kPeKeys / 32;
+  extern __shared__ float kt[];  // [kPeKeys][rope + 1], then the rows' queries [kPeRows][rope]
+  float* qsm = kt + kPeKeys * (rope + 1);
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kPeKeys;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kPeRows;
   const int n = static_cast<int>(min(static_cast<int64_t>(kPeKeys), Sk - j0));
   for (int64_t e = threadIdx.x; e < n * rope; e += blockDim.x) {
     kt[(e / rope) * (rope + 1) + e % rope] = kpe[(j0 + e / rope) * rope + e % rope];
   }
+  for (int64_t e = threadIdx.x; e < kPeRows * rope; e += blockDim.x) {
+    const int64_t r = r0 + e / rope;
+    float v = 0.f;
+    if (r < H * T) {
+      const int64_t h = r / T, i = r % T;
+      v = RoundActDev(q[i * q_tok + h * q_head + q_off + e % rope] * scale, rt);
+    }
+    qsm[e] = v;
+  }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane >= n) return;
-  const int64_t j = j0 + lane;
-  const float* kv = kt + lane * (rope + 1);
-  constexpr int kPerWarp = kPeRows / 8;
+  // Keys past n read stale shared memory; their results are never written.
+  float dot[kPerWarp][kPerLane];
+#pragma unroll
+  for (int w = 0; w < kPerWarp; ++w)
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) dot[w][c] = 0.f;
+  const float* qw = qsm + warp * kPerWarp * rope;
+  for (int64_t d = 0; d < rope; ++d) {
+    float kd[kPerLane];
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) kd[c] = kt[(lane + 32 * c) * (rope + 1) + d];
+#pragma unroll
+    for (int w = 0; w < kPerWarp; ++w) {
+      const float qv = qw[w * rope + d];
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) dot[w][c] = fmaf(qv, kd[c], dot[w][c]);
+    }
+  }
+#pragma unroll
   for (int w = 0; w < kPerWarp; ++w) {
-    const int64_t r = static_cast<int64_t>(blockIdx.y) * kPeRows + warp * kPerWarp + w;
-    if (r >= H * T) return;
-    const int64_t h = r / T, i = r % T;
-    const float* qv = q + i * q_tok + h * q_head + q_off;
-    float dot = 0.f;
-    for (int64_t d = 0; d < rope; ++d) dot = fmaf(RoundActDev(qv[d] * scale, rt), kv[d], dot);
-    float v = RoundActDev(dot, rt);
-    const bool ok = (causal_offset < 0 || j <= causal_offset + i) &&
-                    (allowed == nullptr || allowed[i * Sk + j] != 0);
-    out[r * Sk + j] = ok ? v : kBf16Lowest;
+    const int64_t r = r0 + warp * kPerWarp + w;
+    if (r >= H * T) break;
+    const int64_t i = r % T;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int jl = lane + 32 * c;
+      if (jl >= n) continue;
+      const int64_t j = j0 + jl;
+      const bool ok = (causal_offset < 0 || j <= causal_offset + i) &&
+                      (allowed == nullptr || allowed[i * Sk + j] != 0);
+      out[r * Sk + j] = ok ? RoundActDev(dot[w][c], rt) : kBf16Lowest;
+    }
   }
 }
 
@@ -1089,7 +1121,7 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
   if (pe_row_blocks > 65535 || (Sk + kPeKeys - 1) / kPeKeys > 0x7fffffff) {
     return absl::InvalidArgumentError("mla attention: too many query rows or keys");
   }
-  const size_t pe_smem = kPeKeys * (rope + 1) * sizeof(float);
+  const size_t pe_smem = PeScoresSmem(rope);
   if (pe_smem > 48 * 1024) {
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         PeScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pe_smem)));

@@ -1342,7 +1342,11 @@ TEST_F(GpuTest, AttentionGqa) {
               // L >= 16: the tiled prefill kernel (ragged query tiles and key chunks, head
               // widths up to its 256, causal after a prefix, mask).
               S{37, 37, 4, 2, 128, 0, false}, S{40, 100, 4, 4, 64, 60, true},
-              S{20, 20, 3, 1, 256, 0, false}, S{16, 50, 2, 2, 192, -1, true}}) {
+              S{20, 20, 3, 1, 256, 0, false}, S{16, 50, 2, 2, 192, -1, true},
+              // Longer prompts: many query tiles (a ragged last one), a prefix, a mask, an
+              // unaligned head width on the scalar-load variant.
+              S{130, 130, 4, 2, 128, 0, false}, S{140, 300, 4, 4, 64, 160, true},
+              S{130, 150, 2, 1, 30, 20, false}, S{128, 128, 2, 2, 256, 0, false}}) {
     // Masked keys at bf16's lowest and, the second time, at -inf (a warp's first key
     // included: its weight must be 0, not NaN).
     for (int inf = 0; inf < (s.mask ? 2 : 1); ++inf)
@@ -1640,7 +1644,10 @@ TEST_F(GpuTest, MlaAttention) {
         : glm   ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}}
                 : std::vector<S>{S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0},
                                  S{1, 149, 0}, S{1, 299, 200}, S{20, 13, 0}, S{40, 30, 32},
-                                 S{1, 31, 0}, S{1, 32, 0}, S{1, 63, 40}, S{1, 8999, 0}};
+                                 S{1, 31, 0}, S{1, 32, 0}, S{1, 63, 40}, S{1, 8999, 0},
+                                 // prefill over several key and row blocks of the pe scores,
+                                 // and a longer prompt
+                                 S{24, 150, 0}, S{24, 150, 64}, S{130, 20, 0}, S{130, 20, 64}};
     for (S s : cases) {
       for (cpu::ActDType t : kActs) {
         const bool bf = t == cpu::ActDType::kBF16;
