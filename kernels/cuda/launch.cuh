@@ -3,9 +3,10 @@
 // Programmatic dependent launch (PDL, sm_90+) for the small kernels of a decode step.
 // A decode step is ~100-300 kernels of a few microseconds each, and between two of them the
 // GPU idles while the second is launched and its blocks are scheduled (~2 us a boundary on
-// the H200, CUDA graphs included). A kernel launched by LaunchPdl may become resident while
-// the kernel before it in the stream still runs; it must call PdlWait() before it touches
-// memory any earlier kernel reads or writes. PdlWait() returns once the previous kernel has
+// the H200, CUDA graphs included). A kernel launched by LaunchPdlRaw / RING_LAUNCH_PDL may
+// become resident while the kernel before it in the stream still runs; it must call
+// PdlWait() before it touches memory any earlier kernel reads or writes (and read such
+// memory with LoadProduced, below). PdlWait() returns once the previous kernel has
 // completed and its writes are visible, so the result is exactly the serialised one. Each
 // such kernel calls PdlLaunchDependents() right after its wait, which lets the next kernel
 // get resident in turn; that is always safe, since the next kernel waits too.
