@@ -1,5 +1,8 @@
 // Kernels behind attention.cuh.
 //
+// Prefill (L >= 16 query rows) with bf16 activations runs on the tensor cores
+// (AttentionMmaKernel, see there; RING_ATTN_MMA=0 turns it off), otherwise on the tiled fp32
+// kernel (AttentionTileKernel).
 // AttentionKernel (decode and short chunks; AttentionTileKernel takes prefill, see there):
 // one block per (query, head), kWarps warps (4; 16 when the grid is too
 // small to fill the GPU, as in decode). The scaled query sits in
@@ -37,6 +40,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
@@ -45,6 +50,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/qgemv_internal.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/status.h"
 
@@ -461,6 +467,252 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
       }
     }
   }
+}
+
+// Prefill attention on the tensor cores (bf16 activations: q, k and v hold bf16 values, so
+// their bf16 copies are exact). A block takes kMmaQ queries of one head (16 per warp) and a
+// DVC-wide slice of the value dims (blockIdx.z; the scores are recomputed per slice, which
+// the tensor cores afford and which keeps the output accumulators at DVC / 2 registers), and
+// walks the keys in tiles of kMmaKeys: the tile's K rows (bf16, row-major) and V rows
+// (bf16, transposed) in shared memory; S = Q K^T by bf16 mma (exact products, fp32 sums),
+// times the scale, plus the additive mask, causal keys at -inf; an online softmax per row in
+// registers (rows g and g + 8 of the warp's 16 per lane, quad shuffles for the row max and
+// sum); O += P V by bf16 mma with P split into two bf16 halves (hi = bf16(p), lo =
+// bf16(p - hi)), so P keeps ~16 significant bits. The result differs from the fp32 kernels
+// by summation order and that split (~1e-12 NMSE before the final bf16 rounding, which the
+// harness bounds at 1e-6 like every bf16 attention); fp32 activations keep the tiled kernel.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaQ = 16 * kMmaWarps;
+constexpr int kMmaKeys = 64;
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  return qdec::F32ToBf16Bits(lo) | (qdec::F32ToBf16Bits(hi) << 16);
+}
+// The low bf16 half of p (its remainder after rounding to bf16).
+__device__ __forceinline__ float Bf16Rest(float p) { return p - qdec::RoundToBf16(p); }
+
+template <int DK, int DVC>
+size_t AttentionMmaSmem() {
+  return sizeof(uint16_t) * (kMmaKeys * (DK + 8) + DVC * (kMmaKeys + 8));
+}
+
+template <int DK, int DVC>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) AttentionMmaKernel(AttentionParams p) {
+  // Rows padded by 8 bf16 so the fragment loads (lane g reads row g, word t) hit 32
+  // distinct banks.
+  constexpr int kKst = DK + 8, kVst = kMmaKeys + 8;
+  constexpr int kNt = kMmaKeys / 8;  // n8 tiles of scores per key tile
+  constexpr int kDt = DVC / 8;       // n8 tiles of output
+  PdlBegin();
+  extern __shared__ __align__(16) uint16_t msm[];
+  uint16_t* ks = msm;                    // [kMmaKeys][kKst]
+  uint16_t* vt = msm + kMmaKeys * kKst;  // [DVC][kVst]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t h = blockIdx.y, kh = h / (p.hq / p.hkv);
+  const int64_t ib0 = static_cast<int64_t>(blockIdx.x) * kMmaQ;
+  const int64_t row[2] = {ib0 + warp * 16 + g, ib0 + warp * 16 + g + 8};
+  const int d0 = static_cast<int>(blockIdx.z) * DVC;
+  // The warp's 16 query rows as A fragments, for the whole kernel (rows past L are zero).
+  uint32_t qf[DK / 16][4];
+  {
+    const float* qr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      qr[r] = row[r] < p.L ? p.q + row[r] * p.q_tok + h * p.q_head : nullptr;
+    }
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) {
+      const int c = kk * 16 + 2 * t;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float* q = qr[r];
+        qf[kk][r] = q != nullptr ? PackBf16x2(LoadProduced(q + c), LoadProduced(q + c + 1)) : 0u;
+        qf[kk][2 + r] =
+            q != nullptr ? PackBf16x2(LoadProduced(q + c + 8), LoadProduced(q + c + 9)) : 0u;
+      }
+    }
+  }
+  const int64_t ilast = min(p.L, ib0 + kMmaQ) - 1;
+  const int64_t jend = p.causal_offset >= 0 ? min(p.S, p.causal_offset + ilast + 1) : p.S;
+  float o[kDt][4];
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int64_t j0 = 0; j0 < jend; j0 += kMmaKeys) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kMmaKeys), jend - j0));
+    __syncthreads();  // the previous tile's readers are done
+    for (int e = threadIdx.x; e < kMmaKeys * (DK / 4); e += blockDim.x) {
+      const int r = e / (DK / 4), c = 4 * (e % (DK / 4));
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r < n) v = LoadProduced(reinterpret_cast<const float4*>(p.k + (j0 + r) * p.k_tok + kh * p.k_head + c));
+      *reinterpret_cast<uint2*>(ks + r * kKst + c) = make_uint2(PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w));
+    }
+    for (int e = threadIdx.x; e < kMmaKeys * (DVC / 4); e += blockDim.x) {
+      const int r = e % kMmaKeys, c = 4 * (e / kMmaKeys);  // consecutive threads: consecutive keys
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r < n) {
+        v = LoadProduced(reinterpret_cast<const float4*>(p.v + (j0 + r) * p.v_tok + kh * p.v_head + d0 + c));
+      }
+      vt[(c + 0) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.x));
+      vt[(c + 1) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.y));
+      vt[(c + 2) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.z));
+      vt[(c + 3) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.w));
+    }
+    __syncthreads();
+    float sc[kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+      const uint16_t* kr = ks + (nt * 8 + g) * kKst + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < DK / 16; ++kk) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kk * 16);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 8);
+        internal::MmaBf16(sc[nt], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+      }
+    }
+    // Scale, mask, and the tile's row maxima (element e: row e >> 1, key 2t + (e & 1)).
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int64_t i = row[r], j = j0 + nt * 8 + 2 * t + (e & 1);
+        float v = -INFINITY;
+        if (j < j0 + n && i < p.L && (p.causal_offset < 0 || j <= p.causal_offset + i)) {
+          v = sc[nt][e] * p.scale;
+          if (p.add_mask != nullptr) v += LoadProduced(p.add_mask + (h * p.L + i) * p.S + j);
+        }
+        sc[nt][e] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+    }
+    float cold[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);
+      cold[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - mn);  // mn >= m[r]
+      m[r] = mn;
+    }
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const float pe = sc[nt][e] == -INFINITY ? 0.f : expf(sc[nt][e] - m[r]);
+        sc[nt][e] = pe;
+        ls[r] += pe;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 1);
+      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 2);
+      l[r] = l[r] * cold[r] + ls[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      o[dt][0] *= cold[0];
+      o[dt][1] *= cold[0];
+      o[dt][2] *= cold[1];
+      o[dt][3] *= cold[1];
+    }
+    // O += P V over the tile's keys, 16 at a time: P's C fragments of tiles 2kc and 2kc + 1
+    // are the A fragment of keys [16 kc, 16 kc + 16).
+#pragma unroll
+    for (int kc = 0; kc < kMmaKeys / 16; ++kc) {
+      const float* pa = sc[2 * kc];
+      const float* pb = sc[2 * kc + 1];
+      const uint32_t h0 = PackBf16x2(pa[0], pa[1]), h1 = PackBf16x2(pa[2], pa[3]);
+      const uint32_t h2 = PackBf16x2(pb[0], pb[1]), h3 = PackBf16x2(pb[2], pb[3]);
+      const uint32_t l0 = PackBf16x2(Bf16Rest(pa[0]), Bf16Rest(pa[1]));
+      const uint32_t l1 = PackBf16x2(Bf16Rest(pa[2]), Bf16Rest(pa[3]));
+      const uint32_t l2 = PackBf16x2(Bf16Rest(pb[0]), Bf16Rest(pb[1]));
+      const uint32_t l3 = PackBf16x2(Bf16Rest(pb[2]), Bf16Rest(pb[3]));
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        const uint16_t* vr = vt + (dt * 8 + g) * kVst + kc * 16 + 2 * t;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 8);
+        internal::MmaBf16(o[dt], h0, h1, h2, h3, b0, b1);
+        internal::MmaBf16(o[dt], l0, l1, l2, l3, b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row[r];
+    if (i >= p.L) continue;
+    const float inv = 1.f / l[r];
+    const int64_t base = (i * p.hq + h) * p.dv + d0;
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int d = dt * 8 + 2 * t + c;
+        const float v = qdec::RoundToBf16(o[dt][2 * r + c] * inv);
+        p.out[base + d] = v;
+        if (p.out_bf16 != nullptr) p.out_bf16[base + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v));
+      }
+    }
+  }
+}
+
+// RING_ATTN_MMA=0 in the environment keeps bf16 prefill on the tiled fp32 kernel (A/B runs).
+bool AttentionMmaEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RING_ATTN_MMA");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+template <int DK, int DVC>
+absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
+  const size_t smem = AttentionMmaSmem<DK, DVC>();
+  if (smem > 48 * 1024) {
+    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionMmaKernel<DK, DVC>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem)));
+  }
+  const dim3 grid(static_cast<unsigned>((p.L + kMmaQ - 1) / kMmaQ), static_cast<unsigned>(p.hq),
+                  static_cast<unsigned>(p.dv / DVC));
+  RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC>), grid, kMmaWarps * 32, smem, stream, p);
+  return absl::OkStatus();
+}
+
+// The tensor-core kernel for this call, if it takes it: bf16 activations, a prompt of at
+// least kTileMinL rows, dk in {64, 128, 192, 256}, dv a multiple of 64 up to 256, 16-byte
+// aligned K/V rows, and its shared memory within the device's limit. Else *taken = false.
+absl::Status MaybeAttentionMma(const AttentionParams& p, cpu::ActDType round, bool vec,
+                               const DeviceInfo& dev, cudaStream_t stream, bool* taken) {
+  *taken = false;
+  if (round != cpu::ActDType::kBF16 || !vec || p.L < kTileMinL || p.hq > 65535 ||
+      p.dv % 64 != 0 || p.dv > 256 || (p.L + kMmaQ - 1) / kMmaQ > 0x7fffffff ||
+      !AttentionMmaEnabled()) {
+    return absl::OkStatus();
+  }
+  const bool wide = p.dv % 128 == 0;
+  size_t smem = 0;
+  absl::Status (*launch)(const AttentionParams&, cudaStream_t) = nullptr;
+  switch (p.dk) {
+    case 64: launch = wide ? LaunchAttentionMma<64, 128> : LaunchAttentionMma<64, 64>;
+             smem = wide ? AttentionMmaSmem<64, 128>() : AttentionMmaSmem<64, 64>(); break;
+    case 128: launch = wide ? LaunchAttentionMma<128, 128> : LaunchAttentionMma<128, 64>;
+              smem = wide ? AttentionMmaSmem<128, 128>() : AttentionMmaSmem<128, 64>(); break;
+    case 192: launch = wide ? LaunchAttentionMma<192, 128> : LaunchAttentionMma<192, 64>;
+              smem = wide ? AttentionMmaSmem<192, 128>() : AttentionMmaSmem<192, 64>(); break;
+    case 256: launch = wide ? LaunchAttentionMma<256, 128> : LaunchAttentionMma<256, 64>;
+              smem = wide ? AttentionMmaSmem<256, 128>() : AttentionMmaSmem<256, 64>(); break;
+    default: return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(smem) > dev.smem_per_block_optin) return absl::OkStatus();
+  *taken = true;
+  return launch(p, stream);
 }
 
 // pe[h, i, j] = round(sum_d round(q[i, h, off + d] * scale) * kpe[j, d]) over d < rope,
@@ -884,6 +1136,9 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
   };
   const bool vec = p.dk % 4 == 0 && p.dv % 4 == 0 && al16(p.k, p.k_tok, p.k_head) &&
                    al16(p.v, p.v_tok, p.v_head);
+  bool mma = false;
+  RING_RETURN_IF_ERROR(MaybeAttentionMma(p, round, vec, **dev, stream, &mma));
+  if (mma) return absl::OkStatus();
   const size_t tile_smem = AttentionTileSmem(p.dk, p.dv, vec);
   if (p.L >= kTileMinL && p.dk <= kTileMaxD && p.dv <= kTileMaxD && p.hq <= 65535 &&
       static_cast<int64_t>(tile_smem) <= (*dev)->smem_per_block_optin) {
