@@ -671,18 +671,30 @@ bool AttentionMmaEnabled() {
   return on;
 }
 
+// Launches AttentionMmaKernel<DK, DVC> unless its shared memory exceeds the device's limit
+// (then *taken stays false).
 template <int DK, int DVC>
-absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
+absl::Status LaunchAttentionMma(const AttentionParams& p, const DeviceInfo& dev,
+                                cudaStream_t stream, bool* taken) {
   const size_t smem = AttentionMmaSmem<DK, DVC>();
+  if (static_cast<int64_t>(smem) > dev.smem_per_block_optin) return absl::OkStatus();
   if (smem > 48 * 1024) {
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionMmaKernel<DK, DVC>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem)));
   }
+  *taken = true;
   const dim3 grid(static_cast<unsigned>((p.L + kMmaQ - 1) / kMmaQ), static_cast<unsigned>(p.hq),
                   static_cast<unsigned>(p.dv / DVC));
   RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC>), grid, kMmaWarps * 32, smem, stream, p);
   return absl::OkStatus();
+}
+// Value slices of 128 dims where dv allows, else 64.
+template <int DK>
+absl::Status LaunchAttentionMmaDk(const AttentionParams& p, const DeviceInfo& dev,
+                                  cudaStream_t stream, bool* taken) {
+  return p.dv % 128 == 0 ? LaunchAttentionMma<DK, 128>(p, dev, stream, taken)
+                         : LaunchAttentionMma<DK, 64>(p, dev, stream, taken);
 }
 
 // The tensor-core kernel for this call, if it takes it: bf16 activations, a prompt of at
@@ -696,23 +708,13 @@ absl::Status MaybeAttentionMma(const AttentionParams& p, cpu::ActDType round, bo
       !AttentionMmaEnabled()) {
     return absl::OkStatus();
   }
-  const bool wide = p.dv % 128 == 0;
-  size_t smem = 0;
-  absl::Status (*launch)(const AttentionParams&, cudaStream_t) = nullptr;
   switch (p.dk) {
-    case 64: launch = wide ? LaunchAttentionMma<64, 128> : LaunchAttentionMma<64, 64>;
-             smem = wide ? AttentionMmaSmem<64, 128>() : AttentionMmaSmem<64, 64>(); break;
-    case 128: launch = wide ? LaunchAttentionMma<128, 128> : LaunchAttentionMma<128, 64>;
-              smem = wide ? AttentionMmaSmem<128, 128>() : AttentionMmaSmem<128, 64>(); break;
-    case 192: launch = wide ? LaunchAttentionMma<192, 128> : LaunchAttentionMma<192, 64>;
-              smem = wide ? AttentionMmaSmem<192, 128>() : AttentionMmaSmem<192, 64>(); break;
-    case 256: launch = wide ? LaunchAttentionMma<256, 128> : LaunchAttentionMma<256, 64>;
-              smem = wide ? AttentionMmaSmem<256, 128>() : AttentionMmaSmem<256, 64>(); break;
+    case 64: return LaunchAttentionMmaDk<64>(p, dev, stream, taken);
+    case 128: return LaunchAttentionMmaDk<128>(p, dev, stream, taken);
+    case 192: return LaunchAttentionMmaDk<192>(p, dev, stream, taken);
+    case 256: return LaunchAttentionMmaDk<256>(p, dev, stream, taken);
     default: return absl::OkStatus();
   }
-  if (static_cast<int64_t>(smem) > dev.smem_per_block_optin) return absl::OkStatus();
-  *taken = true;
-  return launch(p, stream);
 }
 
 // pe[h, i, j] = round(sum_d round(q[i, h, off + d] * scale) * kpe[j, d]) over d < rope,
