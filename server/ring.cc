@@ -235,6 +235,7 @@ class RemoteRing final : public Ring {
       const HopTransportChoice choice = ChooseHopTransport(described[i], described[(i + 1) % n], o.transport,
                                                            /*closing=*/i == n - 1);
       req.set_nccl(choice.nccl);
+      req.set_shm(choice.shm);
       req.set_transport_reason(choice.reason);
       RING_ASSIGN_OR_RETURN(pb::LinkResponse linked, clients_[i]->Link(req));
       if (n > 1) {
@@ -492,17 +493,17 @@ absl::StatusOr<std::vector<StageRange>> PlanStageRanges(const std::vector<int64_
 
 HopTransportChoice ChooseHopTransport(const pb::DescribeResponse& from, const pb::DescribeResponse& to,
                                       RingTransport transport, bool closing) {
-  if (transport == RingTransport::kGrpc) return {false, "ring.transport = \"grpc\""};
-  if (closing) return {false, "the last stage sends stage 0 tokens, not hidden states"};
+  if (transport == RingTransport::kGrpc) return {false, false, "ring.transport = \"grpc\""};
+  const bool same_host = !from.host_id().empty() && from.host_id() == to.host_id();
+  if (!same_host) return {false, false, "the next stage is on another host"};
+  if (closing) return {false, true, "the last stage sends stage 0 tokens, not hidden states"};
   auto cuda = [](const pb::DescribeResponse& d) { return absl::StartsWith(d.backend(), "cuda"); };
   if (!cuda(from) || !cuda(to)) {
-    return {false, absl::StrCat("NCCL needs CUDA workers: ", from.backend().empty() ? "unknown" : from.backend(),
-                                " -> ", to.backend().empty() ? "unknown" : to.backend())};
+    return {false, true,
+            absl::StrCat("NCCL needs CUDA workers: ", from.backend().empty() ? "unknown" : from.backend(), " -> ",
+                         to.backend().empty() ? "unknown" : to.backend())};
   }
-  if (from.host_id().empty() || from.host_id() != to.host_id()) {
-    return {false, "the next stage is on another host"};
-  }
-  return {true, ""};
+  return {true, true, ""};
 }
 
 worker::StageClientOptions ClientOptions(const RingOptions& o, absl::Duration call_timeout) {

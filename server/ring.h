@@ -209,13 +209,16 @@ class Ring {
   virtual std::vector<ActivationStats> activation_stats() const = 0;
 };
 
-// Closed ring: whether the hop from worker `from` to the next stage's worker `to` (their
-// Describe replies) asks for an NCCL data plane (LinkRequest.nccl): only under kAuto, only
-// when both run on CUDA devices of the same host (DescribeResponse.host_id), and not for
-// the hop that closes the ring (last stage -> stage 0: `closing`), which carries sampled
-// tokens, never hidden states. When not, `reason` says why (LinkRequest.transport_reason).
+// Closed ring: how the hop from worker `from` to the next stage's worker `to` (their
+// Describe replies) is asked to carry its frames, under kAuto only: through shared memory
+// (LinkRequest.shm) when both run on the same host (DescribeResponse.host_id), whatever
+// their backends; with an NCCL data plane for large payloads (LinkRequest.nccl) when both
+// also run on CUDA devices, except on the hop that closes the ring (last stage -> stage 0:
+// `closing`), which carries sampled tokens, never hidden states. Without NCCL, `reason`
+// says why (LinkRequest.transport_reason).
 struct HopTransportChoice {
   bool nccl = false;
+  bool shm = false;  // the two are on one host: frames through shared memory (any backend)
   std::string reason;
 };
 HopTransportChoice ChooseHopTransport(const ringserve::v1::DescribeResponse& from,

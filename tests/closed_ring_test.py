@@ -116,11 +116,14 @@ def main():
                     got = completion(port, prompt, **r)
                     check(got == want[k], f"{label}: {k} tokens and logprobs identical to the in-process engine")
                 if n == 2 and not split:
-                    # CPU workers: the coordinator keeps the hop on gRPC and each worker says why.
-                    d = json.loads(subprocess.run([a.ringctl, "describe", "--worker", workers[0], "--json"],
-                                                  capture_output=True, text=True, timeout=30).stdout)
-                    check(d.get("next_transport", "").startswith("grpc (NCCL needs CUDA workers")
-                          and d.get("host_id"), f"{label}: hop transport reported: {d.get('next_transport')!r}")
+                    # Workers on one host: both hops carry their frames through shared memory
+                    # (CPU workers: no NCCL), and each worker says so for both directions.
+                    for w in workers[:2]:
+                        d = json.loads(subprocess.run([a.ringctl, "describe", "--worker", w, "--json"],
+                                                      capture_output=True, text=True, timeout=30).stdout)
+                        check(d.get("next_transport") == "shm" and d.get("prev_transport", "").startswith("shm from stage")
+                              and d.get("host_id"), f"{label}: hop transports reported: {d.get('next_transport')!r}, "
+                              f"{d.get('prev_transport')!r}")
                 if n == 3 and not split:
                     srv.kill()
                     star, sport = start_server(a, work, f"{family}-star", model_dir, model_path,

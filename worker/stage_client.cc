@@ -265,6 +265,13 @@ absl::StatusOr<pb::NcclAcceptResponse> StageClient::NcclAccept(const pb::NcclAcc
   return resp;
 }
 
+absl::Status StageClient::ShmAccept(const pb::ShmAcceptRequest& req) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  pb::ShmAcceptResponse resp;
+  return FromGrpcStatus(stub_->ShmAccept(&ctx, req, &resp), "ShmAccept " + name());
+}
+
 std::unique_ptr<RelayStream> StageClient::OpenRelay() {
   return std::unique_ptr<RelayStream>(
       new RelayStream("Relay to " + name(), stub_.get(), options_.auth_token));

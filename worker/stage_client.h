@@ -195,6 +195,9 @@ class StageClient {
   // Asks this worker to join an NCCL link from the previous stage (Worker.NcclAccept),
   // under call_timeout; it replies before the link is up.
   absl::StatusOr<ringserve::v1::NcclAcceptResponse> NcclAccept(const ringserve::v1::NcclAcceptRequest& req);
+  // Asks this worker to map a shared-memory hop from the previous stage and read frames
+  // from it (Worker.ShmAccept), under call_timeout.
+  absl::Status ShmAccept(const ringserve::v1::ShmAcceptRequest& req);
   // The closed ring's hop to this worker (see RelayStream); opens its stream lazily.
   std::unique_ptr<RelayStream> OpenRelay();
   // Starts a generation on this worker as stage 0 of a closed ring. Does not block.

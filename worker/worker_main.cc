@@ -117,6 +117,18 @@ int main(int argc, char** argv) {
                "Closed ring: keep every hop of this worker on gRPC, even to a GPU on the same host "
                "(by default such a hop moves large hidden-state frames over NCCL when libnccl.so.2 "
                "loads; RING_NCCL_LIBRARY names it)");
+  bool no_shm = false;
+  app.add_flag("--no-shm", no_shm,
+               "Closed ring: keep this worker's hops on gRPC even to a stage on the same host (by "
+               "default such a hop carries its frames through shared memory in /dev/shm)");
+  int64_t poll_us = -1;
+  app.add_option("--poll-us", poll_us,
+                 "Closed ring, shared-memory hops: how long the thread that reads the previous "
+                 "stage's frames busy-polls for the next one before it sleeps. A frame that arrives "
+                 "while it polls costs no thread wake-up; polling costs a core meanwhile. Default: "
+                 "50000 on a CUDA device (its cores are idle while the GPU computes), 0 on the CPU "
+                 "backend (the core is the compute's)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{10'000'000}));
   int64_t max_batch_rows = ring::worker::WorkerOptions{}.max_batch_rows;
   app.add_option("--max-batch", max_batch_rows,
                  "Continuous batching: steps of different sequences that arrive while the stage "
@@ -201,6 +213,9 @@ int main(int argc, char** argv) {
   options.kv_cache_bytes = kv_cache_bytes;
   options.nccl = !no_nccl;
   options.nccl_min_bytes = nccl_min_bytes;
+  options.shm = !no_shm;
+  options.shm_poll = absl::Microseconds(
+      poll_us >= 0 ? poll_us : (spec->kind == ring::DeviceSpec::Kind::kCuda ? 50'000 : 0));
   options.max_batch_rows = max_batch_rows;
   options.batch_gather = absl::Microseconds(batch_gather_us);
   if (const char* f = std::getenv("RING_TEST_FAULT")) {

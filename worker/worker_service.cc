@@ -26,6 +26,7 @@
 #include "worker/frame.h"
 #include "worker/grpc_status.h"
 #include "worker/nccl_hop.h"
+#include "worker/shm_hop.h"
 #include "worker/stage_client.h"
 
 #ifdef RING_HAVE_CUDA
@@ -330,6 +331,14 @@ std::string WorkerService::DegradedReason() const {
 }
 
 WorkerService::~WorkerService() {
+  std::vector<std::shared_ptr<InboundShm>> shm;
+  {
+    absl::MutexLock l(&mu_);
+    shm = std::move(retired_shm_);
+    if (inbound_shm_ != nullptr) shm.push_back(std::move(inbound_shm_));
+  }
+  for (const auto& in : shm) in->hop->Close();
+  shm.clear();  // joins their readers, which may still hand a frame to the relay threads
   {
     absl::MutexLock l(&relay_mu_);
     relay_stop_ = true;
@@ -1028,6 +1037,11 @@ grpc::Status WorkerService::FlightRecorder(grpc::ServerContext* ctx, const pb::F
 
 WorkerService::LinkState::~LinkState() = default;
 
+WorkerService::InboundShm::~InboundShm() {
+  if (hop != nullptr) hop->Close();
+  if (reader.joinable()) reader.join();
+}
+
 std::shared_ptr<WorkerService::LinkState> WorkerService::CurrentLink() const {
   absl::MutexLock l(&mu_);
   return link_;
@@ -1084,7 +1098,9 @@ grpc::Status WorkerService::Link(grpc::ServerContext* ctx, const pb::LinkRequest
     if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
       deadline = std::min(deadline, absl::FromChrono(ctx->deadline()) - absl::Seconds(1));
     }
+    const std::string frames = req->shm() ? LinkShm(*req, link.get()) : "";
     transport = LinkNccl(*req, deadline, link.get());
+    if (!frames.empty()) transport = req->nccl() ? absl::StrCat(frames, "; large payloads: ", transport) : frames;
     std::cerr << "ring-worker: stage " << req->stage_index() << " -> " << link->next_name
               << ": next: " << transport << "\n";
     absl::MutexLock l(&link->transport_mu);
@@ -1125,6 +1141,109 @@ std::string WorkerService::LinkNccl(const pb::LinkRequest& req, absl::Time deadl
   if (!hop.ok()) return absl::StrCat("grpc (NCCL link failed: ", hop.status().message(), ")");
   link->nccl = *std::move(hop);
   return absl::StrCat("nccl (", options_.device, " -> ", accepted->device(), ")");
+}
+
+std::string WorkerService::LinkShm(const pb::LinkRequest& req, LinkState* link) {
+  if (!options_.shm) return "grpc (this worker was started with --no-shm)";
+  absl::StatusOr<std::unique_ptr<ShmHop>> hop = ShmHop::Create(
+      {.capacity = options_.shm_capacity, .spin = options_.shm_poll, .peer = link->next_name});
+  if (!hop.ok()) return absl::StrCat("grpc (shared memory unavailable: ", hop.status().message(), ")");
+  pb::ShmAcceptRequest accept;
+  accept.set_name((*hop)->name());
+  accept.set_sender_stage(req.stage_index());
+  accept.set_sender(HopName());
+  accept.set_sender_host_id(HostId());
+  accept.set_epoch(req.next_epoch());
+  const absl::Status accepted = link->next_client->ShmAccept(accept);
+  (*hop)->Unlink();  // mapped by both ends now, or refused: the name is not needed either way
+  if (!accepted.ok()) {
+    return absl::StrCat("grpc (the next stage refused shared memory: ", accepted.message(), ")");
+  }
+  link->shm = *std::move(hop);
+  return "shm";
+}
+
+grpc::Status WorkerService::ShmAccept(grpc::ServerContext* ctx, const pb::ShmAcceptRequest* req,
+                                      pb::ShmAcceptResponse* resp) {
+  if (auto a = CheckAuth(ctx); !a.ok()) return a;
+  // No load_mu_, as in NcclAccept: the sender calls this from inside its Link.
+  const std::string hop = absl::StrCat(HopName(), ": shared-memory hop from ", req->sender());
+  auto refuse = [&hop](grpc::StatusCode code, absl::string_view why) {
+    return grpc::Status(code, absl::StrCat(hop, " refused: ", why));
+  };
+  if (!options_.shm) return refuse(grpc::StatusCode::FAILED_PRECONDITION, "started with --no-shm");
+  if (req->sender_host_id() != HostId()) {
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                  absl::StrCat("the sender is on host '", req->sender_host_id(), "', this worker on '",
+                               HostId(), "'"));
+  }
+  auto stale = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<grpc::Status> {
+    if (loaded_ && loaded_->epoch == req->epoch()) return std::nullopt;
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                  absl::StrCat("it is for epoch ", req->epoch(), " but the loaded stage is ",
+                               loaded_ ? absl::StrCat("epoch ", loaded_->epoch) : "none"));
+  };
+  {
+    absl::MutexLock l(&mu_);
+    if (std::optional<grpc::Status> s = stale()) return *s;
+  }
+  absl::StatusOr<std::unique_ptr<ShmHop>> opened =
+      ShmHop::Open(req->name(), {.spin = options_.shm_poll, .peer = req->sender()});
+  if (!opened.ok()) {
+    return refuse(static_cast<grpc::StatusCode>(opened.status().code()), opened.status().message());
+  }
+  auto in = std::make_shared<InboundShm>();
+  in->epoch = req->epoch();
+  in->sender = req->sender();
+  in->hop = *std::move(opened);
+  std::vector<std::shared_ptr<InboundShm>> finished;  // joined after the lock is released
+  {
+    absl::MutexLock l(&mu_);
+    if (std::optional<grpc::Status> s = stale()) return *s;  // a LoadStage meanwhile
+    if (inbound_shm_ != nullptr) {
+      inbound_shm_->hop->Close();  // its reader ends after the frame in hand
+      retired_shm_.push_back(std::move(inbound_shm_));
+    }
+    inbound_shm_ = in;
+    in->reader = std::thread([this, p = in.get()] { ShmReadLoop(p); });
+    for (auto it = retired_shm_.begin(); it != retired_shm_.end();) {
+      if ((*it)->done.load()) {
+        finished.push_back(std::move(*it));
+        it = retired_shm_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+void WorkerService::ShmReadLoop(InboundShm* in) {
+  const std::string peer = absl::StrCat("shm:", in->sender);
+  while (true) {
+    // No idle deadline: the hop's waits are sliced and end on Close (a replaced hop, the
+    // destructor), on the sender closing its end, and when its process exits.
+    absl::StatusOr<std::string> bytes = in->hop->Receive(absl::InfiniteFuture(), options_.relay_timeout);
+    if (!bytes.ok()) {
+      // Closed by either end is how a hop ends; anything else is worth reporting.
+      if (!absl::IsCancelled(bytes.status()) && !absl::IsFailedPrecondition(bytes.status())) {
+        SetLastError(absl::Status(bytes.status().code(), absl::StrCat(HopName(), ": ", bytes.status().message())));
+      }
+      break;
+    }
+    const absl::Time received = absl::Now();
+    pb::ActivationFrame f;
+    if (!f.ParseFromString(*bytes)) {
+      SetLastError(absl::DataLossError(absl::StrCat(HopName(), ": a ", bytes->size(), "-byte message from ",
+                                                    in->sender, " over shared memory is not a frame")));
+      break;
+    }
+    Record(/*sent=*/false, f, peer);
+    metrics_->CountFrame(/*sent=*/false, PeerLabel(f), static_cast<int64_t>(bytes->size()));
+    HandleRelayed(std::move(f), peer, received);
+  }
+  in->hop->Close();  // the sender's next frame then fails over to the Relay stream
+  in->done.store(true);
 }
 
 grpc::Status WorkerService::NcclAccept(grpc::ServerContext* ctx, const pb::NcclAcceptRequest* req,
@@ -1199,13 +1318,30 @@ grpc::Status WorkerService::NcclAccept(grpc::ServerContext* ctx, const pb::NcclA
   return grpc::Status::OK;
 }
 
+void WorkerService::SetHopTransport(const LinkState& link, bool frames, const std::string& what) {
+  // The string is "FRAMES[; large payloads: PAYLOADS]" (DescribeResponse.next_transport);
+  // without the second part, one transport carries both.
+  constexpr char kPayloads[] = "; large payloads: ";
+  absl::MutexLock l(&link.transport_mu);
+  const size_t split = link.transport.find(kPayloads);
+  if (split == std::string::npos) {
+    link.transport = what;
+  } else if (frames) {
+    link.transport = absl::StrCat(what, link.transport.substr(split));
+  } else {
+    link.transport = absl::StrCat(link.transport.substr(0, split), kPayloads, what);
+  }
+}
+
 std::pair<std::string, std::string> WorkerService::Transports() const {
   std::shared_ptr<LinkState> link;
   std::shared_ptr<InboundNccl> inbound;
+  std::shared_ptr<InboundShm> shm;
   {
     absl::MutexLock l(&mu_);
     link = link_;
     inbound = inbound_;
+    shm = inbound_shm_;
   }
   std::string next, prev;
   if (link != nullptr && link->ring_size > 1) {
@@ -1223,6 +1359,13 @@ std::pair<std::string, std::string> WorkerService::Transports() const {
       const absl::Status why = inbound->hop != nullptr ? inbound->hop->status() : inbound->status;
       prev = absl::StrCat("grpc (NCCL link from ", inbound->sender, " failed: ", why.message(), ")");
     }
+  }
+  if (shm != nullptr) {
+    const absl::Status st = shm->hop->status();
+    const std::string frames = st.ok() ? absl::StrCat("shm from ", shm->sender)
+                                       : absl::StrCat("grpc (shared-memory hop from ", shm->sender,
+                                                      " failed: ", st.message(), ")");
+    prev = prev.empty() ? frames : absl::StrCat(frames, "; large payloads: ", prev);
   }
   return {next, prev};
 }
@@ -1248,7 +1391,19 @@ absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame 
   metrics_->CountFrame(/*sent=*/true, link.next_name, static_cast<int64_t>(f.ByteSizeLong()));
   SetWaitingOn(absl::StrCat("pushing sequence ", f.sequence_id(), " step ", f.step(), " to ", link.next_name,
                             nccl_payload.empty() ? "" : " (payload over NCCL)"));
-  absl::Status s = link.next->Push(f, timeout);
+  absl::Status s;
+  if (link.shm != nullptr && link.shm->status().ok()) {
+    s = link.shm->Send(f.SerializeAsString(), deadline);
+    if (!s.ok()) {
+      // Broken for good (the receiver closed or exited, or stopped reading): later frames
+      // take the Relay stream, which stays open for this.
+      s = absl::Status(s.code(), absl::StrCat(HopName(), " -> ", link.next_name, ": sequence ", f.sequence_id(),
+                                              " step ", f.step(), ": over shared memory: ", s.message()));
+      SetHopTransport(link, /*frames=*/true, absl::StrCat("grpc (shared-memory hop failed: ", s.message(), ")"));
+    }
+  } else {
+    s = link.next->Push(f, timeout);
+  }
   if (s.ok() && !nccl_payload.empty()) {
     s = link.nccl->Send(nccl_payload, deadline);
     if (s.ok()) {
@@ -1257,8 +1412,7 @@ absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame 
       // The link is dead (NcclLink aborts on any failure): later frames go over gRPC.
       s = absl::Status(s.code(), absl::StrCat(HopName(), " -> ", link.next_name, ": sequence ", f.sequence_id(),
                                               " step ", f.step(), ": payload over NCCL: ", s.message()));
-      absl::MutexLock l(&link.transport_mu);
-      link.transport = absl::StrCat("grpc (NCCL link failed: ", s.message(), ")");
+      SetHopTransport(link, /*frames=*/false, absl::StrCat("grpc (NCCL link failed: ", s.message(), ")"));
     }
   }
   SetWaitingOn("idle: waiting for Relay frames");

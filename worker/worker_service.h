@@ -10,6 +10,7 @@
 #ifndef RINGSERVE_WORKER_WORKER_SERVICE_H_
 #define RINGSERVE_WORKER_WORKER_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -36,6 +37,7 @@ namespace ring::worker {
 
 class NcclHop;
 class RelayStream;
+class ShmHop;
 class StageClient;
 
 // Largest message either end accepts: gRPC's 4 MiB default is smaller than one prefill
@@ -87,6 +89,17 @@ struct WorkerOptions {
   // go over NCCL. A guess until the 2x H200 bench (bench/gpu/nccl_ring_h200.sh) measures
   // the crossover.
   int64_t nccl_min_bytes = 256 << 10;
+  // Closed ring: a hop to a stage on the same host carries its frames through shared
+  // memory (worker/shm_hop.h) when the coordinator asks (LinkRequest.shm); the Relay
+  // stream stays open as the fallback. false (--no-shm): always gRPC.
+  bool shm = true;
+  // How long the thread that reads a shared-memory hop busy-polls for the next frame (after
+  // handling one) before it sleeps, and a sender for room in a full ring. A frame that
+  // arrives while the thread polls costs no thread wake-up (most of a loopback hop on an
+  // idle server, docs/benchmarks.md); polling costs a core meanwhile. ring-worker: 50 ms
+  // on a CUDA device (the cores are idle while the GPU computes), 0 on the CPU backend.
+  absl::Duration shm_poll = absl::ZeroDuration();
+  int64_t shm_capacity = 4 << 20;  // bytes of each hop's ring
   // How long both ends of a new NCCL hop may take to join it (inside Worker.Link).
   absl::Duration nccl_connect_timeout = absl::Seconds(10);
   // Continuous batching (worker/step_batcher.h): steps of different sequences that arrive
@@ -153,6 +166,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
                         grpc::ServerWriter<ringserve::v1::GenerateEvent>* writer) override;
   grpc::Status NcclAccept(grpc::ServerContext* ctx, const ringserve::v1::NcclAcceptRequest* req,
                           ringserve::v1::NcclAcceptResponse* resp) override;
+  grpc::Status ShmAccept(grpc::ServerContext* ctx, const ringserve::v1::ShmAcceptRequest* req,
+                         ringserve::v1::ShmAcceptResponse* resp) override;
 
  private:
   struct SequenceState {
@@ -176,6 +191,8 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     std::unique_ptr<RelayStream> next;  // null in a ring of one stage
     // The hop's NCCL data plane; null: every frame goes over `next` alone.
     std::unique_ptr<NcclHop> nccl;
+    // Shared memory to the next stage (same host); null, or broken: frames go over `next`.
+    std::unique_ptr<ShmHop> shm;
     // Held across a whole push: a frame whose payload follows over NCCL writes its header on
     // `next` and then the bytes, and no other frame's bytes may come between the two.
     mutable absl::Mutex push_mu;
@@ -194,6 +211,16 @@ class WorkerService final : public ringserve::v1::Worker::Service {
     bool pending ABSL_GUARDED_BY(mu) = true;
     absl::Status status ABSL_GUARDED_BY(mu);  // why the join failed
     std::shared_ptr<NcclHop> hop ABSL_GUARDED_BY(mu);
+  };
+  // Closed ring: the shared-memory hop from the previous stage (Worker.ShmAccept) and the
+  // thread that reads it; replaced by the next ShmAccept, closed and joined when done.
+  struct InboundShm {
+    uint64_t epoch = 0;
+    std::string sender;  // "stage i (addr)"
+    std::unique_ptr<ShmHop> hop;
+    std::thread reader;
+    std::atomic<bool> done{false};  // the reader returned
+    ~InboundShm();
   };
   // Where a generation's steps stand: the step in flight and what comes back from it.
   struct DecodeCursor {
@@ -282,6 +309,14 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   // Link: sets up `link`'s NCCL data plane when the coordinator asked for one; returns
   // the hop's transport ("nccl (...)" or "grpc (why)"). Never fails the Link.
   std::string LinkNccl(const ringserve::v1::LinkRequest& req, absl::Time deadline, LinkState* link);
+  // Link: sets up `link`'s shared-memory hop when the coordinator asked for one; returns
+  // the frames' transport ("shm" or "grpc (why)"). Never fails the Link.
+  std::string LinkShm(const ringserve::v1::LinkRequest& req, LinkState* link);
+  // The reader thread of an inbound shared-memory hop: each frame as Relay's.
+  void ShmReadLoop(InboundShm* in);
+  // After a failure of the hop's frames' (frames) or large payloads' transport: records
+  // `what` in place of that part of link.transport.
+  static void SetHopTransport(const LinkState& link, bool frames, const std::string& what);
   // Describe / FlightRecorder: the transports of this worker's hops.
   std::pair<std::string, std::string> Transports() const;
   // Generate: starts step `c->step` of `g` with `tokens` (Step, then PushNext; in a ring of
@@ -336,6 +371,10 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::shared_ptr<LinkState> link_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Generation>> generations_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<InboundNccl> inbound_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<InboundShm> inbound_shm_ ABSL_GUARDED_BY(mu_);
+  // Replaced inbound hops whose readers may still be finishing a frame (under its
+  // deadlines); joined at the next ShmAccept once done, the rest in the destructor.
+  std::vector<std::shared_ptr<InboundShm>> retired_shm_ ABSL_GUARDED_BY(mu_);
   // NcclAccept's joins; each ends by its deadline. Finished ones are joined at the next
   // NcclAccept, the rest in the destructor.
   std::vector<std::pair<std::thread, std::shared_ptr<InboundNccl>>> accept_threads_ ABSL_GUARDED_BY(mu_);

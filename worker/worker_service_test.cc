@@ -24,6 +24,7 @@
 #include "models/temp_dir_for_test.h"
 #include "worker/frame.h"
 #include "worker/serve_for_test.h"
+#include "worker/shm_hop.h"
 #include "worker/stage_client.h"
 #include "ringserve/v1/coordinator.grpc.pb.h"
 
@@ -594,9 +595,10 @@ TEST_F(WorkerServiceTest, RepliesCarryTheWorkersTimeForTheHopLatency) {
 }
 
 // The next stage of a closed ring, as far as the worker under test can tell: it records
-// every frame pushed to it over Relay.
+// every frame pushed to it over Relay or over a shared-memory hop (ShmAccept).
 class CapturingNextStage final : public pb::Worker::Service {
  public:
+  ~CapturingNextStage() override { CloseShm(); }
   grpc::Status Relay(grpc::ServerContext*, grpc::ServerReader<pb::ActivationFrame>* reader,
                      pb::RelaySummary*) override {
     reader->SendInitialMetadata();  // accepted (RelayStream waits for this, as from a worker)
@@ -604,8 +606,41 @@ class CapturingNextStage final : public pb::Worker::Service {
     while (reader->Read(&f)) {
       absl::MutexLock l(&mu_);
       frames_.push_back(f);
+      via_shm_.push_back(false);
     }
     return grpc::Status::OK;
+  }
+  grpc::Status ShmAccept(grpc::ServerContext*, const pb::ShmAcceptRequest* req, pb::ShmAcceptResponse*) override {
+    absl::StatusOr<std::unique_ptr<ShmHop>> hop = ShmHop::Open(req->name(), {});
+    if (!hop.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(hop.status().message()));
+    shm_ = *std::move(hop);
+    shm_reader_ = std::thread([this] {
+      while (true) {
+        absl::StatusOr<std::string> m = shm_->Receive(absl::InfiniteFuture(), absl::Seconds(10));
+        if (!m.ok()) return;
+        pb::ActivationFrame f;
+        EXPECT_TRUE(f.ParseFromString(*m));
+        absl::MutexLock l(&mu_);
+        frames_.push_back(f);
+        via_shm_.push_back(true);
+      }
+    });
+    return grpc::Status::OK;
+  }
+  // Ends the shared-memory hop's receiving end (as a next stage that went away would).
+  void CloseShm() {
+    if (shm_ == nullptr) return;
+    shm_->Close();
+    if (shm_reader_.joinable()) shm_reader_.join();
+  }
+  // The i-th frame pushed (from 0) and whether it came over shared memory, waiting up to
+  // `timeout`.
+  std::optional<std::pair<pb::ActivationFrame, bool>> Nth(size_t i, absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    auto arrived = [this, i]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return frames_.size() > i; };
+    mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
+    if (frames_.size() <= i) return std::nullopt;
+    return std::pair{frames_[i], via_shm_[i]};
   }
   // The first frame pushed, waiting up to `timeout`.
   std::optional<pb::ActivationFrame> First(absl::Duration timeout) {
@@ -619,6 +654,9 @@ class CapturingNextStage final : public pb::Worker::Service {
  private:
   absl::Mutex mu_;
   std::vector<pb::ActivationFrame> frames_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> via_shm_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ShmHop> shm_;
+  std::thread shm_reader_;
 };
 
 class ClosedRingNcclTest : public WorkerServiceTest {
@@ -635,7 +673,7 @@ class ClosedRingNcclTest : public WorkerServiceTest {
   }
   // Loads the last layers as stage 1 of a ring of 2 and links it to the capturing next
   // stage; returns the loaded stage.
-  pb::LoadStageResponse LoadAndLink(StageClient& c, bool nccl, pb::LinkResponse* linked) {
+  pb::LoadStageResponse LoadAndLink(StageClient& c, bool nccl, pb::LinkResponse* linked, bool shm = false) {
     pb::LoadStageRequest req;
     req.set_model("m");
     req.set_layer_begin(1);
@@ -651,6 +689,7 @@ class ClosedRingNcclTest : public WorkerServiceTest {
     link.set_next_address(next_address_);
     link.set_next_epoch(7);
     link.set_nccl(nccl);
+    link.set_shm(shm);
     link.set_transport_reason("test");
     auto l = c.Link(link);
     EXPECT_TRUE(l.ok()) << l.status();
@@ -729,6 +768,95 @@ TEST_F(ClosedRingNcclTest, CpuWorkerAskedForNcclStaysOnGrpc) {
   EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
   EXPECT_NE(r.status().message().find("NCCL link from stage 0 (10.0.0.9:7001) refused"), std::string::npos)
       << r.status();
+}
+
+// A stage-1 hidden-state frame for `seq` that samples (this worker is the last stage).
+pb::ActivationFrame SampleFrame(const pb::LoadStageResponse& loaded, const std::string& seq, float value) {
+  pb::ActivationFrame f;
+  f.set_sequence_id(seq);
+  f.set_step(0);
+  f.set_epoch(loaded.epoch());
+  f.set_first_position(0);
+  f.set_relay(pb::RELAY_ACTION_SAMPLE);
+  f.set_sender("stage 0 (test)");
+  f.mutable_sampling()->set_temperature(0);  // greedy
+  StageOutput hidden;
+  hidden.rows = 16;  // a prompt's hidden states: larger than the test's 4 KiB ring
+  hidden.hidden.resize(static_cast<size_t>(16 * loaded.model().hidden_size()));
+  for (size_t i = 0; i < hidden.hidden.size(); ++i) hidden.hidden[i] = value * static_cast<float>(i % 7);
+  EXPECT_TRUE(EncodeStageOutput(hidden, pb::DTYPE_F32, false, &f).ok());
+  return f;
+}
+
+// Both hops of a stage over shared memory: frames in from the "previous stage" (this test)
+// and out to the next stage. The token sampled from a frame that came over shared memory
+// is the one sampled from the same frame over the Relay stream, and it leaves over shared
+// memory too. When the next stage's end goes away, the frame in flight fails (naming the
+// hop) and later frames fall back to the Relay stream.
+TEST_F(ClosedRingNcclTest, SharedMemoryHopsCarryFramesAndFallBackToGrpc) {
+  StageClient c(address_, 1, {});
+  pb::LinkResponse linked;
+  const pb::LoadStageResponse loaded = LoadAndLink(c, /*nccl=*/false, &linked, /*shm=*/true);
+  EXPECT_EQ(linked.next_transport(), "shm");
+  auto d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+
+  absl::StatusOr<std::unique_ptr<ShmHop>> in = ShmHop::Create({.capacity = 4096, .spin = {}, .peer = "stage 1"});
+  ASSERT_TRUE(in.ok()) << in.status();
+  pb::ShmAcceptRequest accept;
+  accept.set_name((*in)->name());
+  accept.set_sender("stage 0 (test)");
+  accept.set_sender_host_id(d->host_id());
+  accept.set_epoch(loaded.epoch());
+  ASSERT_TRUE(c.ShmAccept(accept).ok());
+  (*in)->Unlink();
+  d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->prev_transport(), "shm from stage 0 (test)");
+
+  // A frame larger than the ring (streamed through it) and the same over gRPC.
+  const pb::ActivationFrame over_shm = SampleFrame(loaded, "a", 0.25f);
+  ASSERT_GT(over_shm.ByteSizeLong(), 4096u);
+  ASSERT_TRUE((*in)->Send(over_shm.SerializeAsString(), absl::Now() + kStep).ok());
+  std::unique_ptr<RelayStream> relay = c.OpenRelay();
+  ASSERT_TRUE(relay->Push(SampleFrame(loaded, "b", 0.25f), kStep).ok());
+  std::optional<std::pair<pb::ActivationFrame, bool>> first = next_.Nth(0, absl::Seconds(20));
+  std::optional<std::pair<pb::ActivationFrame, bool>> second = next_.Nth(1, absl::Seconds(20));
+  ASSERT_TRUE(first.has_value() && second.has_value()) << "the tokens were not pushed on";
+  EXPECT_TRUE(first->second && second->second) << "the stage's output goes over shared memory";
+  for (const auto& out : {first->first, second->first}) {
+    EXPECT_EQ(out.kind(), pb::PAYLOAD_KIND_SAMPLED) << DecodeStepError(out);
+    EXPECT_EQ(out.epoch(), 7u);
+  }
+  EXPECT_EQ(first->first.payload(), second->first.payload()) << "the sampled TokenChoice";
+  EXPECT_FALSE(first->first.payload().empty());
+
+  next_.CloseShm();
+  ASSERT_TRUE((*in)->Send(SampleFrame(loaded, "c", 0.5f).SerializeAsString(), absl::Now() + kStep).ok());
+  ASSERT_TRUE((*in)->Send(SampleFrame(loaded, "d", 0.5f).SerializeAsString(), absl::Now() + kStep).ok());
+  std::optional<std::pair<pb::ActivationFrame, bool>> third = next_.Nth(2, absl::Seconds(20));
+  ASSERT_TRUE(third.has_value()) << "after the shared-memory hop failed, nothing came over gRPC";
+  EXPECT_FALSE(third->second);
+  EXPECT_EQ(third->first.sequence_id(), "d") << "c's push failed with the hop";
+  d = c.Describe();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_NE(d->next_transport().find("grpc (shared-memory hop failed"), std::string::npos) << d->next_transport();
+  EXPECT_NE(d->last_error().find("sequence c step 0: over shared memory"), std::string::npos) << d->last_error();
+
+  // Refusals: another host, another epoch, a name that is no hop.
+  accept.set_sender_host_id("elsewhere/host");
+  absl::Status refused = c.ShmAccept(accept);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_NE(refused.message().find("on host 'elsewhere/host'"), std::string::npos) << refused;
+  accept.set_sender_host_id(d->host_id());
+  accept.set_epoch(loaded.epoch() + 100);
+  refused = c.ShmAccept(accept);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  accept.set_epoch(loaded.epoch());
+  accept.set_name("/ringserve-hop-gone");
+  refused = c.ShmAccept(accept);
+  EXPECT_TRUE(absl::IsNotFound(refused)) << refused;
+  EXPECT_NE(refused.message().find("shared-memory hop from stage 0 (test) refused"), std::string::npos) << refused;
 }
 
 }  // namespace

@@ -21,6 +21,11 @@
 #       on the thread that received its token);
 #   (h) decode frames over NCCL: --nccl-min-bytes 1 (every hidden-state frame over the
 #       host-staged NCCL link) vs --no-nccl.
+#   (i) shared-memory hops (the default between workers of one host; the receiving thread
+#       polls 50 ms on a CUDA worker) vs gRPC (--no-shm), same rounds: Qwen3-0.6B dims on
+#       2, 3 and 4 stages (stages cycled over the two GPUs: one sequence's pipeline
+#       efficiency is unaffected by two stages sharing a GPU, k = 4 is), Qwen3-8B dims on
+#       2, and CPU workers (4 threads each) on 2, 3 and 4 with and without polling.
 # Output under $OUT. Usage: bench/gpu/batching_h200.sh BUNDLE_DIR [PARTS="a b c"]
 #   BUNDLE_DIR: bin/{ring-worker,ringctl,ring_bench,models_test} lib/... (deploy/bundle.sh)
 set -uo pipefail
@@ -99,5 +104,19 @@ if [[ $parts == *" h "* ]]; then
     --devices cuda:0,cuda:1 --stages 2 --sequences 4 --rounds ${ROUNDS:-2} --decode 64 \
     --variants '--nccl-min-bytes 1|--no-nccl' > "$out/hops_nccl.txt" 2>&1 || status=1
   tail -12 "$out/hops_nccl.txt"
+fi
+if [[ $parts == *" i "* ]]; then
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_gpu --layers 28 \
+    --devices cuda:0,cuda:1 --stages 2,3,4 --sequences 4 --rounds ${ROUNDS:-3} --decode 64 \
+    --variants '|--no-shm' > "$out/shm_gpu.txt" 2>&1 || status=1
+  tail -16 "$out/shm_gpu.txt"
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_8b --preset qwen3-8b --layers 36 \
+    --devices cuda:0,cuda:1 --stages 2 --sequences 4 --rounds ${ROUNDS:-2} --decode 32 --timeout 600 \
+    --variants '|--no-shm' > "$out/shm_8b.txt" 2>&1 || status=1
+  tail -12 "$out/shm_8b.txt"
+  python3 "$here/bench/ring_bench.py" --bindir "$bundle/bin" --work /tmp/rb_cpu --threads 4 \
+    --stages 2,3,4 --sequences 4 --rounds ${ROUNDS:-3} \
+    --variants '--poll-us 50000|--poll-us 0|--no-shm' > "$out/shm_cpu.txt" 2>&1 || status=1
+  tail -20 "$out/shm_cpu.txt"
 fi
 exit $status

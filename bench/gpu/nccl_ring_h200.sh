@@ -95,7 +95,7 @@ after=$(nccl_bytes "$m1" received)
 log "(a) coordinator: $(grep -h 'ring: stage' "$out/server_auto.log" | tr '\n' ' ')"
 log "(a) worker 0 hop: $(grep -h 'next:' "$out/a_w0.log" | tail -1)"
 log "(a) NCCL bytes received by $dev1 during the auto run: $((after - before))"
-grep -q 'next: nccl' "$out/a_w0.log" || log "(a) CHECK FAILED: stage 0 -> stage 1 did not report nccl"
+grep -q 'next: .*nccl (' "$out/a_w0.log" || log "(a) CHECK FAILED: stage 0 -> stage 1 did not report nccl"
 [ "$((after - before))" -gt 0 ] || log "(a) CHECK FAILED: no bytes went over NCCL"
 run_server grpc | sed 's/^/(a) grpc: /' | tee -a "$out/summary.txt"
 log "(a) worker 0 hop after the grpc run: $(grep -h 'next:' "$out/a_w0.log" | tail -1)"
