@@ -152,6 +152,22 @@ class Backend {
     if (s.ok()) s = Rope(r, k, tokens, k_heads, head_dim, k_heads * head_dim, offset, t);
     return s;
   }
+  // MLA's per-step K/V write (models/deepseek.cc): from ckv = [latent_raw | k_pe_raw]
+  // ([T, kvl + rope]) the cache rows latent = RmsNorm(latent_raw) ([T, kvl]) and k_pe =
+  // Rope(k_pe_raw) ([T, rope]), and q's rope slice (the last `rope` features of each of the
+  // H heads of [T, H, qd]) rotated in place, all at positions offset... Exactly these calls
+  // (a backend may run them as one kernel).
+  virtual absl::Status MlaKvRope(const RopeTable& r, const float* ckv, int64_t T, int64_t kvl,
+                                 int64_t rope, const TensorView& kv_norm, float eps, float* latent,
+                                 float* k_pe, float* q, int64_t H, int64_t qd, int64_t offset,
+                                 ActDType t) {
+    absl::Status s = Copy2D(ckv, kvl + rope, latent, kvl, T, kvl);
+    if (s.ok()) s = Copy2D(ckv + kvl, kvl + rope, k_pe, rope, T, rope);
+    if (s.ok()) s = RmsNorm(latent, T, kvl, kv_norm, eps, t, latent);
+    if (s.ok()) s = Rope(r, q + (qd - rope), T, H, qd, H * qd, offset, t);
+    if (s.ok()) s = Rope(r, k_pe, T, 1, rope, rope, offset, t);
+    return s;
+  }
   virtual absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                               float* out) = 0;
   virtual absl::Status Add(const float* a, const float* b, int64_t n, ActDType t,

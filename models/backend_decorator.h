@@ -76,6 +76,11 @@ class ForwardingBackend : public Backend {
     return inner_->HeadNormRope(r, q, q_heads, q_norm, k, k_heads, k_norm, tokens, head_dim, eps,
                                 offset, t);
   }
+  absl::Status MlaKvRope(const RopeTable& r, const float* ckv, int64_t T, int64_t kvl, int64_t rope,
+                         const TensorView& kv_norm, float eps, float* latent, float* k_pe, float* q,
+                         int64_t H, int64_t qd, int64_t offset, ActDType t) override {
+    return inner_->MlaKvRope(r, ckv, T, kvl, rope, kv_norm, eps, latent, k_pe, q, H, qd, offset, t);
+  }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
     return inner_->SwiGlu(gate, up, n, t, out);

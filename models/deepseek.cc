@@ -334,13 +334,9 @@ absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs
     const int64_t offset = s.seq->position_;
     float* latent = cache.latent.row(offset);
     float* kpe = cache.k_pe.row(offset);
-    const float* src = ckv.f() + s.row0 * (kvl + rope);
-    RING_RETURN_IF_ERROR(b.Copy2D(src, kvl + rope, latent, kvl, s.rows, kvl));
-    RING_RETURN_IF_ERROR(b.Copy2D(src + kvl, kvl + rope, kpe, rope, s.rows, rope));
-    RING_RETURN_IF_ERROR(b.RmsNorm(latent, s.rows, kvl, L.kv_a_norm, 1e-6f, t, latent));
-    RING_RETURN_IF_ERROR(
-        b.Rope(rope_, q.f() + s.row0 * H * qd + nope, s.rows, H, qd, H * qd, offset, t));
-    RING_RETURN_IF_ERROR(b.Rope(rope_, kpe, s.rows, 1, rope, rope, offset, t));
+    // The latent row normed, both RoPEs (spec §1: q_pe and k_pe interleaved at offset).
+    RING_RETURN_IF_ERROR(b.MlaKvRope(rope_, ckv.f() + s.row0 * (kvl + rope), s.rows, kvl, rope, L.kv_a_norm,
+                                     1e-6f, latent, kpe, q.f() + s.row0 * H * qd, H, qd, offset, t));
   }
 
   // Sparse selection: a full layer runs its indexer; a shared one reuses the carry.

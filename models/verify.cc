@@ -287,6 +287,19 @@ class LockstepBackend final : public Backend {
                                       tokens, head_dim, eps, offset, t);
               });
   }
+  // One op, as the device runs it (CUDA: one kernel for the copies, the norm and both RoPEs).
+  absl::Status MlaKvRope(const RopeTable& r, const float* ckv, int64_t T, int64_t kvl, int64_t rope,
+                         const TensorView& kv_norm, float eps, float* latent, float* k_pe, float* q,
+                         int64_t H, int64_t qd, int64_t offset, ActDType t) override {
+    rec_->act = t;
+    const int64_t nc = T * (kvl + rope), nq = T * H * qd;
+    return Op("MlaKvRope", absl::StrCat(T, "x", kvl, "+", rope, " q ", H, "x", qd),
+              {F(ckv, nc), F(q, nq)}, {F(latent, T * kvl), F(k_pe, T * rope), F(q, nq)},
+              [&](Backend& b, const Mapper& mp) {
+                return b.MlaKvRope(r, M(mp, ckv), T, kvl, rope, kv_norm, eps, M(mp, latent), M(mp, k_pe),
+                                   M(mp, q), H, qd, offset, t);
+              });
+  }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
     rec_->act = t;

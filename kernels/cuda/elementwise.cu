@@ -69,14 +69,14 @@ __device__ __forceinline__ void LoadRowRegs(DevArray a, int64_t base, int64_t di
   }
 }
 
-// With `add` (AddRmsNorm) the row normed is s = round(x + add), which is also stored to
-// `sum` (may alias x: every element is read before it is written, by the same thread).
-__global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
-                              DevMutArray out, uint16_t* out_bf16, DevArray add,
-                              DevMutArray sum) {
-  PdlBegin();
-  __shared__ float scratch[32];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+// One row of RmsNormKernel: x (and add, sum) at `base`, the output (and out_bf16) at
+// `obase`. With `add` (AddRmsNorm) the row normed is s = round(x + add), which is also
+// stored to `sum` (may alias x: every element is read before it is written, by the same
+// thread).
+__device__ __forceinline__ void RmsNormRow(DevArray x, int64_t base, int64_t dim, DevArray w, float eps,
+                                           cpu::ActDType rt, DevMutArray out, int64_t obase,
+                                           uint16_t* out_bf16, DevArray add, DevMutArray sum,
+                                           float* scratch) {
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
     float v[kRowRegs], wv[kRowRegs];
     LoadRowRegs(x, base, dim, v);
@@ -102,8 +102,8 @@ __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cp
       if (i >= dim) break;
       float y = DevRoundAct(v[c] * inv, rt);
       if (w.data != nullptr) y = DevRoundAct(y * wv[c], rt);
-      Store(out.data, out.dtype, base + i, y);
-      if (out_bf16 != nullptr) out_bf16[base + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
+      Store(out.data, out.dtype, obase + i, y);
+      if (out_bf16 != nullptr) out_bf16[obase + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
     }
     return;
   }
@@ -123,9 +123,18 @@ __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cp
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     float y = DevRoundAct(Load(src.data, src.dtype, base + i) * inv, rt);
     if (w.data != nullptr) y = DevRoundAct(y * Load(w.data, w.dtype, i), rt);
-    Store(out.data, out.dtype, base + i, y);
-    if (out_bf16 != nullptr) out_bf16[base + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
+    Store(out.data, out.dtype, obase + i, y);
+    if (out_bf16 != nullptr) out_bf16[obase + i] = static_cast<uint16_t>(qdec::F32ToBf16Bits(y));
   }
+}
+
+__global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
+                              DevMutArray out, uint16_t* out_bf16, DevArray add,
+                              DevMutArray sum) {
+  PdlBegin();
+  __shared__ float scratch[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  RmsNormRow(x, base, dim, w, eps, rt, out, base, out_bf16, add, sum, scratch);
 }
 
 __global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b, float eps,
@@ -260,6 +269,51 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
       x[i + d / 2] = yb;
     }
   }
+}
+
+// MlaKvRope: blocks [0, tokens) norm one latent row each (RmsNormRow, with the block size
+// RmsNorm launches for kvl, so the sums group alike), the rest run one thread per RoPE pair:
+// q's heads of every token, then each token's k_pe (read from ckv, written to k_pe).
+__global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, int64_t rope, DevArray w,
+                                float eps, float* latent, float* k_pe, float* q, int64_t q_heads,
+                                int64_t qd, float pre_scale, int traditional, const float* inv_freq,
+                                int64_t offset, cpu::ActDType rt) {
+  PdlBegin();
+  __shared__ float scratch[32];
+  const int64_t ld = kvl + rope;
+  if (blockIdx.x < tokens) {
+    RmsNormRow(DevArray{ckv, DType::kF32}, static_cast<int64_t>(blockIdx.x) * ld, kvl, w, eps, rt,
+               DevMutArray{latent, DType::kF32}, static_cast<int64_t>(blockIdx.x) * kvl, nullptr,
+               DevArray{nullptr, DType::kF32}, DevMutArray{nullptr, DType::kF32}, scratch);
+    return;
+  }
+  const int64_t half = rope / 2;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x - tokens) * blockDim.x + threadIdx.x;
+  const int64_t nq = tokens * q_heads * half;
+  if (idx >= nq + tokens * half) return;
+  const int64_t i = idx < nq ? idx % half : (idx - nq) % half;
+  const int64_t tok = idx < nq ? idx / (half * q_heads) : (idx - nq) / half;
+  const float* src;
+  float* dst;
+  if (idx < nq) {
+    const int64_t h = (idx / half) % q_heads;
+    dst = q + tok * q_heads * qd + h * qd + (qd - rope);
+    src = dst;
+  } else {
+    src = ckv + tok * ld + kvl;
+    dst = k_pe + tok * rope;
+  }
+  const int64_t a = traditional ? 2 * i : i;
+  const int64_t b = traditional ? 2 * i + 1 : i + half;
+  float xa = src[a], xb = src[b];
+  if (pre_scale != 1.f) {
+    xa = DevRoundAct(xa * pre_scale, rt);
+    xb = DevRoundAct(xb * pre_scale, rt);
+  }
+  float ya, yb;
+  RotatePair(xa, xb, offset + tok, inv_freq[i], rt, &ya, &yb);
+  dst[a] = ya;
+  dst[b] = yb;
 }
 
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
@@ -443,6 +497,29 @@ absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float*
   RING_LAUNCH_PDL(HeadNormRopeKernel, static_cast<unsigned>(blocks), kHeadNormRopeWarps * 32, 0,
                   stream, q, tokens * q_heads, q_heads, q_norm, k, tokens * k_heads, k_heads,
                   k_norm, static_cast<int>(head_dim), eps, pre_scale, inv_freq, offset, round);
+  return absl::OkStatus();
+}
+
+absl::Status MlaKvRope(const float* ckv, int64_t tokens, int64_t kvl, int64_t rope, DevArray norm,
+                       float eps, float* latent, float* k_pe, float* q, int64_t q_heads, int64_t qd,
+                       float pre_scale, bool traditional, const float* inv_freq, int64_t offset,
+                       cpu::ActDType round, cudaStream_t stream) {
+  RING_EW_CHECK(CheckAct(norm, "norm", /*optional=*/true));
+  if (ckv == nullptr || latent == nullptr || k_pe == nullptr || q == nullptr || inv_freq == nullptr) {
+    return absl::InvalidArgumentError("MLA k/v write + rope: null operand");
+  }
+  if (kvl <= 0 || rope <= 0 || rope % 2 != 0 || qd < rope || q_heads <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MLA k/v write + rope: kvl %d, rope %d, qd %d, heads %d inconsistent", kvl, rope, qd, q_heads));
+  }
+  if (tokens <= 0) return absl::OkStatus();
+  const unsigned threads = RowThreads(kvl);
+  const int64_t pairs = tokens * (q_heads + 1) * (rope / 2);
+  const int64_t blocks = tokens + (pairs + threads - 1) / threads;
+  if (blocks > 0x7fffffff) return absl::InvalidArgumentError("MLA k/v write + rope: too many tokens");
+  RING_LAUNCH_PDL(MlaKvRopeKernel, static_cast<unsigned>(blocks), threads, 0, stream, ckv, tokens, kvl,
+                  rope, norm, eps, latent, k_pe, q, q_heads, qd, pre_scale, traditional ? 1 : 0,
+                  inv_freq, offset, round);
   return absl::OkStatus();
 }
 

@@ -67,6 +67,17 @@ absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float*
                           float eps, float pre_scale, const float* inv_freq, int64_t offset,
                           cpu::ActDType round, cudaStream_t stream);
 
+// MLA's per-step K/V write and RoPE (models/deepseek.cc) in one launch, exactly (bitwise)
+// as the calls it replaces with fp32 storage: Copy2D of ckv's latent and rope parts
+// ([tokens, kvl + rope] rows) into `latent` ([tokens, kvl]) and `k_pe` ([tokens, rope]),
+// RmsNorm(latent) with `norm`, then [ScaleRound(pre_scale),] Rope of q's rope slice (the last
+// `rope` features of each of q_heads heads of [tokens, q_heads, qd]) and of k_pe, at
+// positions offset + t. The RoPE covers the whole slice (dims == rope).
+absl::Status MlaKvRope(const float* ckv, int64_t tokens, int64_t kvl, int64_t rope, DevArray norm,
+                       float eps, float* latent, float* k_pe, float* q, int64_t q_heads, int64_t qd,
+                       float pre_scale, bool traditional, const float* inv_freq, int64_t offset,
+                       cpu::ActDType round, cudaStream_t stream);
+
 // cpu::SwiGlu: out = round(round(silu(gate)) * up), sigmoid rounding as the reference.
 // out_bf16 (optional) as RmsNorm's.
 absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,

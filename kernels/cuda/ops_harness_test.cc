@@ -1258,6 +1258,88 @@ TEST_F(GpuTest, HeadNormRope) {
   }
 }
 
+// MLA's cache-row copies, latent norm and both RoPEs in one kernel: bit for bit the copies,
+// RmsNorm, (ScaleRound,) Rope kernels it replaces, and within the elementwise tolerance of
+// the CPU reference. GLM-5.2's dims (kvl 512, rope 64, 64 heads of 192) and odd ones.
+TEST_F(GpuTest, MlaKvRope) {
+  struct S {
+    int64_t T, H, kvl, rope, qd, offset;
+    float pre;
+    bool traditional;
+  };
+  for (S s : {S{1, 64, 512, 64, 192, 2047, 1.f, true}, S{5, 16, 512, 64, 192, 3, 1.f, true},
+              S{3, 4, 96, 16, 48, 40, 1.25f, true}, S{2, 3, 2000, 32, 40, 9, 1.f, false}}) {
+    std::vector<float> inv(s.rope / 2);
+    for (int64_t i = 0; i < s.rope / 2; ++i) inv[i] = static_cast<float>(std::pow(1e4, -2.0 * i / s.rope));
+    absl::StatusOr<DeviceBuffer> dinv = DeviceBuffer::FromVector(inv);
+    ASSERT_TRUE(dinv.ok());
+    const int64_t ld = s.kvl + s.rope;
+    for (cpu::ActDType t : {cpu::ActDType::kF32, cpu::ActDType::kBF16}) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const float eps = 1e-6f;
+      const std::vector<float> ckv = RandomFloats(s.T * ld, 311, 3.f, bf);
+      const std::vector<float> q = RandomFloats(s.T * s.H * s.qd, 312, 3.f, bf);
+      const std::vector<float> w = RandomFloats(s.kvl, 313, 1.f, true);
+      DevVec dw = Upload(w, DType::kF32), dckv = Upload(ckv, DType::kF32);
+      // CPU reference.
+      std::vector<float> rl(s.T * s.kvl), rk(s.T * s.rope), rq = q;
+      for (int64_t r = 0; r < s.T; ++r) {
+        std::copy_n(ckv.begin() + r * ld, s.kvl, rl.begin() + r * s.kvl);
+        std::copy_n(ckv.begin() + r * ld + s.kvl, s.rope, rk.begin() + r * s.rope);
+      }
+      const TensorView wv{DType::kF32, {s.kvl}, w.data()};
+      cpu::RmsNorm(rl.data(), s.T, s.kvl, wv, eps, t, rl.data());
+      auto pre = [&](float* x, int64_t heads, int64_t head_dim) {
+        if (s.pre == 1.f) return;
+        for (int64_t r = 0; r < s.T * heads; ++r) {
+          for (int64_t d = 0; d < s.rope; ++d) x[r * head_dim + d] = cpu::RoundAct(x[r * head_dim + d] * s.pre, t);
+        }
+      };
+      float* rq_pe = rq.data() + (s.qd - s.rope);
+      pre(rq_pe, s.H, s.qd);
+      pre(rk.data(), 1, s.rope);
+      cpu::Rope(rq_pe, s.T, s.H, s.qd, s.H * s.qd, s.rope, s.traditional, inv, s.offset, t);
+      cpu::Rope(rk.data(), s.T, 1, s.rope, s.rope, s.rope, s.traditional, inv, s.offset, t);
+      // The unfused kernels.
+      DevVec ul = Upload(std::vector<float>(s.T * s.kvl), DType::kF32);
+      DevVec uk = Upload(std::vector<float>(s.T * s.rope), DType::kF32);
+      DevVec uq = Upload(q, DType::kF32);
+      ASSERT_EQ(cudaMemcpy2D(ul.buf.as<float>(), s.kvl * 4, dckv.buf.as<float>(), ld * 4, s.kvl * 4, s.T,
+                             cudaMemcpyDeviceToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy2D(uk.buf.as<float>(), s.rope * 4, dckv.buf.as<float>() + s.kvl, ld * 4, s.rope * 4,
+                             s.T, cudaMemcpyDeviceToDevice), cudaSuccess);
+      ASSERT_TRUE(RmsNorm(ul.in(), s.T, s.kvl, dw.in(), eps, t, ul.out(), nullptr).ok());
+      const DevMutArray uq_pe{uq.buf.as<float>() + (s.qd - s.rope), DType::kF32};
+      if (s.pre != 1.f) {
+        ASSERT_TRUE(ScaleRound(uq_pe, s.T, s.H, s.qd, s.H * s.qd, s.rope, s.pre, t, nullptr).ok());
+        ASSERT_TRUE(ScaleRound(uk.out(), s.T, 1, s.rope, s.rope, s.rope, s.pre, t, nullptr).ok());
+      }
+      ASSERT_TRUE(Rope(uq_pe, s.T, s.H, s.qd, s.H * s.qd, s.rope, s.traditional, dinv->as<float>(), s.offset,
+                       t, nullptr).ok());
+      ASSERT_TRUE(Rope(uk.out(), s.T, 1, s.rope, s.rope, s.rope, s.traditional, dinv->as<float>(), s.offset,
+                       t, nullptr).ok());
+      // Fused.
+      DevVec fl = Upload(std::vector<float>(s.T * s.kvl), DType::kF32);
+      DevVec fk = Upload(std::vector<float>(s.T * s.rope), DType::kF32);
+      DevVec fq = Upload(q, DType::kF32);
+      ASSERT_TRUE(MlaKvRope(dckv.buf.as<float>(), s.T, s.kvl, s.rope, dw.in(), eps, fl.buf.as<float>(),
+                            fk.buf.as<float>(), fq.buf.as<float>(), s.H, s.qd, s.pre, s.traditional,
+                            dinv->as<float>(), s.offset, t, nullptr)
+                      .ok());
+      const std::vector<float> gl = Download(fl, rl.size()), gk = Download(fk, rk.size()), gq = Download(fq, q.size());
+      const std::vector<float> ol = Download(ul, rl.size()), ok = Download(uk, rk.size()), oq = Download(uq, q.size());
+      EXPECT_EQ(0, std::memcmp(gl.data(), ol.data(), gl.size() * 4)) << "latent differs from unfused";
+      EXPECT_EQ(0, std::memcmp(gk.data(), ok.data(), gk.size() * 4)) << "k_pe differs from unfused";
+      EXPECT_EQ(0, std::memcmp(gq.data(), oq.data(), gq.size() * 4)) << "q differs from unfused";
+      const std::string shape = absl::StrFormat("T%d kvl%d rope%d q %dx%d @%d pre %g%s", s.T, s.kvl, s.rope, s.H,
+                                                s.qd, s.offset, s.pre, s.traditional ? "" : " half-split");
+      Report("mla_kv_rope latent", shape, ActName(t), gl, rl, EwTol(t));
+      Report("mla_kv_rope k_pe", shape, ActName(t), gk, rk, EwTol(t));
+      Report("mla_kv_rope q", shape, ActName(t), gq, rq, EwTol(t));
+    }
+  }
+}
+
 TEST_F(GpuTest, SwiGluAndAdd) {
   for (int64_t n : {int64_t{12288}, int64_t{2048 * 8}, int64_t{777}}) {
     for (EwMode md : kEwModes) {

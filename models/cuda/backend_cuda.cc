@@ -30,7 +30,8 @@
 //   * Every decode kernel starts under the previous one's tail (programmatic dependent launch,
 //     kernels/cuda/launch.cuh; RING_CUDA_PDL=0 turns it off); decode GEMVs of small matrices
 //     also issue their first weight loads before the wait (QMatmulArgs::overlap).
-//   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128.
+//   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128, and
+//     so is MlaKvRope (MLA's cache-row copies, latent norm and both RoPEs: five launches).
 //   * Downloads go through a pinned staging buffer.
 // Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
 // RING_CUDA_STEP_STATS=1: when the backend goes, it prints per step the wall time, the time
@@ -498,6 +499,18 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return cuda::HeadNormRope(q, q_heads, static_cast<const float*>(qw.data), k, k_heads,
                               static_cast<const float*>(kw.data), tokens, head_dim, eps,
                               r.pre_scale, it->second.as<float>(), offset, t, stream_);
+  }
+  absl::Status MlaKvRope(const RopeTable& r, const float* ckv, int64_t T, int64_t kvl, int64_t rope,
+                         const TensorView& kv_norm, float eps, float* latent, float* k_pe, float* q,
+                         int64_t H, int64_t qd, int64_t offset, ActDType t) override {
+    auto it = ropes_.find(&r);
+    if (r.dims != rope || it == ropes_.end()) {
+      return Backend::MlaKvRope(r, ckv, T, kvl, rope, kv_norm, eps, latent, k_pe, q, H, qd, offset, t);
+    }
+    RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(kv_norm));
+    RING_RETURN_IF_ERROR(Unrecorded());  // the cache rows and the position change every step
+    return cuda::MlaKvRope(ckv, T, kvl, rope, dw, eps, latent, k_pe, q, H, qd, r.pre_scale, r.traditional,
+                           it->second.as<float>(), offset, t, stream_);
   }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
