@@ -57,6 +57,11 @@
 namespace ring::cuda {
 namespace {
 
+unsigned Blocks(int64_t n, int threads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535 * 4));
+}
+
+
 // Warps per (query, head) block: 4, or 16 when there are too few blocks to fill the GPU
 // (decode: one query row), so each warp walks a quarter as many keys.
 constexpr int kNarrowWarps = 4;
@@ -470,12 +475,15 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
 }
 
 // Prefill attention on the tensor cores (bf16 activations: q, k and v hold bf16 values, so
-// their bf16 copies are exact). A block takes kMmaQ queries of one head (16 per warp) and a
-// DVC-wide slice of the value dims (blockIdx.z; the scores are recomputed per slice, which
-// the tensor cores afford and which keeps the output accumulators at DVC / 2 registers), and
-// walks the keys in tiles of kMmaKeys: the tile's K rows (bf16, row-major) and V rows
-// (bf16, transposed) in shared memory; S = Q K^T by bf16 mma (exact products, fp32 sums),
-// times the scale, plus the additive mask, causal keys at -inf; an online softmax per row in
+// their bf16 copies are exact). K and V are first copied to bf16, head-major and dense
+// (KvToBf16Kernel: [hkv][S][d]), so that a key tile is contiguous rows a cp.async pipeline
+// can move. A block takes kMmaQ queries of one head (16 per warp) and a DVC-wide slice of the
+// value dims (blockIdx.z; the scores are recomputed per slice, which the tensor cores afford
+// and which keeps the output accumulators at DVC / 2 registers), and walks the keys in tiles
+// of kMmaKeys, two tiles in flight (the next is copied while this one is used): the tile's K
+// rows and V rows (bf16, row-major, padded) in shared memory, read as mma fragments by
+// ldmatrix (V transposed by it); S = Q K^T by bf16 mma (exact products, fp32 sums), times
+// the scale, plus the additive mask, causal keys at -inf; an online softmax per row in
 // registers (rows g and g + 8 of the warp's 16 per lane, quad shuffles for the row max and
 // sum); O += P V by bf16 mma with P split into two bf16 halves (hi = bf16(p), lo =
 // bf16(p - hi)), so P keeps ~16 significant bits. The result differs from the fp32 kernels
@@ -491,27 +499,98 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 // The low bf16 half of p (its remainder after rounding to bf16).
 __device__ __forceinline__ float Bf16Rest(float p) { return p - qdec::RoundToBf16(p); }
 
-template <int DK, int DVC>
-size_t AttentionMmaSmem() {
-  return sizeof(uint16_t) * (kMmaKeys * (DK + 8) + DVC * (kMmaKeys + 8));
+__device__ __forceinline__ void CpAsync16B(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Four 8x8 bf16 matrices from shared memory: lanes 8q..8q+7 give the rows of matrix q;
+// r[q] is this lane's fragment of matrix q (row g, columns 2t, 2t + 1), or with Trans of its
+// transpose (rows 2t, 2t + 1, column g).
+template <bool Trans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const uint16_t* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  }
+#endif
+}
+
+// dst[(h * S + j) * d + c] = bf16(src[j * tok + h * head + c]) for the S rows of the hkv heads
+// (4 values a thread; rows 16-byte aligned, d % 8 == 0).
+__global__ void KvToBf16Kernel(const float* src, int64_t tok, int64_t head, int64_t S, int64_t hkv, int64_t d,
+                               uint16_t* dst) {
+  PdlBegin();
+  const int64_t n4 = hkv * S * d / 4;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n4;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = (4 * e) % d, j = (4 * e / d) % S, h = 4 * e / (d * S);
+    const float4 v = LoadProduced(reinterpret_cast<const float4*>(src + j * tok + h * head + c));
+    *reinterpret_cast<uint2*>(dst + 4 * e) = make_uint2(PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w));
+  }
 }
 
 template <int DK, int DVC>
-__global__ void __launch_bounds__(kMmaWarps * 32, 2) AttentionMmaKernel(AttentionParams p) {
-  // Rows padded by 8 bf16 so the fragment loads (lane g reads row g, word t) hit 32
-  // distinct banks.
-  constexpr int kKst = DK + 8, kVst = kMmaKeys + 8;
+size_t AttentionMmaSmem() {
+  return 2 * sizeof(uint16_t) * kMmaKeys * ((DK + 8) + (DVC + 8));
+}
+
+// kb: [hkv][S][DK], vb: [hkv][S][dv], both bf16 (KvToBf16Kernel).
+template <int DK, int DVC>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2)
+    AttentionMmaKernel(AttentionParams p, const uint16_t* kb, const uint16_t* vb) {
+  // Rows padded by 8 bf16 (16 bytes): the 8 rows an ldmatrix reads hit 32 distinct banks.
+  constexpr int kKst = DK + 8, kVst = DVC + 8;
   constexpr int kNt = kMmaKeys / 8;  // n8 tiles of scores per key tile
   constexpr int kDt = DVC / 8;       // n8 tiles of output
+  constexpr int kTile = kMmaKeys * (kKst + kVst);  // one stage's bf16 elements
   PdlBegin();
   extern __shared__ __align__(16) uint16_t msm[];
-  uint16_t* ks = msm;                    // [kMmaKeys][kKst]
-  uint16_t* vt = msm + kMmaKeys * kKst;  // [DVC][kVst]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t h = blockIdx.y, kh = h / (p.hq / p.hkv);
   const int64_t ib0 = static_cast<int64_t>(blockIdx.x) * kMmaQ;
   const int64_t row[2] = {ib0 + warp * 16 + g, ib0 + warp * 16 + g + 8};
   const int d0 = static_cast<int>(blockIdx.z) * DVC;
+  const uint16_t* kh_rows = kb + kh * p.S * DK;
+  const uint16_t* vh_rows = vb + kh * p.S * p.dv + d0;
+  const int64_t ilast = min(p.L, ib0 + kMmaQ) - 1;
+  const int64_t jend = p.causal_offset >= 0 ? min(p.S, p.causal_offset + ilast + 1) : p.S;
+  // Queues the copies of the key tile at j0 into stage `st` (rows past jend: zeros).
+  auto load_tile = [&](int64_t j0, int st) {
+    uint16_t* ks = msm + st * kTile;
+    uint16_t* vs = ks + kMmaKeys * kKst;
+    constexpr int kKc = DK / 8, kVc = DVC / 8;  // 16-byte chunks per row
+    for (int e = threadIdx.x; e < kMmaKeys * kKc; e += blockDim.x) {
+      const int r = e / kKc, c = 8 * (e % kKc);
+      const bool ok = j0 + r < jend;
+      CpAsync16B(ks + r * kKst + c, kh_rows + (ok ? (j0 + r) * DK + c : 0), ok);
+    }
+    for (int e = threadIdx.x; e < kMmaKeys * kVc; e += blockDim.x) {
+      const int r = e / kVc, c = 8 * (e % kVc);
+      const bool ok = j0 + r < jend;
+      CpAsync16B(vs + r * kVst + c, vh_rows + (ok ? (j0 + r) * p.dv + c : 0), ok);
+    }
+    CpAsyncCommit();
+  };
+  if (jend > 0) load_tile(0, 0);
   // The warp's 16 query rows as A fragments, for the whole kernel (rows past L are zero).
   uint32_t qf[DK / 16][4];
   {
@@ -532,43 +611,36 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) AttentionMmaKernel(Attentio
       }
     }
   }
-  const int64_t ilast = min(p.L, ib0 + kMmaQ) - 1;
-  const int64_t jend = p.causal_offset >= 0 ? min(p.S, p.causal_offset + ilast + 1) : p.S;
   float o[kDt][4];
 #pragma unroll
   for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  for (int64_t j0 = 0; j0 < jend; j0 += kMmaKeys) {
+  // ldmatrix row addresses: lane = 8 q + r gives row r of matrix q.
+  const int lq = lane >> 3, lr = lane & 7;
+  int st = 0;
+  for (int64_t j0 = 0; j0 < jend; j0 += kMmaKeys, st ^= 1) {
     const int n = static_cast<int>(min(static_cast<int64_t>(kMmaKeys), jend - j0));
-    __syncthreads();  // the previous tile's readers are done
-    for (int e = threadIdx.x; e < kMmaKeys * (DK / 4); e += blockDim.x) {
-      const int r = e / (DK / 4), c = 4 * (e % (DK / 4));
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (r < n) v = LoadProduced(reinterpret_cast<const float4*>(p.k + (j0 + r) * p.k_tok + kh * p.k_head + c));
-      *reinterpret_cast<uint2*>(ks + r * kKst + c) = make_uint2(PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w));
+    if (j0 + kMmaKeys < jend) {
+      load_tile(j0 + kMmaKeys, st ^ 1);  // its stage was last read before the previous barrier
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
     }
-    for (int e = threadIdx.x; e < kMmaKeys * (DVC / 4); e += blockDim.x) {
-      const int r = e % kMmaKeys, c = 4 * (e / kMmaKeys);  // consecutive threads: consecutive keys
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (r < n) {
-        v = LoadProduced(reinterpret_cast<const float4*>(p.v + (j0 + r) * p.v_tok + kh * p.v_head + d0 + c));
-      }
-      vt[(c + 0) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.x));
-      vt[(c + 1) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.y));
-      vt[(c + 2) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.z));
-      vt[(c + 3) * kVst + r] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v.w));
-    }
-    __syncthreads();
+    __syncthreads();  // every thread's copies of this tile have landed
+    const uint16_t* ks = msm + st * kTile;
+    const uint16_t* vs = ks + kMmaKeys * kKst;
     float sc[kNt][4];
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
       sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-      const uint16_t* kr = ks + (nt * 8 + g) * kKst + 2 * t;
+      // Matrices (keys nt*8.., dims kk*16 + 8 lq): b0, b1 of step kk, then of kk + 1.
+      const uint16_t* kr = ks + (nt * 8 + lr) * kKst + 8 * lq;
 #pragma unroll
-      for (int kk = 0; kk < DK / 16; ++kk) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kk * 16);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 8);
-        internal::MmaBf16(sc[nt], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+      for (int kk = 0; kk < DK / 16; kk += 2) {
+        uint32_t b[4];
+        LdMatrixX4<false>(b, kr + kk * 16);
+        internal::MmaBf16(sc[nt], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
+        internal::MmaBf16(sc[nt], qf[kk + 1][0], qf[kk + 1][1], qf[kk + 1][2], qf[kk + 1][3], b[2], b[3]);
       }
     }
     // Scale, mask, and the tile's row maxima (element e: row e >> 1, key 2t + (e & 1)).
@@ -622,7 +694,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) AttentionMmaKernel(Attentio
       o[dt][3] *= cold[1];
     }
     // O += P V over the tile's keys, 16 at a time: P's C fragments of tiles 2kc and 2kc + 1
-    // are the A fragment of keys [16 kc, 16 kc + 16).
+    // are the A fragment of keys [16 kc, 16 kc + 16). V's B fragments by ldmatrix.trans:
+    // matrices (keys 16 kc + 8 (lq & 1), dims 8 (dt + (lq >> 1))) = b0, b1 of dt, then dt + 1.
 #pragma unroll
     for (int kc = 0; kc < kMmaKeys / 16; ++kc) {
       const float* pa = sc[2 * kc];
@@ -633,15 +706,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) AttentionMmaKernel(Attentio
       const uint32_t l1 = PackBf16x2(Bf16Rest(pa[2]), Bf16Rest(pa[3]));
       const uint32_t l2 = PackBf16x2(Bf16Rest(pb[0]), Bf16Rest(pb[1]));
       const uint32_t l3 = PackBf16x2(Bf16Rest(pb[2]), Bf16Rest(pb[3]));
+      const uint16_t* vr = vs + (kc * 16 + 8 * (lq & 1) + lr) * kVst + 8 * (lq >> 1);
 #pragma unroll
-      for (int dt = 0; dt < kDt; ++dt) {
-        const uint16_t* vr = vt + (dt * 8 + g) * kVst + kc * 16 + 2 * t;
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 8);
-        internal::MmaBf16(o[dt], h0, h1, h2, h3, b0, b1);
-        internal::MmaBf16(o[dt], l0, l1, l2, l3, b0, b1);
+      for (int dt = 0; dt < kDt; dt += 2) {
+        uint32_t b[4];
+        LdMatrixX4<true>(b, vr + dt * 8);
+        internal::MmaBf16(o[dt], h0, h1, h2, h3, b[0], b[1]);
+        internal::MmaBf16(o[dt], l0, l1, l2, l3, b[0], b[1]);
+        internal::MmaBf16(o[dt + 1], h0, h1, h2, h3, b[2], b[3]);
+        internal::MmaBf16(o[dt + 1], l0, l1, l2, l3, b[2], b[3]);
       }
     }
+    __syncthreads();  // this stage is read: the next iteration's copies may overwrite it
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -684,10 +760,20 @@ absl::Status LaunchAttentionMma(const AttentionParams& p, const DeviceInfo& dev,
                                                    static_cast<int>(smem)));
   }
   *taken = true;
+  // K and V as bf16, head-major: [hkv][S][DK] and [hkv][S][dv] (exact: they hold bf16 values).
+  const int64_t kn = p.hkv * p.S * DK, vn = p.hkv * p.S * p.dv;
+  RING_ASSIGN_OR_RETURN(StreamBuffer kvb, StreamBuffer::Allocate((kn + vn) * sizeof(uint16_t), stream));
+  uint16_t* kb = kvb.as<uint16_t>();
+  uint16_t* vb = kb + kn;
+  RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(kn / 4, 256), 256, 0, stream, p.k, p.k_tok, p.k_head, p.S, p.hkv,
+                  static_cast<int64_t>(DK), kb);
+  RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(vn / 4, 256), 256, 0, stream, p.v, p.v_tok, p.v_head, p.S, p.hkv,
+                  p.dv, vb);
   const dim3 grid(static_cast<unsigned>((p.L + kMmaQ - 1) / kMmaQ), static_cast<unsigned>(p.hq),
                   static_cast<unsigned>(p.dv / DVC));
-  RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC>), grid, kMmaWarps * 32, smem, stream, p);
-  return absl::OkStatus();
+  RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC>), grid, kMmaWarps * 32, smem, stream, p,
+                  static_cast<const uint16_t*>(kb), static_cast<const uint16_t*>(vb));
+  return absl::OkStatus();  // kvb is freed in stream order, after the kernel
 }
 // Value slices of 128 dims where dv allows, else 64.
 template <int DK>
@@ -1086,10 +1172,6 @@ __global__ void __launch_bounds__(kCombineThreads)
   const float o = RoundActDev((a0 + a1) * inv, rt);
   out[r * width + d] = o;
   if (out_bf16 != nullptr) out_bf16[r * width + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(o));
-}
-
-unsigned Blocks(int64_t n, int threads) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535 * 4));
 }
 
 }  // namespace
