@@ -823,6 +823,13 @@ __global__ void __launch_bounds__(256)
   float* qsm = kt + kPeKeys * (rope + 1);
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kPeKeys;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kPeRows;
+  if (causal_offset >= 0) {
+    // Keys past every row's causal limit: the attention never reads their scores (it
+    // skips them by the same limit), so they are not computed.
+    const int64_t r_last = min(r0 + kPeRows, H * T) - 1;
+    const int64_t i_max = r0 / T == r_last / T ? r_last % T : T - 1;
+    if (j0 > causal_offset + i_max) return;
+  }
   const int n = static_cast<int>(min(static_cast<int64_t>(kPeKeys), Sk - j0));
   for (int64_t e = threadIdx.x; e < n * rope; e += blockDim.x) {
     kt[(e / rope) * (rope + 1) + e % rope] = kpe[(j0 + e / rope) * rope + e % rope];
@@ -1511,6 +1518,9 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
     p.dv = vd;
     p.scale = a.scale;
     p.add_mask = pe_scores.as<float>();
+    // The mask already holds bf16's lowest past each row's causal limit; saying so lets the
+    // kernels skip those keys (half of a fresh prompt's) instead of weighing them at 0.
+    p.causal_offset = a.offset;
     p.out = out;
     return Attention(p, t, stream);
   }
