@@ -548,22 +548,27 @@ __global__ void KvToBf16Kernel(const float* src, int64_t tok, int64_t head, int6
   }
 }
 
-template <int DK, int DVC>
+// Shared memory: two stages of (K, V[, k_pe]) tile rows, then (RD > 0) the block's scaled
+// q_pe rows.
+template <int DK, int DVC, int RD>
 size_t AttentionMmaSmem() {
-  return 2 * sizeof(uint16_t) * kMmaKeys * ((DK + 8) + (DVC + 8));
+  const size_t pe = RD > 0 ? RD + 8 : 0;
+  return sizeof(uint16_t) * (2 * kMmaKeys * ((DK + 8) + (DVC + 8) + pe) + kMmaQ * pe);
 }
 
-// kb: [hkv][S][DK], vb: [hkv][S][dv], both bf16 (KvToBf16Kernel).
-template <int DK, int DVC>
+// kb: [hkv][S][DK], vb: [hkv][S][dv], both bf16 (KvToBf16Kernel); with RD > 0 (the rope
+// scores in the kernel, AttentionParams::q_pe) also pb: [S][RD] bf16.
+template <int DK, int DVC, int RD>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2)
-    AttentionMmaKernel(AttentionParams p, const uint16_t* kb, const uint16_t* vb) {
+    AttentionMmaKernel(AttentionParams p, const uint16_t* kb, const uint16_t* vb, const uint16_t* pb) {
   // Rows padded by 8 bf16 (16 bytes): the 8 rows an ldmatrix reads hit 32 distinct banks.
-  constexpr int kKst = DK + 8, kVst = DVC + 8;
+  constexpr int kKst = DK + 8, kVst = DVC + 8, kPst = RD + 8;
   constexpr int kNt = kMmaKeys / 8;  // n8 tiles of scores per key tile
   constexpr int kDt = DVC / 8;       // n8 tiles of output
-  constexpr int kTile = kMmaKeys * (kKst + kVst);  // one stage's bf16 elements
+  constexpr int kTile = kMmaKeys * (kKst + kVst + (RD > 0 ? kPst : 0));  // one stage's bf16 elements
   PdlBegin();
   extern __shared__ __align__(16) uint16_t msm[];
+  uint16_t* qpe = msm + 2 * kTile;  // [kMmaQ][kPst] (RD > 0)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t h = blockIdx.y, kh = h / (p.hq / p.hkv);
   const int64_t ib0 = static_cast<int64_t>(blockIdx.x) * kMmaQ;
@@ -588,9 +593,31 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
       const bool ok = j0 + r < jend;
       CpAsync16B(vs + r * kVst + c, vh_rows + (ok ? (j0 + r) * p.dv + c : 0), ok);
     }
+    if constexpr (RD > 0) {
+      uint16_t* ps = vs + kMmaKeys * kVst;
+      constexpr int kPc = RD / 8;
+      for (int e = threadIdx.x; e < kMmaKeys * kPc; e += blockDim.x) {
+        const int r = e / kPc, c = 8 * (e % kPc);
+        const bool ok = j0 + r < jend;
+        CpAsync16B(ps + r * kPst + c, pb + (ok ? (j0 + r) * RD + c : 0), ok);
+      }
+    }
     CpAsyncCommit();
   };
   if (jend > 0) load_tile(0, 0);
+  if constexpr (RD > 0) {
+    // The block's rope queries, scaled and rounded as cpu::MlaAttention's pe term; read by
+    // ldmatrix as A fragments at every tile (kept out of registers, which the nope queries
+    // and the accumulators fill). Visible after the first tile's barrier.
+    for (int e = threadIdx.x; e < kMmaQ * RD; e += blockDim.x) {
+      const int r = e / RD, c = e % RD;
+      const int64_t i = ib0 + r;
+      const float v = i < p.L ? qdec::RoundToBf16(LoadProduced(p.q_pe + i * p.q_pe_tok + h * p.q_pe_head + c) *
+                                                  p.scale)
+                              : 0.f;
+      qpe[r * kPst + c] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v));
+    }
+  }
   // The warp's 16 query rows as A fragments, for the whole kernel (rows past L are zero).
   uint32_t qf[DK / 16][4];
   {
@@ -642,6 +669,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
         internal::MmaBf16(sc[nt], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
         internal::MmaBf16(sc[nt], qf[kk + 1][0], qf[kk + 1][1], qf[kk + 1][2], qf[kk + 1][3], b[2], b[3]);
       }
+      if constexpr (RD > 0) {
+        // The rope term: its own fp32 sum, rounded to bf16, added to the scaled nope score.
+        const uint16_t* pr = vs + kMmaKeys * kVst + (nt * 8 + lr) * kPst + 8 * lq;
+        const uint16_t* qa = qpe + (warp * 16 + 8 * (lq & 1) + lr) * kPst + 8 * (lq >> 1);
+        float pe[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < RD / 16; kk += 2) {
+          uint32_t b[4], a0[4], a1[4];
+          LdMatrixX4<false>(b, pr + kk * 16);
+          LdMatrixX4<false>(a0, qa + kk * 16);
+          LdMatrixX4<false>(a1, qa + kk * 16 + 16);
+          internal::MmaBf16(pe, a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+          internal::MmaBf16(pe, a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] = sc[nt][e] * p.scale + qdec::RoundToBf16(pe[e]);
+      }
     }
     // Scale, mask, and the tile's row maxima (element e: row e >> 1, key 2t + (e & 1)).
     float mx[2] = {-INFINITY, -INFINITY};
@@ -653,8 +697,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
         const int64_t i = row[r], j = j0 + nt * 8 + 2 * t + (e & 1);
         float v = -INFINITY;
         if (j < j0 + n && i < p.L && (p.causal_offset < 0 || j <= p.causal_offset + i)) {
-          v = sc[nt][e] * p.scale;
-          if (p.add_mask != nullptr) v += LoadProduced(p.add_mask + (h * p.L + i) * p.S + j);
+          if constexpr (RD > 0) {
+            if (p.allowed == nullptr || LoadProduced(p.allowed + i * p.S + j) != 0) v = sc[nt][e];
+          } else {
+            v = sc[nt][e] * p.scale;
+            if (p.add_mask != nullptr) v += LoadProduced(p.add_mask + (h * p.L + i) * p.S + j);
+          }
         }
         sc[nt][e] = v;
         mx[r] = fmaxf(mx[r], v);
@@ -747,59 +795,85 @@ bool AttentionMmaEnabled() {
   return on;
 }
 
-// Launches AttentionMmaKernel<DK, DVC> unless its shared memory exceeds the device's limit
-// (then *taken stays false).
-template <int DK, int DVC>
-absl::Status LaunchAttentionMma(const AttentionParams& p, const DeviceInfo& dev,
-                                cudaStream_t stream, bool* taken) {
-  const size_t smem = AttentionMmaSmem<DK, DVC>();
-  if (static_cast<int64_t>(smem) > dev.smem_per_block_optin) return absl::OkStatus();
+// The tensor-core kernel's value slice for dv, and its shared memory (AttentionMmaSmem).
+int64_t MmaDvc(int64_t dv) { return dv % 128 == 0 ? 128 : 64; }
+int64_t MmaSmemBytes(int64_t dk, int64_t dvc, int64_t rd) {
+  const int64_t pe = rd > 0 ? rd + 8 : 0;
+  return static_cast<int64_t>(sizeof(uint16_t)) * (2 * kMmaKeys * ((dk + 8) + (dvc + 8) + pe) + kMmaQ * pe);
+}
+bool Aligned16(const void* ptr, int64_t a, int64_t b) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && a % 4 == 0 && b % 4 == 0;
+}
+// 16-byte aligned K and V rows (float4 loads).
+bool AttentionVec(const AttentionParams& p) {
+  return p.dk % 4 == 0 && p.dv % 4 == 0 && Aligned16(p.k, p.k_tok, p.k_head) && Aligned16(p.v, p.v_tok, p.v_head);
+}
+
+// Whether the tensor-core kernel takes p: bf16 activations, a prompt of at least kTileMinL
+// rows, dk in {64, 128, 192, 256}, dv a multiple of 64 up to 256, 16-byte aligned K/V rows,
+// rope scores in the kernel only for rope 64 with dk 128 or 192, and its shared memory within
+// the device's limit.
+bool MmaTakes(const AttentionParams& p, cpu::ActDType round, const DeviceInfo& dev) {
+  if (round != cpu::ActDType::kBF16 || !AttentionVec(p) || p.L < kTileMinL || p.hq > 65535 ||
+      p.dv % 64 != 0 || p.dv > 256 || (p.L + kMmaQ - 1) / kMmaQ > 0x7fffffff || !AttentionMmaEnabled()) {
+    return false;
+  }
+  if (p.dk != 64 && p.dk != 128 && p.dk != 192 && p.dk != 256) return false;
+  if (p.rope > 0 && (p.rope != 64 || (p.dk != 128 && p.dk != 192) || p.q_pe == nullptr ||
+                     !Aligned16(p.k_pe, p.rope, p.rope))) {
+    return false;
+  }
+  return MmaSmemBytes(p.dk, MmaDvc(p.dv), p.rope) <= dev.smem_per_block_optin;
+}
+
+template <int DK, int DVC, int RD>
+absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
+  const size_t smem = AttentionMmaSmem<DK, DVC, RD>();
   if (smem > 48 * 1024) {
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionMmaKernel<DK, DVC>,
+    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionMmaKernel<DK, DVC, RD>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem)));
   }
-  *taken = true;
-  // K and V as bf16, head-major: [hkv][S][DK] and [hkv][S][dv] (exact: they hold bf16 values).
-  const int64_t kn = p.hkv * p.S * DK, vn = p.hkv * p.S * p.dv;
-  RING_ASSIGN_OR_RETURN(StreamBuffer kvb, StreamBuffer::Allocate((kn + vn) * sizeof(uint16_t), stream));
+  // K and V as bf16, head-major: [hkv][S][DK] and [hkv][S][dv] (exact: they hold bf16
+  // values); with RD, the rope keys [S][RD] after them.
+  const int64_t kn = p.hkv * p.S * DK, vn = p.hkv * p.S * p.dv, pn = RD > 0 ? p.S * RD : 0;
+  RING_ASSIGN_OR_RETURN(StreamBuffer kvb, StreamBuffer::Allocate((kn + vn + pn) * sizeof(uint16_t), stream));
   uint16_t* kb = kvb.as<uint16_t>();
   uint16_t* vb = kb + kn;
+  uint16_t* pb = RD > 0 ? vb + vn : nullptr;
   RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(kn / 4, 256), 256, 0, stream, p.k, p.k_tok, p.k_head, p.S, p.hkv,
                   static_cast<int64_t>(DK), kb);
   RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(vn / 4, 256), 256, 0, stream, p.v, p.v_tok, p.v_head, p.S, p.hkv,
                   p.dv, vb);
+  if (RD > 0) {
+    RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(pn / 4, 256), 256, 0, stream, p.k_pe, static_cast<int64_t>(RD),
+                    int64_t{0}, p.S, int64_t{1}, static_cast<int64_t>(RD), pb);
+  }
   const dim3 grid(static_cast<unsigned>((p.L + kMmaQ - 1) / kMmaQ), static_cast<unsigned>(p.hq),
                   static_cast<unsigned>(p.dv / DVC));
-  RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC>), grid, kMmaWarps * 32, smem, stream, p,
-                  static_cast<const uint16_t*>(kb), static_cast<const uint16_t*>(vb));
+  RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC, RD>), grid, kMmaWarps * 32, smem, stream, p,
+                  static_cast<const uint16_t*>(kb), static_cast<const uint16_t*>(vb),
+                  static_cast<const uint16_t*>(pb));
   return absl::OkStatus();  // kvb is freed in stream order, after the kernel
 }
-// Value slices of 128 dims where dv allows, else 64.
-template <int DK>
-absl::Status LaunchAttentionMmaDk(const AttentionParams& p, const DeviceInfo& dev,
-                                  cudaStream_t stream, bool* taken) {
-  return p.dv % 128 == 0 ? LaunchAttentionMma<DK, 128>(p, dev, stream, taken)
-                         : LaunchAttentionMma<DK, 64>(p, dev, stream, taken);
+template <int DK, int RD>
+absl::Status LaunchAttentionMmaDk(const AttentionParams& p, cudaStream_t stream) {
+  return MmaDvc(p.dv) == 128 ? LaunchAttentionMma<DK, 128, RD>(p, stream) : LaunchAttentionMma<DK, 64, RD>(p, stream);
 }
 
-// The tensor-core kernel for this call, if it takes it: bf16 activations, a prompt of at
-// least kTileMinL rows, dk in {64, 128, 192, 256}, dv a multiple of 64 up to 256, 16-byte
-// aligned K/V rows, and its shared memory within the device's limit. Else *taken = false.
-absl::Status MaybeAttentionMma(const AttentionParams& p, cpu::ActDType round, bool vec,
-                               const DeviceInfo& dev, cudaStream_t stream, bool* taken) {
-  *taken = false;
-  if (round != cpu::ActDType::kBF16 || !vec || p.L < kTileMinL || p.hq > 65535 ||
-      p.dv % 64 != 0 || p.dv > 256 || (p.L + kMmaQ - 1) / kMmaQ > 0x7fffffff ||
-      !AttentionMmaEnabled()) {
-    return absl::OkStatus();
+// The tensor-core kernel for this call if it takes it (MmaTakes); else *taken = false.
+absl::Status MaybeAttentionMma(const AttentionParams& p, cpu::ActDType round, const DeviceInfo& dev,
+                               cudaStream_t stream, bool* taken) {
+  *taken = MmaTakes(p, round, dev);
+  if (!*taken) return absl::OkStatus();
+  if (p.rope > 0) {
+    return p.dk == 128 ? LaunchAttentionMmaDk<128, 64>(p, stream) : LaunchAttentionMmaDk<192, 64>(p, stream);
   }
   switch (p.dk) {
-    case 64: return LaunchAttentionMmaDk<64>(p, dev, stream, taken);
-    case 128: return LaunchAttentionMmaDk<128>(p, dev, stream, taken);
-    case 192: return LaunchAttentionMmaDk<192>(p, dev, stream, taken);
-    case 256: return LaunchAttentionMmaDk<256>(p, dev, stream, taken);
-    default: return absl::OkStatus();
+    case 64: return LaunchAttentionMmaDk<64, 0>(p, stream);
+    case 128: return LaunchAttentionMmaDk<128, 0>(p, stream);
+    case 192: return LaunchAttentionMmaDk<192, 0>(p, stream);
+    default: return LaunchAttentionMmaDk<256, 0>(p, stream);
   }
 }
 
@@ -1205,6 +1279,11 @@ AttentionKeySplit AttentionVecKeySplit(const AttentionParams& p, int sm_count) {
   return split;
 }
 
+bool AttentionTakesPe(const AttentionParams& p, cpu::ActDType round) {
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  return p.rope > 0 && dev.ok() && MmaTakes(p, round, **dev);
+}
+
 absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream_t stream) {
   if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.out == nullptr) {
     return absl::InvalidArgumentError("attention: null operand");
@@ -1222,14 +1301,15 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("attention: too many rows");
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
-  auto al16 = [](const float* ptr, int64_t a, int64_t b) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && a % 4 == 0 && b % 4 == 0;
-  };
-  const bool vec = p.dk % 4 == 0 && p.dv % 4 == 0 && al16(p.k, p.k_tok, p.k_head) &&
-                   al16(p.v, p.v_tok, p.v_head);
+  const bool vec = AttentionVec(p);
   bool mma = false;
-  RING_RETURN_IF_ERROR(MaybeAttentionMma(p, round, vec, **dev, stream, &mma));
+  RING_RETURN_IF_ERROR(MaybeAttentionMma(p, round, **dev, stream, &mma));
   if (mma) return absl::OkStatus();
+  if (p.rope > 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "attention: rope scores in the kernel need the tensor-core path (bf16, rope 64, dk 128 or 192; "
+        "got rope %d, dk %d, L %d)", p.rope, p.dk, p.L));
+  }
   const size_t tile_smem = AttentionTileSmem(p.dk, p.dv, vec);
   if (p.L >= kTileMinL && p.dk <= kTileMaxD && p.dv <= kTileMaxD && p.hq <= 65535 &&
       static_cast<int64_t>(tile_smem) <= (*dev)->smem_per_block_optin) {
@@ -1462,23 +1542,28 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
                                                                   allowed.as<uint8_t>());
     RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  RING_ASSIGN_OR_RETURN(pe_scores, StreamBuffer::Allocate(H * T * Sk * sizeof(float), stream));
-  const int64_t pe_row_blocks = (H * T + kPeRows - 1) / kPeRows;
-  if (pe_row_blocks > 65535 || (Sk + kPeKeys - 1) / kPeKeys > 0x7fffffff) {
-    return absl::InvalidArgumentError("mla attention: too many query rows or keys");
-  }
-  const size_t pe_smem = PeScoresSmem(rope);
-  if (pe_smem > 48 * 1024) {
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        PeScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pe_smem)));
-  }
-  PeScoresKernel<<<dim3(static_cast<unsigned>((Sk + kPeKeys - 1) / kPeKeys),
-                        static_cast<unsigned>(pe_row_blocks)),
-                   256, pe_smem, stream>>>(
-      a.q, H * qd, qd, nope, a.scale, pe, rope, T, H, Sk,
-      allowed.data() != nullptr ? allowed.as<uint8_t>() : nullptr, T > 1 ? a.offset : -1, t,
-      pe_scores.as<float>());
-  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  // The rope scores as an additive mask [H, T, Sk] (where the attention does not compute them
+  // itself).
+  auto make_pe_scores = [&]() -> absl::Status {
+    RING_ASSIGN_OR_RETURN(pe_scores, StreamBuffer::Allocate(H * T * Sk * sizeof(float), stream));
+    const int64_t pe_row_blocks = (H * T + kPeRows - 1) / kPeRows;
+    if (pe_row_blocks > 65535 || (Sk + kPeKeys - 1) / kPeKeys > 0x7fffffff) {
+      return absl::InvalidArgumentError("mla attention: too many query rows or keys");
+    }
+    const size_t pe_smem = PeScoresSmem(rope);
+    if (pe_smem > 48 * 1024) {
+      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          PeScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pe_smem)));
+    }
+    PeScoresKernel<<<dim3(static_cast<unsigned>((Sk + kPeKeys - 1) / kPeKeys),
+                          static_cast<unsigned>(pe_row_blocks)),
+                     256, pe_smem, stream>>>(
+        a.q, H * qd, qd, nope, a.scale, pe, rope, T, H, Sk,
+        allowed.data() != nullptr ? allowed.as<uint8_t>() : nullptr, T > 1 ? a.offset : -1, t,
+        pe_scores.as<float>());
+    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  };
   // q_nope, contiguous [T, H, nope].
   RING_ASSIGN_OR_RETURN(StreamBuffer qn, StreamBuffer::Allocate(T * H * nope * sizeof(float), stream));
   RING_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(qn.data(), nope * sizeof(float), a.q,
@@ -1517,15 +1602,29 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
     p.dk = nope;
     p.dv = vd;
     p.scale = a.scale;
-    p.add_mask = pe_scores.as<float>();
-    // The mask already holds bf16's lowest past each row's causal limit; saying so lets the
-    // kernels skip those keys (half of a fresh prompt's) instead of weighing them at 0.
+    // The rope scores past each row's causal limit are masked; saying so lets the kernels
+    // skip those keys (half of a fresh prompt's) instead of weighing them at 0.
     p.causal_offset = a.offset;
     p.out = out;
+    // The tensor-core kernel computes the rope scores itself (no [H, T, Sk] mask in memory).
+    p.q_pe = a.q + nope;
+    p.q_pe_tok = H * qd;
+    p.q_pe_head = qd;
+    p.k_pe = pe;
+    p.rope = rope;
+    p.allowed = allowed.data() != nullptr ? allowed.as<uint8_t>() : nullptr;
+    if (AttentionTakesPe(p, t)) return Attention(p, t, stream);
+    p.q_pe = nullptr;
+    p.k_pe = nullptr;
+    p.rope = 0;
+    p.allowed = nullptr;
+    RING_RETURN_IF_ERROR(make_pe_scores());
+    p.add_mask = pe_scores.as<float>();
     return Attention(p, t, stream);
   }
   // Absorbed form: q_lat = round(q_nope @ W_UK_h^T) [H, kvl]; attention over the latent
   // (K = V, one KV head); out = round(out_lat @ W_UV_h^T) [H, vd].
+  RING_RETURN_IF_ERROR(make_pe_scores());
   RING_ASSIGN_OR_RETURN(StreamBuffer qlat, StreamBuffer::Allocate(H * kvl * sizeof(float), stream));
   RING_ASSIGN_OR_RETURN(StreamBuffer olat, StreamBuffer::Allocate(H * kvl * sizeof(float), stream));
   QMatmulArgs qa;

@@ -45,9 +45,22 @@ struct AttentionParams {
   int64_t causal_offset = -1;       // >= 0: key j visible to query i iff j <= offset + i
   float* out = nullptr;             // [L, hq, dv]
   uint16_t* out_bf16 = nullptr;     // optional: also the output's bf16 bits, [L, hq, dv]
+  // MLA prefill's rope scores in the kernel instead of an add_mask (AttentionTakesPe says
+  // when): score(i, j) += round(sum_d round(q_pe[i, d] * scale) * k_pe[j, d]) over d < rope
+  // (cpu::MlaAttention's pe term, fp32 sums in the tensor cores' order); keys j with
+  // allowed[i * S + j] == 0 (null: all allowed) are masked.
+  const float* q_pe = nullptr;
+  int64_t q_pe_tok = 0, q_pe_head = 0;
+  const float* k_pe = nullptr;  // [S, rope]: one head for all
+  int64_t rope = 0;
+  const uint8_t* allowed = nullptr;  // [L, S]
 };
 inline constexpr int64_t kMaxAttentionDv = 1024;
 absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream_t stream);
+// Whether Attention computes p's rope scores itself (p.q_pe / k_pe / rope set): the
+// tensor-core prefill kernel for bf16 activations, rope 64, dk 128 or 192. Attention fails
+// with InvalidArgument for rope scores it would not take.
+bool AttentionTakesPe(const AttentionParams& p, cpu::ActDType round);
 
 // How Attention splits the keys of each (query, head) row over blocks on the batched-key
 // decode kernel (dk = dv in {64, 128, 256}, 16-byte aligned K/V rows, fewer than 16 queries):

@@ -1716,7 +1716,8 @@ TEST_F(GpuTest, MlaAttention) {
   };
   uint32_t seed = 1100;
   for (const Dims& dims :
-       {Dims{4, 64, 32, 64, 128}, Dims{10, 192, 64, 256, 512}, Dims{64, 192, 64, 256, 512}}) {
+       {Dims{4, 64, 32, 64, 128}, Dims{10, 192, 64, 256, 512}, Dims{64, 192, 64, 256, 512},
+        Dims{4, 128, 64, 128, 512}}) {
   const int64_t H = dims.H, nope = dims.nope, rope = dims.rope, vd = dims.vd, kvl = dims.kvl;
   const bool glm = kvl == 512;
   for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
@@ -1726,7 +1727,10 @@ TEST_F(GpuTest, MlaAttention) {
     ASSERT_TRUE(embed_q && unembed);
     const std::vector<S> cases =
         H == 64 ? std::vector<S>{S{1, 2099, 2048}, S{1, 16, 0}, S{1, 47, 0}, S{1, 4095, 0}}
-        : glm   ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}}
+        // GLM-5.2's and DeepSeek's dims: prefills take the tensor-core kernel with the rope
+        // scores inside it (bf16), dense and sparse, from a cache offset and over several tiles.
+        : glm   ? std::vector<S>{S{1, 2099, 2048}, S{1, 4999, 0}, S{24, 150, 0}, S{24, 150, 64},
+                                 S{130, 20, 0}, S{70, 100, 96}}
                 : std::vector<S>{S{6, 4, 0}, S{6, 14, 8}, S{1, 11, 0}, S{1, 23, 8}, S{9, 0, 0},
                                  S{1, 149, 0}, S{1, 299, 200}, S{20, 13, 0}, S{40, 30, 32},
                                  S{1, 31, 0}, S{1, 32, 0}, S{1, 63, 40}, S{1, 8999, 0},
