@@ -44,6 +44,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
@@ -56,6 +57,12 @@
 
 namespace ring::cuda {
 namespace {
+
+using internal::CpAsync16;
+using internal::CpAsyncCommit;
+using internal::CpAsyncWait;
+using internal::CpAsyncWaitAll;
+using internal::LdMatrixX4;
 
 unsigned Blocks(int64_t n, int threads) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535 * 4));
@@ -323,20 +330,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Asynchronous 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.
-__device__ __forceinline__ void CpAsync16(float* dst, const float* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void CpAsyncWaitAll() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 // Prefill attention (L >= kTileMinL): a block takes kTileQ queries of one head (kTileQ / 8
 // per warp) and walks the keys in chunks of 32 (one per lane): the chunk's K and V rows in
 // shared memory serve all the block's queries, lane j scores key j for each of its warp's
@@ -499,41 +492,6 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 // The low bf16 half of p (its remainder after rounding to bf16).
 __device__ __forceinline__ float Bf16Rest(float p) { return p - qdec::RoundToBf16(p); }
 
-__device__ __forceinline__ void CpAsync16B(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-// Four 8x8 bf16 matrices from shared memory: lanes 8q..8q+7 give the rows of matrix q;
-// r[q] is this lane's fragment of matrix q (row g, columns 2t, 2t + 1), or with Trans of its
-// transpose (rows 2t, 2t + 1, column g).
-template <bool Trans>
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const uint16_t* row) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  if constexpr (Trans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-  }
-#endif
-}
-
 // dst[(h * S + j) * d + c] = bf16(src[j * tok + h * head + c]) for the S rows of the hkv heads
 // (4 values a thread; rows 16-byte aligned, d % 8 == 0).
 __global__ void KvToBf16Kernel(const float* src, int64_t tok, int64_t head, int64_t S, int64_t hkv, int64_t d,
@@ -586,12 +544,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
     for (int e = threadIdx.x; e < kMmaKeys * kKc; e += blockDim.x) {
       const int r = e / kKc, c = 8 * (e % kKc);
       const bool ok = j0 + r < jend;
-      CpAsync16B(ks + r * kKst + c, kh_rows + (ok ? (j0 + r) * DK + c : 0), ok);
+      CpAsync16(ks + r * kKst + c, kh_rows + (ok ? (j0 + r) * DK + c : 0), ok);
     }
     for (int e = threadIdx.x; e < kMmaKeys * kVc; e += blockDim.x) {
       const int r = e / kVc, c = 8 * (e % kVc);
       const bool ok = j0 + r < jend;
-      CpAsync16B(vs + r * kVst + c, vh_rows + (ok ? (j0 + r) * p.dv + c : 0), ok);
+      CpAsync16(vs + r * kVst + c, vh_rows + (ok ? (j0 + r) * p.dv + c : 0), ok);
     }
     if constexpr (RD > 0) {
       uint16_t* ps = vs + kMmaKeys * kVst;
@@ -599,7 +557,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
       for (int e = threadIdx.x; e < kMmaKeys * kPc; e += blockDim.x) {
         const int r = e / kPc, c = 8 * (e % kPc);
         const bool ok = j0 + r < jend;
-        CpAsync16B(ps + r * kPst + c, pb + (ok ? (j0 + r) * RD + c : 0), ok);
+        CpAsync16(ps + r * kPst + c, pb + (ok ? (j0 + r) * RD + c : 0), ok);
       }
     }
     CpAsyncCommit();

@@ -41,6 +41,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/launch.cuh"
@@ -91,34 +92,6 @@ using GemmLarge = GemmCfg<8, 16, 3, 1>;
 using GemmMid = GemmCfg<4, 16, 2, 2>;
 // 2: M <= 64 per problem (MoE experts, short prompts) or small grids: 128 x 64, 4 warps.
 using GemmSmall = GemmCfg<4, 8, 3, 2>;
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Asynchronous global -> shared copies; `valid` false writes zeros and reads nothing.
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void CpAsync4(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
-               "r"(valid ? 4 : 0));
-#endif
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-#endif
-}
 
 // 16-byte unit u (0..15) of a token's 256-byte x row in a stage is stored at unit XSwizzle(u,
 // tok). The reads (below) take unit 4t + w of tokens g and g+1 in one 8-lane phase: without
