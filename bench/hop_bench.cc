@@ -20,7 +20,10 @@
 //                 the target (p50 <= 50 us) is compared against. The RTT itself
 //                 is printed too, for the stricter reading.
 // And, for comparison, the same step on a fresh stream per step (StageClient::Forward,
-// what the coordinator did before streams were kept open per sequence).
+// what the coordinator did before streams were kept open per sequence), and over the
+// closed ring's shared-memory hops between workers of one host (worker/shm_hop.h: a second
+// echo process, one hop each way), with the receivers polling (what a GPU worker does) and
+// sleeping on the futex at once (a CPU worker's default).
 //
 //   ninja -C build hop_bench && ./build/bench/hop_bench [--iters 3000]
 #include <grpcpp/grpcpp.h>
@@ -40,6 +43,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/frame.h"
+#include "worker/shm_hop.h"
 #include "worker/stage_client.h"
 #include "worker/worker_service.h"
 
@@ -93,6 +97,73 @@ class EchoWorker final : public pb::Worker::Service {
   _exit(0);
 }
 
+// The echo step on frame bytes: decode (checksum verified) and encode back, as a worker.
+bool EchoBytes(const std::string& in_bytes, std::string* out_bytes) {
+  pb::ActivationFrame in;
+  if (!in.ParseFromString(in_bytes)) return false;
+  auto decoded = ring::worker::DecodeStageInput(in);
+  if (!decoded.ok()) return false;
+  StageOutput out;
+  out.rows = in.rows();
+  out.hidden = std::move(decoded->hidden);
+  pb::ActivationFrame reply;
+  reply.set_sequence_id(in.sequence_id());
+  reply.set_step(in.step());
+  reply.set_sender("echo");
+  if (!ring::worker::EncodeStageOutput(out, pb::DTYPE_BF16, false, &reply).ok()) return false;
+  *out_bytes = reply.SerializeAsString();
+  return true;
+}
+
+// Child process: opens the hop `name` from the parent, creates the hop back (its name goes
+// to `fd`), and echoes every frame until the parent closes its end.
+[[noreturn]] void ServeShmEcho(const std::string& name, absl::Duration spin, int fd) {
+  auto rx = ring::worker::ShmHop::Open(name, {.spin = spin, .peer = "bench"});
+  auto tx = ring::worker::ShmHop::Create({.spin = spin, .peer = "bench"});
+  if (!rx.ok() || !tx.ok()) _exit(1);
+  const std::string back = (*tx)->name();
+  const uint32_t n = static_cast<uint32_t>(back.size());
+  if (write(fd, &n, sizeof(n)) != sizeof(n) || write(fd, back.data(), n) != static_cast<ssize_t>(n)) _exit(1);
+  close(fd);
+  std::string reply;
+  while (true) {
+    auto m = (*rx)->Receive(absl::InfiniteFuture(), absl::Seconds(10));
+    if (!m.ok()) _exit(0);  // the parent closed its end
+    if (!EchoBytes(*m, &reply) || !(*tx)->Send(reply, absl::Now() + absl::Seconds(10)).ok()) _exit(1);
+  }
+}
+
+// A parent's pair of hops to a forked shared-memory echo process.
+struct ShmEcho {
+  pid_t pid = -1;
+  std::unique_ptr<ring::worker::ShmHop> tx, rx;
+};
+ShmEcho StartShmEcho(absl::Duration spin) {
+  ShmEcho e;
+  auto tx = ring::worker::ShmHop::Create({.spin = spin, .peer = "shm echo"});
+  int fds[2];
+  if (!tx.ok() || pipe(fds) != 0) return e;
+  e.pid = fork();
+  if (e.pid == 0) {
+    close(fds[0]);
+    ServeShmEcho((*tx)->name(), spin, fds[1]);
+  }
+  close(fds[1]);
+  uint32_t n = 0;
+  std::string back;
+  if (read(fds[0], &n, sizeof(n)) == sizeof(n) && n < 256) {
+    back.resize(n);
+    if (read(fds[0], back.data(), n) != static_cast<ssize_t>(n)) back.clear();
+  }
+  close(fds[0]);
+  (*tx)->Unlink();
+  auto rx = ring::worker::ShmHop::Open(back, {.spin = spin, .peer = "shm echo"});
+  if (!rx.ok()) return e;
+  e.tx = *std::move(tx);
+  e.rx = *std::move(rx);
+  return e;
+}
+
 std::string LoadAvg() {
   std::ifstream f("/proc/loadavg");
   std::string a, b, c;
@@ -136,7 +207,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
   }
-  // Fork before any gRPC state exists in this process.
+  // Fork before any gRPC state exists in this process: the gRPC echo worker and two
+  // shared-memory echo processes (receivers polling 50 ms, and sleeping at once).
+  ShmEcho shm_poll = StartShmEcho(absl::Milliseconds(50));
+  ShmEcho shm_sleep = StartShmEcho(absl::ZeroDuration());
+  if (shm_poll.tx == nullptr || shm_sleep.tx == nullptr) {
+    std::fprintf(stderr, "hop_bench: shared-memory echo did not start\n");
+    return 1;
+  }
   int fds[2];
   if (pipe(fds) != 0) return 1;
   const pid_t child = fork();
@@ -158,8 +236,9 @@ int main(int argc, char** argv) {
 
   ring::worker::StageClient client(address, 1, {});
   std::printf("| rows | frame bytes | step RTT p50 | step RTT p99 | codec p50 | transport p50 | "
-              "hop = RTT/2 p50 | hop p99 | new stream per step: RTT p50 | p99 |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "hop = RTT/2 p50 | hop p99 | new stream per step: RTT p50 | p99 | shared memory, "
+              "polling: RTT p50 | p99 | hop p50 | shared memory, futex: RTT p50 | p99 | hop p50 |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   int rc = 0;
   std::vector<double> fingerprint_p50;
   for (int64_t rows : {1, 8}) {
@@ -227,10 +306,25 @@ int main(int argc, char** argv) {
       return reply.ok() && ring::worker::DecodeStageOutput(*reply).ok();
     });
 
+    // The same step over shared-memory hops (the frame and the reply serialized as the
+    // worker's PushNext and its reader do).
+    auto shm_step = [&](ShmEcho& e) {
+      return Time(iters / 10, iters, [&] {
+        pb::ActivationFrame f;
+        if (!make_frame(&f)) return false;
+        if (!e.tx->Send(f.SerializeAsString(), absl::Now() + absl::Seconds(10)).ok()) return false;
+        auto back = e.rx->Receive(absl::Now() + absl::Seconds(10), absl::Seconds(10));
+        pb::ActivationFrame reply;
+        return back.ok() && reply.ParseFromString(*back) && ring::worker::DecodeStageOutput(reply).ok();
+      });
+    };
+    const Stats sp = Summarize(shm_step(shm_poll)), ss = Summarize(shm_step(shm_sleep));
+
     const Stats r = Summarize(rtt), c = Summarize(codec), n = Summarize(fresh);
-    std::printf("| %ld | %zu | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+    std::printf("| %ld | %zu | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+                "%.1f | %.1f |\n",
                 static_cast<long>(rows), frame_bytes, r.p50, r.p99, c.p50, r.p50 - c.p50,
-                r.p50 / 2, r.p99 / 2, n.p50, n.p99);
+                r.p50 / 2, r.p99 / 2, n.p50, n.p99, sp.p50, sp.p99, sp.p50 / 2, ss.p50, ss.p99, ss.p50 / 2);
     std::fflush(stdout);
   }
   std::printf("\n(all times in microseconds)\n");
@@ -239,5 +333,9 @@ int main(int argc, char** argv) {
   std::printf("load average at end: %s\n", LoadAvg().c_str());
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
+  for (ShmEcho* e : {&shm_poll, &shm_sleep}) {
+    e->tx.reset();  // closes the hop: the echo process exits
+    waitpid(e->pid, nullptr, 0);
+  }
   return rc;
 }
