@@ -81,6 +81,11 @@ class ForwardingBackend : public Backend {
                          int64_t H, int64_t qd, int64_t offset, ActDType t) override {
     return inner_->MlaKvRope(r, ckv, T, kvl, rope, kv_norm, eps, latent, k_pe, q, H, qd, offset, t);
   }
+  absl::Status IndexerNormRope(const RopeTable& r, float* q, int64_t T, int64_t heads, int64_t d, float* k,
+                               const TensorView& norm_w, const TensorView& norm_b, float eps, int64_t offset,
+                               float* w, int64_t n_w, float wscale, ActDType t) override {
+    return inner_->IndexerNormRope(r, q, T, heads, d, k, norm_w, norm_b, eps, offset, w, n_w, wscale, t);
+  }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
     return inner_->SwiGlu(gate, up, n, t, out);

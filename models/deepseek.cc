@@ -249,28 +249,40 @@ absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
   RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * ih * id));
   float* k = in.k;
   RING_RETURN_IF_ERROR(b.Linear(L.wq_b, qr, T, t, q.f()));
-  RING_RETURN_IF_ERROR(b.LayerNorm(k, T, id, L.k_norm_w, L.k_norm_b, 1e-5f, t, k));
   bool any_sparse = false;
+  for (const Segment& s : segs) any_sparse = any_sparse || s.seq->position_ + s.rows > c.index_topk;
+  // w = round(weights_proj(x) * heads^-0.5 * dim^-0.5), for the scores and top-k below.
+  Buffer& w = in.w;
+  const float wscale = static_cast<float>(1.0 / std::sqrt(double(ih)) / std::sqrt(double(id)));
+  // One sequence (its keys are in its cache rows already): the key norm, both RoPEs and the
+  // weights' scale in one call (one launch on CUDA).
+  const bool one = segs.size() == 1;
+  if (one) {
+    RING_RETURN_IF_ERROR(b.IndexerNormRope(index_rope_, q.f(), T, ih, id, k, L.k_norm_w, L.k_norm_b, 1e-5f,
+                                           segs[0].seq->position_, any_sparse ? w.f() : nullptr, T * ih, wscale,
+                                           t));
+  } else {
+    RING_RETURN_IF_ERROR(b.LayerNorm(k, T, id, L.k_norm_w, L.k_norm_b, 1e-5f, t, k));
+  }
   for (const Segment& s : segs) {
     MlaCache& cache = CacheOf(layer, s);
     const int64_t offset = s.seq->position_;
-    float* ks = cache.index_k.row(offset);
-    if (segs.size() > 1) RING_RETURN_IF_ERROR(b.Copy2D(k + s.row0 * id, id, ks, id, s.rows, id));
-    RING_RETURN_IF_ERROR(
-        b.Rope(index_rope_, q.f() + s.row0 * ih * id, s.rows, ih, id, ih * id, offset, t));
-    RING_RETURN_IF_ERROR(b.Rope(index_rope_, ks, s.rows, 1, id, id, offset, t));
+    if (!one) {
+      float* ks = cache.index_k.row(offset);
+      RING_RETURN_IF_ERROR(b.Copy2D(k + s.row0 * id, id, ks, id, s.rows, id));
+      RING_RETURN_IF_ERROR(
+          b.Rope(index_rope_, q.f() + s.row0 * ih * id, s.rows, ih, id, ih * id, offset, t));
+      RING_RETURN_IF_ERROR(b.Rope(index_rope_, ks, s.rows, 1, id, id, offset, t));
+    }
     const bool sparse = offset + s.rows > c.index_topk;
-    any_sparse = any_sparse || sparse;
     s.carry->source_layer = layer;
     s.carry->dense = !sparse;
     s.carry->k = sparse ? c.index_topk : 0;
     s.carry->indices = Buffer();
   }
   if (!any_sparse) return absl::OkStatus();
-  // w = round(weights_proj(x) * heads^-0.5 * dim^-0.5); the scores and top-k in one op.
-  Buffer& w = in.w;
-  const float wscale = static_cast<float>(1.0 / std::sqrt(double(ih)) / std::sqrt(double(id)));
-  RING_RETURN_IF_ERROR(b.ScaleRound(w.f(), T * ih, wscale, t));
+  // The scores and top-k in one op.
+  if (!one) RING_RETURN_IF_ERROR(b.ScaleRound(w.f(), T * ih, wscale, t));
   for (const Segment& s : segs) {
     if (s.carry->dense) continue;
     RING_ASSIGN_OR_RETURN(s.carry->indices, b.Alloc(s.rows * c.index_topk * 4));

@@ -287,6 +287,19 @@ class LockstepBackend final : public Backend {
                                       tokens, head_dim, eps, offset, t);
               });
   }
+  // One op, as the device runs it (CUDA: one kernel for the key norm, both RoPEs, the scale).
+  absl::Status IndexerNormRope(const RopeTable& r, float* q, int64_t T, int64_t heads, int64_t d, float* k,
+                               const TensorView& norm_w, const TensorView& norm_b, float eps, int64_t offset,
+                               float* w, int64_t n_w, float wscale, ActDType t) override {
+    rec_->act = t;
+    const int64_t nq = T * heads * d, nk = T * d;
+    std::vector<Region> io = {F(q, nq), F(k, nk)};
+    if (w != nullptr) io.push_back(F(w, n_w));
+    return Op("IndexerNormRope", absl::StrCat(T, "x", heads, "x", d), io, io, [&](Backend& b, const Mapper& mp) {
+      return b.IndexerNormRope(r, M(mp, q), T, heads, d, M(mp, k), norm_w, norm_b, eps, offset,
+                               w != nullptr ? M(mp, w) : nullptr, n_w, wscale, t);
+    });
+  }
   // One op, as the device runs it (CUDA: one kernel for the copies, the norm and both RoPEs).
   absl::Status MlaKvRope(const RopeTable& r, const float* ckv, int64_t T, int64_t kvl, int64_t rope,
                          const TensorView& kv_norm, float eps, float* latent, float* k_pe, float* q,

@@ -137,11 +137,9 @@ __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cp
   RmsNormRow(x, base, dim, w, eps, rt, out, base, out_bf16, add, sum, scratch);
 }
 
-__global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b, float eps,
-                                cpu::ActDType rt, DevMutArray out) {
-  PdlBegin();
-  __shared__ float scratch[32];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+// One row of LayerNormKernel: x's row at `base`, written at the same place of out.
+__device__ __forceinline__ void LayerNormRow(DevArray x, int64_t base, int64_t dim, DevArray w, DevArray b,
+                                             float eps, cpu::ActDType rt, DevMutArray out, float* scratch) {
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
     float v[kRowRegs], wv[kRowRegs], bv[kRowRegs];
     LoadRowRegs(x, base, dim, v);
@@ -186,6 +184,13 @@ __global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b,
     if (b.data != nullptr) y = DevRoundAct(y + Load(b.data, b.dtype, i), rt);
     Store(out.data, out.dtype, base + i, y);
   }
+}
+
+__global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b, float eps,
+                                cpu::ActDType rt, DevMutArray out) {
+  PdlBegin();
+  __shared__ float scratch[32];
+  LayerNormRow(x, static_cast<int64_t>(blockIdx.x) * dim, dim, w, b, eps, rt, out, scratch);
 }
 
 // RoPE of one pair at position `pos` (RopeKernel and HeadNormRopeKernel share it, so the two
@@ -314,6 +319,46 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
   RotatePair(xa, xb, offset + tok, inv_freq[i], rt, &ya, &yb);
   dst[a] = ya;
   dst[b] = yb;
+}
+
+// IndexerNormRope: blocks [0, tokens) LayerNorm one key row each (LayerNormRow, with the
+// block size LayerNorm launches for d) and then rotate it; the rest run one thread per RoPE
+// pair of q's heads, then one per weight element to scale.
+__global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, int64_t d, float* k, DevArray nw,
+                                      DevArray nb, float eps, int64_t dims, float pre_scale, int traditional,
+                                      const float* inv_freq, int64_t offset, float* w, int64_t n_w, float wscale,
+                                      cpu::ActDType rt) {
+  PdlBegin();
+  __shared__ float scratch[32];
+  const int64_t half = dims / 2;
+  auto rotate = [&](float* x, int64_t i, int64_t tok) {
+    const int64_t a = traditional ? 2 * i : i;
+    const int64_t b = traditional ? 2 * i + 1 : i + half;
+    float xa = x[a], xb = x[b];
+    if (pre_scale != 1.f) {
+      xa = DevRoundAct(xa * pre_scale, rt);
+      xb = DevRoundAct(xb * pre_scale, rt);
+    }
+    float ya, yb;
+    RotatePair(xa, xb, offset + tok, inv_freq[i], rt, &ya, &yb);
+    x[a] = ya;
+    x[b] = yb;
+  };
+  if (blockIdx.x < tokens) {
+    const int64_t row = blockIdx.x;
+    LayerNormRow(DevArray{k, DType::kF32}, row * d, d, nw, nb, eps, rt, DevMutArray{k, DType::kF32}, scratch);
+    __syncthreads();  // the row's normed values, written by the block's threads
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) rotate(k + row * d, i, row);
+    return;
+  }
+  const int64_t idx = static_cast<int64_t>(blockIdx.x - tokens) * blockDim.x + threadIdx.x;
+  const int64_t nq = tokens * heads * half;
+  if (idx < nq) {
+    const int64_t tok = idx / (half * heads), h = (idx / half) % heads;
+    rotate(q + tok * heads * d + h * d, idx % half, tok);
+  } else if (idx - nq < n_w) {
+    w[idx - nq] = DevRoundAct(w[idx - nq] * wscale, rt);
+  }
 }
 
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
@@ -520,6 +565,30 @@ absl::Status MlaKvRope(const float* ckv, int64_t tokens, int64_t kvl, int64_t ro
   RING_LAUNCH_PDL(MlaKvRopeKernel, static_cast<unsigned>(blocks), threads, 0, stream, ckv, tokens, kvl,
                   rope, norm, eps, latent, k_pe, q, q_heads, qd, pre_scale, traditional ? 1 : 0,
                   inv_freq, offset, round);
+  return absl::OkStatus();
+}
+
+absl::Status IndexerNormRope(float* q, int64_t tokens, int64_t heads, int64_t d, float* k, DevArray norm_w,
+                             DevArray norm_b, float eps, int64_t dims, float pre_scale, bool traditional,
+                             const float* inv_freq, int64_t offset, float* w, int64_t n_w, float wscale,
+                             cpu::ActDType round, cudaStream_t stream) {
+  RING_EW_CHECK(CheckAct(norm_w, "norm weight", /*optional=*/true));
+  RING_EW_CHECK(CheckAct(norm_b, "norm bias", /*optional=*/true));
+  if (q == nullptr || k == nullptr || inv_freq == nullptr || (w == nullptr && n_w > 0)) {
+    return absl::InvalidArgumentError("indexer norm + rope: null operand");
+  }
+  if (d <= 0 || heads <= 0 || dims <= 0 || dims % 2 != 0 || dims > d || n_w < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "indexer norm + rope: d %d, heads %d, rope dims %d, %d weights inconsistent", d, heads, dims, n_w));
+  }
+  if (tokens <= 0) return absl::OkStatus();
+  const unsigned threads = RowThreads(d);
+  const int64_t rest = tokens * heads * (dims / 2) + n_w;
+  const int64_t blocks = tokens + (rest + threads - 1) / threads;
+  if (blocks > 0x7fffffff) return absl::InvalidArgumentError("indexer norm + rope: too many tokens");
+  RING_LAUNCH_PDL(IndexerNormRopeKernel, static_cast<unsigned>(blocks), threads, 0, stream, q, tokens, heads, d,
+                  k, norm_w, norm_b, eps, dims, pre_scale, traditional ? 1 : 0, inv_freq, offset, w, n_w, wscale,
+                  round);
   return absl::OkStatus();
 }
 

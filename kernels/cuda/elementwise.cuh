@@ -78,6 +78,15 @@ absl::Status MlaKvRope(const float* ckv, int64_t tokens, int64_t kvl, int64_t ro
                        float pre_scale, bool traditional, const float* inv_freq, int64_t offset,
                        cpu::ActDType round, cudaStream_t stream);
 
+// The DSA indexer's per-step preparation (models/deepseek.cc, one sequence) in one launch,
+// exactly (bitwise) as LayerNorm(k), [ScaleRound(pre_scale),] Rope(q), Rope(k) and, when
+// n_w > 0, ScaleRound(w, wscale) with fp32 storage: k [tokens, d] normed in place, the RoPE
+// over the first `dims` features of each of q's heads ([tokens, heads, d]) and of k.
+absl::Status IndexerNormRope(float* q, int64_t tokens, int64_t heads, int64_t d, float* k, DevArray norm_w,
+                             DevArray norm_b, float eps, int64_t dims, float pre_scale, bool traditional,
+                             const float* inv_freq, int64_t offset, float* w, int64_t n_w, float wscale,
+                             cpu::ActDType round, cudaStream_t stream);
+
 // cpu::SwiGlu: out = round(round(silu(gate)) * up), sigmoid rounding as the reference.
 // out_bf16 (optional) as RmsNorm's.
 absl::Status SwiGlu(DevArray gate, DevArray up, int64_t n, cpu::ActDType round,

@@ -1340,6 +1340,85 @@ TEST_F(GpuTest, MlaKvRope) {
   }
 }
 
+// The DSA indexer's key LayerNorm, both RoPEs and the weights' scale in one kernel: bit for bit
+// the LayerNorm, (ScaleRound,) Rope and ScaleRound kernels it replaces, and within the
+// elementwise tolerance of the CPU reference. GLM-5.2's dims (32 heads of 128, rope 64
+// interleaved) and odd ones.
+TEST_F(GpuTest, IndexerNormRope) {
+  struct S {
+    int64_t T, H, d, dims, offset;
+    float pre;
+    bool traditional, scale_w;
+  };
+  for (S s : {S{1, 32, 128, 64, 2100, 1.f, true, true}, S{1, 32, 128, 64, 5, 1.f, true, false},
+              S{6, 8, 128, 64, 40, 1.25f, true, true}, S{3, 4, 96, 32, 9, 1.f, false, true},
+              S{2, 2, 1100, 64, 3, 1.f, true, true}}) {
+    std::vector<float> inv(s.dims / 2);
+    for (int64_t i = 0; i < s.dims / 2; ++i) inv[i] = static_cast<float>(std::pow(1e4, -2.0 * i / s.dims));
+    absl::StatusOr<DeviceBuffer> dinv = DeviceBuffer::FromVector(inv);
+    ASSERT_TRUE(dinv.ok());
+    const int64_t nw = s.T * s.H;
+    const float wscale = 0.0078125f * 1.3f;
+    for (cpu::ActDType t : {cpu::ActDType::kF32, cpu::ActDType::kBF16}) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const float eps = 1e-5f;
+      const std::vector<float> q = RandomFloats(s.T * s.H * s.d, 321, 3.f, bf);
+      const std::vector<float> k = RandomFloats(s.T * s.d, 322, 3.f, bf);
+      const std::vector<float> w = RandomFloats(nw, 323, 2.f, bf);
+      const std::vector<float> gw = RandomFloats(s.d, 324, 1.f, true), gb = RandomFloats(s.d, 325, 0.5f, true);
+      DevVec dgw = Upload(gw, DType::kF32), dgb = Upload(gb, DType::kF32);
+      // CPU reference.
+      std::vector<float> rq = q, rk = k, rw = w;
+      const TensorView wv{DType::kF32, {s.d}, gw.data()}, bv{DType::kF32, {s.d}, gb.data()};
+      cpu::LayerNorm(rk.data(), s.T, s.d, wv, bv, eps, t, rk.data());
+      auto pre = [&](std::vector<float>& x, int64_t heads) {
+        if (s.pre == 1.f) return;
+        for (int64_t r = 0; r < s.T * heads; ++r) {
+          for (int64_t c = 0; c < s.dims; ++c) x[r * s.d + c] = cpu::RoundAct(x[r * s.d + c] * s.pre, t);
+        }
+      };
+      pre(rq, s.H);
+      pre(rk, 1);
+      cpu::Rope(rq.data(), s.T, s.H, s.d, s.H * s.d, s.dims, s.traditional, inv, s.offset, t);
+      cpu::Rope(rk.data(), s.T, 1, s.d, s.d, s.dims, s.traditional, inv, s.offset, t);
+      if (s.scale_w) {
+        for (float& v : rw) v = cpu::RoundAct(v * wscale, t);
+      }
+      // The unfused kernels.
+      DevVec uq = Upload(q, DType::kF32), uk = Upload(k, DType::kF32), uw = Upload(w, DType::kF32);
+      ASSERT_TRUE(LayerNorm(uk.in(), s.T, s.d, dgw.in(), dgb.in(), eps, t, uk.out(), nullptr).ok());
+      if (s.pre != 1.f) {
+        ASSERT_TRUE(ScaleRound(uq.out(), s.T, s.H, s.d, s.H * s.d, s.dims, s.pre, t, nullptr).ok());
+        ASSERT_TRUE(ScaleRound(uk.out(), s.T, 1, s.d, s.d, s.dims, s.pre, t, nullptr).ok());
+      }
+      ASSERT_TRUE(Rope(uq.out(), s.T, s.H, s.d, s.H * s.d, s.dims, s.traditional, dinv->as<float>(), s.offset, t,
+                       nullptr).ok());
+      ASSERT_TRUE(Rope(uk.out(), s.T, 1, s.d, s.d, s.dims, s.traditional, dinv->as<float>(), s.offset, t,
+                       nullptr).ok());
+      if (s.scale_w) {
+        ASSERT_TRUE(ScaleRound(uw.out(), nw, wscale, t, nullptr).ok());
+      }
+      // Fused.
+      DevVec fq = Upload(q, DType::kF32), fk = Upload(k, DType::kF32), fw = Upload(w, DType::kF32);
+      ASSERT_TRUE(IndexerNormRope(fq.buf.as<float>(), s.T, s.H, s.d, fk.buf.as<float>(), dgw.in(), dgb.in(), eps,
+                                  s.dims, s.pre, s.traditional, dinv->as<float>(), s.offset,
+                                  s.scale_w ? fw.buf.as<float>() : nullptr, s.scale_w ? nw : 0, wscale, t, nullptr)
+                      .ok());
+      const std::vector<float> gq = Download(fq, q.size()), gk = Download(fk, k.size()), gwo = Download(fw, w.size());
+      const std::vector<float> oq = Download(uq, q.size()), ok = Download(uk, k.size()), ow = Download(uw, w.size());
+      EXPECT_EQ(0, std::memcmp(gq.data(), oq.data(), gq.size() * 4)) << "q differs from unfused";
+      EXPECT_EQ(0, std::memcmp(gk.data(), ok.data(), gk.size() * 4)) << "k differs from unfused";
+      EXPECT_EQ(0, std::memcmp(gwo.data(), ow.data(), gwo.size() * 4)) << "w differs from unfused";
+      const std::string shape = absl::StrFormat("T%d q %dx%d rope %d @%d pre %g%s%s", s.T, s.H, s.d, s.dims,
+                                                s.offset, s.pre, s.traditional ? "" : " half-split",
+                                                s.scale_w ? " +w" : "");
+      Report("indexer_norm_rope q", shape, ActName(t), gq, rq, EwTol(t));
+      Report("indexer_norm_rope k", shape, ActName(t), gk, rk, EwTol(t));
+      Report("indexer_norm_rope w", shape, ActName(t), gwo, rw, kTolExact);
+    }
+  }
+}
+
 TEST_F(GpuTest, SwiGluAndAdd) {
   for (int64_t n : {int64_t{12288}, int64_t{2048 * 8}, int64_t{777}}) {
     for (EwMode md : kEwModes) {

@@ -31,7 +31,8 @@
 //     kernels/cuda/launch.cuh; RING_CUDA_PDL=0 turns it off); decode GEMVs of small matrices
 //     also issue their first weight loads before the wait (QMatmulArgs::overlap).
 //   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128, and
-//     so is MlaKvRope (MLA's cache-row copies, latent norm and both RoPEs: five launches).
+//     so is MlaKvRope (MLA's cache-row copies, latent norm and both RoPEs: five launches) and
+//     IndexerNormRope (the DSA indexer's key norm, both RoPEs and the weights' scale).
 //   * Downloads go through a pinned staging buffer.
 // Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
 // RING_CUDA_STEP_STATS=1: when the backend goes, it prints per step the wall time, the time
@@ -511,6 +512,19 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_RETURN_IF_ERROR(Unrecorded());  // the cache rows and the position change every step
     return cuda::MlaKvRope(ckv, T, kvl, rope, dw, eps, latent, k_pe, q, H, qd, r.pre_scale, r.traditional,
                            it->second.as<float>(), offset, t, stream_);
+  }
+  absl::Status IndexerNormRope(const RopeTable& r, float* q, int64_t T, int64_t heads, int64_t d, float* k,
+                               const TensorView& norm_w, const TensorView& norm_b, float eps, int64_t offset,
+                               float* w, int64_t n_w, float wscale, ActDType t) override {
+    auto it = ropes_.find(&r);
+    if (r.dims > d || it == ropes_.end()) {
+      return Backend::IndexerNormRope(r, q, T, heads, d, k, norm_w, norm_b, eps, offset, w, n_w, wscale, t);
+    }
+    RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(norm_w));
+    RING_ASSIGN_OR_RETURN(const DevArray db, Tensor(norm_b));
+    RING_RETURN_IF_ERROR(Unrecorded());  // the cache row and the position change every step
+    return cuda::IndexerNormRope(q, T, heads, d, k, dw, db, eps, r.dims, r.pre_scale, r.traditional,
+                                 it->second.as<float>(), offset, w, w != nullptr ? n_w : 0, wscale, t, stream_);
   }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
