@@ -55,25 +55,31 @@ using ring::StageOutput;
 
 constexpr int64_t kWidth = 6144;
 
+// What a worker does to a frame, without the model: decode its input (checksum verified) and
+// encode it back as its output.
+absl::Status EchoFrame(const pb::ActivationFrame& in, pb::ActivationFrame* reply) {
+  auto decoded = ring::worker::DecodeStageInput(in);
+  if (!decoded.ok()) return decoded.status();
+  StageOutput out;
+  out.rows = in.rows();
+  out.hidden = std::move(decoded->hidden);
+  reply->Clear();
+  reply->set_sequence_id(in.sequence_id());
+  reply->set_step(in.step());
+  reply->set_epoch(in.epoch());
+  reply->set_first_position(in.first_position());
+  reply->set_sender("echo");
+  return ring::worker::EncodeStageOutput(out, pb::DTYPE_BF16, false, reply);
+}
+
 class EchoWorker final : public pb::Worker::Service {
  public:
   grpc::Status Forward(grpc::ServerContext*,
                        grpc::ServerReaderWriter<pb::ActivationFrame, pb::ActivationFrame>* s) override {
-    pb::ActivationFrame in;
+    pb::ActivationFrame in, reply;
     while (s->Read(&in)) {
-      auto decoded = ring::worker::DecodeStageInput(in);
-      if (!decoded.ok()) return grpc::Status(grpc::StatusCode::DATA_LOSS, std::string(decoded.status().message()));
-      StageOutput out;
-      out.rows = in.rows();
-      out.hidden = std::move(decoded->hidden);
-      pb::ActivationFrame reply;
-      reply.set_sequence_id(in.sequence_id());
-      reply.set_step(in.step());
-      reply.set_epoch(in.epoch());
-      reply.set_first_position(in.first_position());
-      reply.set_sender("echo");
-      auto st = ring::worker::EncodeStageOutput(out, pb::DTYPE_BF16, false, &reply);
-      if (!st.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
+      absl::Status st = EchoFrame(in, &reply);
+      if (!st.ok()) return grpc::Status(grpc::StatusCode::DATA_LOSS, std::string(st.message()));
       if (!s->Write(reply)) break;
     }
     return grpc::Status::OK;
@@ -97,20 +103,10 @@ class EchoWorker final : public pb::Worker::Service {
   _exit(0);
 }
 
-// The echo step on frame bytes: decode (checksum verified) and encode back, as a worker.
+// EchoFrame on a frame's bytes, as the shared-memory hop carries them.
 bool EchoBytes(const std::string& in_bytes, std::string* out_bytes) {
-  pb::ActivationFrame in;
-  if (!in.ParseFromString(in_bytes)) return false;
-  auto decoded = ring::worker::DecodeStageInput(in);
-  if (!decoded.ok()) return false;
-  StageOutput out;
-  out.rows = in.rows();
-  out.hidden = std::move(decoded->hidden);
-  pb::ActivationFrame reply;
-  reply.set_sequence_id(in.sequence_id());
-  reply.set_step(in.step());
-  reply.set_sender("echo");
-  if (!ring::worker::EncodeStageOutput(out, pb::DTYPE_BF16, false, &reply).ok()) return false;
+  pb::ActivationFrame in, reply;
+  if (!in.ParseFromString(in_bytes) || !EchoFrame(in, &reply).ok()) return false;
   *out_bytes = reply.SerializeAsString();
   return true;
 }
@@ -273,18 +269,8 @@ int main(int argc, char** argv) {
     // The same codec work in process: coordinator encode, worker decode + encode,
     // coordinator decode.
     const std::vector<double> codec = Time(iters / 10, iters, [&] {
-      pb::ActivationFrame f;
-      if (!make_frame(&f)) return false;
-      auto decoded = ring::worker::DecodeStageInput(f);
-      if (!decoded.ok()) return false;
-      StageOutput out;
-      out.rows = rows;
-      out.hidden = std::move(decoded->hidden);
-      pb::ActivationFrame reply;
-      reply.set_sequence_id(f.sequence_id());
-      reply.set_step(f.step());
-      reply.set_sender("echo");
-      if (!ring::worker::EncodeStageOutput(out, pb::DTYPE_BF16, false, &reply).ok()) return false;
+      pb::ActivationFrame f, reply;
+      if (!make_frame(&f) || !EchoFrame(f, &reply).ok()) return false;
       return ring::worker::DecodeStageOutput(reply).ok();
     });
 

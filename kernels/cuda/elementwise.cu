@@ -276,6 +276,23 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
   }
 }
 
+// Pair i of a head's rope features (traditional: 2i and 2i + 1, else i and i + half) read from
+// src, YaRN's pre-scale applied, rotated to position `pos` and written to dst (may be src).
+__device__ __forceinline__ void RopePairAt(const float* src, float* dst, int64_t i, int64_t half, int traditional,
+                                           float pre_scale, int64_t pos, float inv_freq, cpu::ActDType rt) {
+  const int64_t a = traditional ? 2 * i : i;
+  const int64_t b = traditional ? 2 * i + 1 : i + half;
+  float xa = src[a], xb = src[b];
+  if (pre_scale != 1.f) {
+    xa = DevRoundAct(xa * pre_scale, rt);
+    xb = DevRoundAct(xb * pre_scale, rt);
+  }
+  float ya, yb;
+  RotatePair(xa, xb, pos, inv_freq, rt, &ya, &yb);
+  dst[a] = ya;
+  dst[b] = yb;
+}
+
 // MlaKvRope: blocks [0, tokens) norm one latent row each (RmsNormRow, with the block size
 // RmsNorm launches for kvl, so the sums group alike), the rest run one thread per RoPE pair:
 // q's heads of every token, then each token's k_pe (read from ckv, written to k_pe).
@@ -308,17 +325,7 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
     src = ckv + tok * ld + kvl;
     dst = k_pe + tok * rope;
   }
-  const int64_t a = traditional ? 2 * i : i;
-  const int64_t b = traditional ? 2 * i + 1 : i + half;
-  float xa = src[a], xb = src[b];
-  if (pre_scale != 1.f) {
-    xa = DevRoundAct(xa * pre_scale, rt);
-    xb = DevRoundAct(xb * pre_scale, rt);
-  }
-  float ya, yb;
-  RotatePair(xa, xb, offset + tok, inv_freq[i], rt, &ya, &yb);
-  dst[a] = ya;
-  dst[b] = yb;
+  RopePairAt(src, dst, i, half, traditional, pre_scale, offset + tok, inv_freq[i], rt);
 }
 
 // IndexerNormRope: blocks [0, tokens) LayerNorm one key row each (LayerNormRow, with the
@@ -332,17 +339,7 @@ __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, i
   __shared__ float scratch[32];
   const int64_t half = dims / 2;
   auto rotate = [&](float* x, int64_t i, int64_t tok) {
-    const int64_t a = traditional ? 2 * i : i;
-    const int64_t b = traditional ? 2 * i + 1 : i + half;
-    float xa = x[a], xb = x[b];
-    if (pre_scale != 1.f) {
-      xa = DevRoundAct(xa * pre_scale, rt);
-      xb = DevRoundAct(xb * pre_scale, rt);
-    }
-    float ya, yb;
-    RotatePair(xa, xb, offset + tok, inv_freq[i], rt, &ya, &yb);
-    x[a] = ya;
-    x[b] = yb;
+    RopePairAt(x, x, i, half, traditional, pre_scale, offset + tok, inv_freq[i], rt);
   };
   if (blockIdx.x < tokens) {
     const int64_t row = blockIdx.x;
