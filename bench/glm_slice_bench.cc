@@ -17,7 +17,9 @@
 // bench/gpu/glm_trace_report.py does that and the 78-layer extrapolation.
 //
 //   glm_slice_bench --model DIR [--device cuda] [--prompt 2048] [--decode 64] [--short 16]
-//                   [--reps 3] [--no-probe]
+//                   [--reps 3] [--no-probe] [--grouped-tile N]
+// --grouped-tile N forces the prefill GEMM's tile N for the grouped (MoE expert) launches
+// only (TEST_SetGroupedGemmTile; tuning aid).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -34,6 +36,7 @@
 #include "models/safetensors.h"
 #if RING_HAVE_CUDA
 #include "kernels/cuda/bandwidth.h"
+#include "kernels/cuda/qgemv.cuh"
 #endif
 
 namespace {
@@ -137,6 +140,9 @@ int main(int argc, char** argv) {
     else if (a == "--short") o.short_prompt = num();
     else if (a == "--reps") o.reps = std::max(1, num());
     else if (a == "--no-probe") o.probe = false;
+#if RING_HAVE_CUDA
+    else if (a == "--grouped-tile") ring::cuda::TEST_SetGroupedGemmTile(num());
+#endif
     else Die("unknown flag " + a);
   }
   if (o.model.empty()) Die("--model DIR is required");

@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 bash deploy/install_deps.sh
 BUILD=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DRING_ENABLE_CUDA=AUTO -DRING_CUDA_ARCHS="${RING_CUDA_ARCHS:-90;120a}"
+  -DRING_ENABLE_CUDA=AUTO -DRING_CUDA_ARCHS="${RING_CUDA_ARCHS:-90a;120a}"
 ninja -C "$BUILD" -j"$(nproc)"
 ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" --timeout 900

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/qgemv_internal.cuh"
+#include "kernels/status.h"
 
 namespace ring::cuda::internal {
 
@@ -32,6 +33,20 @@ __global__ void MmaSubnormalProbeKernel(float* out) {
   if (threadIdx.x == 0) out[0] = c[0];
 }
 
+// Runs a one-block probe kernel that writes one T, and returns what it wrote.
+template <class T>
+absl::StatusOr<T> RunProbe(void (*kernel)(T*), int threads) {
+  T* d = nullptr;
+  RING_CUDA_RETURN_IF_ERROR(cudaMalloc(&d, sizeof(T)));
+  kernel<<<1, threads>>>(d);
+  T h{};
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(T), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  RING_CUDA_RETURN_IF_ERROR(e);
+  return h;
+}
+
 absl::Status ProbeMmaSubnormals(bool* kept) {
   *kept = false;
   int dev = 0;
@@ -39,15 +54,24 @@ absl::Status ProbeMmaSubnormals(bool* kept) {
   int major = 0;
   RING_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major < 8) return absl::OkStatus();  // no bf16 MMA
-  float* d = nullptr;
-  RING_CUDA_RETURN_IF_ERROR(cudaMalloc(&d, sizeof(float)));
-  MmaSubnormalProbeKernel<<<1, 32>>>(d);
-  float h = 0.f;
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(float), cudaMemcpyDeviceToHost);
-  cudaFree(d);
-  RING_CUDA_RETURN_IF_ERROR(e);
+  RING_ASSIGN_OR_RETURN(const float h, RunProbe(MmaSubnormalProbeKernel, 32));
   *kept = h == ldexpf(1.f, -59);
+  return absl::OkStatus();
+}
+
+// Writes 1 when the image running it was compiled with Hopper's warpgroup MMA (sm_90a).
+__global__ void WgmmaProbeKernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  out[0] = 1;
+#else
+  out[0] = 0;
+#endif
+}
+
+absl::Status ProbeWgmma(bool* available) {
+  *available = false;
+  RING_ASSIGN_OR_RETURN(const int h, RunProbe(WgmmaProbeKernel, 1));
+  *available = h == 1;
   return absl::OkStatus();
 }
 

@@ -2,8 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +22,7 @@ namespace ring::cuda {
 namespace internal {
 absl::Status ProbeLoadedCode(int* ptx_cc, int* binary_cc);  // arch_probe.cu
 absl::Status ProbeMmaSubnormals(bool* kept);                 // arch_probe.cu
+absl::Status ProbeWgmma(bool* available);                    // arch_probe.cu
 std::vector<int> CompiledArchList();                         // arch_probe.cu
 }  // namespace internal
 
@@ -31,11 +34,11 @@ std::string DeviceInfo::ToString() const {
   return absl::StrFormat(
       "GPU %d: %s, sm_%d, %d SMs, %.1f GiB total / %.1f GiB free, L2 %.0f MiB, "
       "mem bus %d bit @ %d MHz, driver %s, runtime %s, loaded code sm_%d (from compute_%d), "
-      "binary archs [%s], bf16 MMA subnormal inputs %s",
+      "binary archs [%s], bf16 MMA subnormal inputs %s, wgmma %s, MPS %s",
       ordinal, name, cc, sm_count, mem_total / 1073741824.0, mem_free / 1073741824.0,
       l2_bytes / 1048576.0, mem_bus_bits, mem_clock_khz / 1000, VersionString(driver_version),
       VersionString(runtime_version), binary_cc, code_cc, CompiledArchsString(),
-      mma_bf16_subnormals ? "kept" : "flushed");
+      mma_bf16_subnormals ? "kept" : "flushed", wgmma ? "yes" : "no", mps ? "on" : "off");
 }
 
 absl::StatusOr<int> DeviceCount() {
@@ -76,6 +79,10 @@ absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
   d.l2_bytes = prop.l2CacheSize;
   d.smem_per_block_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
   d.mem_bus_bits = prop.memoryBusWidth;
+  int mps = 0;
+  if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, ordinal) != cudaSuccess) mps = 0;
+  cudaGetLastError();
+  d.mps = mps != 0;
   // CUDA 13 dropped the clock fields from cudaDeviceProp; the attributes still exist.
   if (cudaDeviceGetAttribute(&d.clock_khz, cudaDevAttrClockRate, ordinal) != cudaSuccess) {
     d.clock_khz = 0;
@@ -95,7 +102,11 @@ absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
   absl::Status st = [&]() -> absl::Status {
     RING_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
     RING_RETURN_IF_ERROR(internal::ProbeLoadedCode(&d.code_cc, &d.binary_cc));
-    return internal::ProbeMmaSubnormals(&d.mma_bf16_subnormals);
+    RING_RETURN_IF_ERROR(internal::ProbeMmaSubnormals(&d.mma_bf16_subnormals));
+    RING_RETURN_IF_ERROR(internal::ProbeWgmma(&d.wgmma));
+    const char* env = std::getenv("RING_CUDA_WGMMA");
+    if (env != nullptr && std::string_view(env) == "0") d.wgmma = false;
+    return absl::OkStatus();
   }();
   RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(prev));
   if (!st.ok()) {
@@ -150,10 +161,11 @@ std::string CodeAttestation::PtxString() const {
 std::string CodeAttestation::ToString() const {
   return absl::StrFormat(
       "%s (sm_%d), driver %s, runtime %s; binary SASS [%s], PTX [%s]; running sm_%d code "
-      "compiled from compute_%d%s; kernels: %s",
+      "compiled from compute_%d%s; %s; kernels: %s",
       device.name, device.cc, VersionString(device.driver_version),
       VersionString(device.runtime_version), SassString(), PtxString(), device.binary_cc,
       device.code_cc, sass_match ? "" : " (JIT from PTX: no SASS for this device)",
+      device.mps ? "MPS client (GPU context shared with other processes)" : "no MPS",
       absl::StrJoin(kernel_variants, "; "));
 }
 
@@ -170,7 +182,9 @@ absl::StatusOr<CodeAttestation> Attest(int ordinal) {
 #endif
   for (const BuildArch& b : a.sass) a.sass_match = a.sass_match || SassRunsOn(b, a.device.cc);
   a.kernel_variants.push_back(UseTensorCoreMatmul(a.device)
-                                  ? "matmul: tensor-core mma.sync GEMV/GEMM (sm_80+)"
+                                  ? (a.device.wgmma
+                                         ? "matmul: tensor-core mma.sync GEMV, wgmma prefill GEMM (sm_90a)"
+                                         : "matmul: tensor-core mma.sync GEMV/GEMM (sm_80+)")
                                   : "matmul: portable SIMT");
   a.kernel_variants.push_back("attention, indexer, MoE, norms: portable SIMT");
   return a;

@@ -56,6 +56,13 @@ struct DeviceInfo {
   // scale-free mxfp4 decode GEMV feeds it E2M1 values scaled by 2^-126, half of which are
   // bf16 subnormals, and is only chosen where they survive.
   bool mma_bf16_subnormals = false;
+  // Whether the image loaded for this device has Hopper's warpgroup MMA (built for sm_90a;
+  // probed once by a kernel): the prefill GEMM then runs on it. RING_CUDA_WGMMA=0 turns it
+  // off (A/B runs of one binary).
+  bool wgmma = false;
+  // Whether this process's context on the device is shared through CUDA MPS (several
+  // workers' stages on one GPU then run without context switches between them).
+  bool mps = false;
 
   std::string ToString() const;
 };

@@ -48,5 +48,19 @@ TEST(AttestationTest, RefusesPtxJitUnlessAllowed) {
   EXPECT_NE(thor.ToString().find("JIT from PTX"), std::string::npos);
 }
 
+// The default build carries sm_90a (wgmma) for Hopper: arch-specific SASS runs on exactly cc 90.
+TEST(AttestationTest, Sm90aRunsOnHopperOnly) {
+  EXPECT_TRUE(CheckAttestation(Fake(90, "90a;120a"), false).ok());
+  EXPECT_FALSE(CheckAttestation(Fake(100, "90a;120a"), false).ok());
+}
+
+// `ringctl describe` shows the summary: whether the worker shares its GPU context via MPS.
+TEST(AttestationTest, SummaryNamesMps) {
+  CodeAttestation a = Fake(90, "90a");
+  EXPECT_NE(a.ToString().find("no MPS"), std::string::npos) << a.ToString();
+  a.device.mps = true;
+  EXPECT_NE(a.ToString().find("MPS client"), std::string::npos) << a.ToString();
+}
+
 }  // namespace
 }  // namespace ring::cuda

@@ -64,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/model_ops.h"
@@ -832,8 +833,15 @@ TEST_F(GpuTest, PrefillGemmTileEdges) {
   };
   const Sh shapes[] = {{200, 544}, {576, 160}, {64, 1024}};
   uint32_t seed = 700;
-  for (int tile : {-1, 0, 1, 2}) {
-    TEST_SetGemmTile(tile);
+  // Every tile on each MMA family the device has: wgmma (sm_90a builds on Hopper) and
+  // mma.sync.
+  std::vector<std::pair<int, bool>> configs;
+  for (bool wg : {true, false}) {
+    if (wg && !dev_->wgmma) continue;
+    for (int tile : {-1, 0, 1, 2}) configs.push_back({tile, wg});
+  }
+  for (const auto& [tile, wg] : configs) {
+    TEST_SetGemmTile(tile, wg);
     for (const Fmt& fm : fmts) {
       for (const Sh& sh : shapes) {
         if (!fm.all_shapes && sh.rows != shapes[0].rows) continue;
@@ -848,7 +856,16 @@ TEST_F(GpuTest, PrefillGemmTileEdges) {
           probe.m = m;
           const std::string kernel = KernelOf(*w, probe);
           EXPECT_EQ(kernel, "gemm") << w->Mode();
-          Report(absl::StrFormat("qmm_t[%s] tile%d", kernel, tile),
+          absl::StatusOr<std::string> desc = DescribeQmm(w->dev.view, probe);
+          ASSERT_TRUE(desc.ok()) << desc.status();
+          // 4-bit formats take wgmma where allowed; 16-bit weights never do (LaunchGemm);
+          // 8-bit ones may have no wgmma tile that fits a forced choice (then mma.sync runs).
+          if (!wg || (fm.f.spec.mode != QuantMode::kNone && fm.f.spec.bits <= 4)) {
+            EXPECT_EQ(absl::StrContains(*desc, " wgmma"), wg) << *desc;
+          } else if (fm.f.spec.mode == QuantMode::kNone) {
+            EXPECT_FALSE(absl::StrContains(*desc, " wgmma")) << *desc;
+          }
+          Report(absl::StrFormat("qmm_t[%s%s] tile%d", kernel, wg ? " wgmma" : "", tile),
                  absl::StrFormat("M%d %s", m, w->Shape()), w->Mode(),
                  GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto), CpuMatmulT(*w, x, m),
                  MatmulTol(*w, kernel), w->rows);
@@ -883,7 +900,7 @@ TEST_F(GpuTest, PrefillGemmTileEdges) {
       a.x_dtype = DType::kBF16;
       const std::string kernel = KernelOf(*w, a);
       EXPECT_EQ(kernel, "gemm") << w->Mode();
-      Report(absl::StrFormat("qmm_t[%s] tile%d experts", kernel, tile),
+      Report(absl::StrFormat("qmm_t[%s%s] tile%d experts", kernel, wg ? " wgmma" : "", tile),
              absl::StrFormat("5 x M%d of %s", m, w->Shape()), w->Mode(), got, ref,
              MatmulTol(*w, kernel), rows);
       const std::vector<int32_t> bad_ids = {1, 6};

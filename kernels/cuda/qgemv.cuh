@@ -164,7 +164,11 @@ void TEST_SetQgemvTuning(int variant, int wk_cap);
 
 // Test hook for the prefill GEMM: -1 = automatic tile choice, 0 = 256 rows x 128 tokens,
 // 1 = 128 x 128, 2 = 128 x 64. A forced tile that does not fit the device runs SIMT.
-void TEST_SetGemmTile(int tile);
+// wgmma = false keeps the GEMM on mma.sync on a device that has wgmma (DeviceInfo::wgmma).
+void TEST_SetGemmTile(int tile, bool wgmma = true);
+// The same tile choice for grouped-row launches (MoE experts in prefill) only; -1 = as
+// TEST_SetGemmTile says.
+void TEST_SetGroupedGemmTile(int tile);
 
 }  // namespace ring::cuda
 
