@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <functional>
 #include <iostream>
+#include <map>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kernels/status.h"
@@ -217,11 +221,14 @@ class RemoteRing final : public Ring {
     // What each worker runs on and where, for the choice of every hop's transport. A worker
     // that does not answer here gets gRPC hops (its Link will say whether it is gone).
     std::vector<pb::DescribeResponse> described(n);
-    if (o.transport == RingTransport::kAuto && n > 1) {
+    if (n > 1) {
+      std::vector<std::string> names;
       for (int i = 0; i < n; ++i) {
         absl::StatusOr<pb::DescribeResponse> d = clients_[i]->Describe();
         if (d.ok()) described[i] = *std::move(d);
+        names.push_back(clients_[i]->name());
       }
+      for (const std::string& w : SharedGpuWarnings(described, names)) std::cerr << "ring: warning: " << w << "\n";
     }
     for (int i = 0; i < n; ++i) {
       pb::LinkRequest req;
@@ -503,7 +510,40 @@ HopTransportChoice ChooseHopTransport(const pb::DescribeResponse& from, const pb
             absl::StrCat("NCCL needs CUDA workers: ", from.backend().empty() ? "unknown" : from.backend(), " -> ",
                          to.backend().empty() ? "unknown" : to.backend())};
   }
+  const std::string& gpu = from.attestation().gpu_uuid();
+  if (!gpu.empty() && gpu == to.attestation().gpu_uuid()) {
+    return {false, true, absl::StrCat("both stages run on one GPU (", gpu, "); NCCL needs a device per stage")};
+  }
   return {true, true, ""};
+}
+
+std::vector<std::string> SharedGpuWarnings(const std::vector<pb::DescribeResponse>& described,
+                                           const std::vector<std::string>& names) {
+  std::map<std::pair<std::string, std::string>, std::vector<size_t>> by_gpu;
+  for (size_t i = 0; i < described.size(); ++i) {
+    const pb::DescribeResponse& d = described[i];
+    if (d.host_id().empty() || d.attestation().gpu_uuid().empty()) continue;
+    by_gpu[{d.host_id(), d.attestation().gpu_uuid()}].push_back(i);
+  }
+  std::vector<std::string> out;
+  for (const auto& [key, workers] : by_gpu) {
+    if (workers.size() < 2) continue;
+    bool all_mps = true;
+    std::vector<std::string> who;
+    for (size_t i : workers) {
+      all_mps = all_mps && described[i].attestation().mps();
+      who.push_back(absl::StrCat(i < names.size() ? names[i] : absl::StrCat("worker ", i),
+                                 described[i].attestation().mps() ? "" : " (no MPS)"));
+    }
+    if (all_mps) continue;
+    out.push_back(absl::StrCat(
+        absl::StrJoin(who, ", "), " share GPU ", key.second, " (", described[workers[0]].attestation().device_name(),
+        ") on ", key.first,
+        " without CUDA MPS: the GPU switches between their contexts at every hop, which costs each token "
+        "compute time; start `nvidia-cuda-mps-control -d` (same CUDA_MPS_PIPE_DIRECTORY for the daemon "
+        "and the workers) before the workers"));
+  }
+  return out;
 }
 
 worker::StageClientOptions ClientOptions(const RingOptions& o, absl::Duration call_timeout) {

@@ -214,8 +214,9 @@ class Ring {
 // (LinkRequest.shm) when both run on the same host (DescribeResponse.host_id), whatever
 // their backends; with an NCCL data plane for large payloads (LinkRequest.nccl) when both
 // also run on CUDA devices, except on the hop that closes the ring (last stage -> stage 0:
-// `closing`), which carries sampled tokens, never hidden states. Without NCCL, `reason`
-// says why (LinkRequest.transport_reason).
+// `closing`), which carries sampled tokens, never hidden states, and between two workers on
+// one GPU (the same DeviceAttestation.gpu_uuid: NCCL needs a device per rank). Without
+// NCCL, `reason` says why (LinkRequest.transport_reason).
 struct HopTransportChoice {
   bool nccl = false;
   bool shm = false;  // the two are on one host: frames through shared memory (any backend)
@@ -224,6 +225,13 @@ struct HopTransportChoice {
 HopTransportChoice ChooseHopTransport(const ringserve::v1::DescribeResponse& from,
                                       const ringserve::v1::DescribeResponse& to,
                                       RingTransport transport, bool closing = false);
+
+// Workers of one host that share a GPU (the same host_id and DeviceAttestation.gpu_uuid)
+// while one of them is not an MPS client: one line per GPU naming the workers (`names`, in
+// the order of `described`) and what to do. Without MPS the GPU switches between their
+// contexts at every hop (one H200, 4 stages: 0.62 of one process's tokens/s, 0.85 with MPS).
+std::vector<std::string> SharedGpuWarnings(const std::vector<ringserve::v1::DescribeResponse>& described,
+                                           const std::vector<std::string>& names);
 
 // Client options (deadlines, token, TLS) for talking to the workers of `options`.
 worker::StageClientOptions ClientOptions(const RingOptions& options, absl::Duration call_timeout);

@@ -64,5 +64,42 @@ TEST(ChooseHopTransport, ConfigGrpcIsAlwaysGrpc) {
   EXPECT_NE(c.reason.find("grpc"), std::string::npos) << c.reason;
 }
 
+pb::DescribeResponse OnGpu(const std::string& host, const std::string& uuid, bool mps) {
+  pb::DescribeResponse d = Worker("cuda:0", host);
+  d.mutable_attestation()->set_device_name("NVIDIA H200");
+  d.mutable_attestation()->set_gpu_uuid(uuid);
+  d.mutable_attestation()->set_mps(mps);
+  return d;
+}
+
+// Two processes on one GPU cannot be NCCL ranks of each other; their frames still go
+// through shared memory.
+TEST(ChooseHopTransport, OneGpuHasNoNccl) {
+  const HopTransportChoice c = ChooseHopTransport(OnGpu("m1/h", "GPU-a", true), OnGpu("m1/h", "GPU-a", true),
+                                                  RingTransport::kAuto);
+  EXPECT_FALSE(c.nccl);
+  EXPECT_TRUE(c.shm);
+  EXPECT_NE(c.reason.find("one GPU (GPU-a)"), std::string::npos) << c.reason;
+  EXPECT_TRUE(ChooseHopTransport(OnGpu("m1/h", "GPU-a", false), OnGpu("m1/h", "GPU-b", false),
+                                 RingTransport::kAuto)
+                  .nccl);
+}
+
+TEST(SharedGpuWarnings, NamesWorkersSharingAGpuWithoutMps) {
+  const std::vector<std::string> names = {"w0", "w1", "w2", "w3"};
+  // w0 and w2 share GPU-a on m1 (w2 without MPS); w1 is alone on GPU-b; w3 has GPU-a's UUID
+  // on another host (not the same GPU).
+  std::vector<pb::DescribeResponse> d = {OnGpu("m1/h", "GPU-a", true), OnGpu("m1/h", "GPU-b", false),
+                                         OnGpu("m1/h", "GPU-a", false), OnGpu("m2/h", "GPU-a", false)};
+  std::vector<std::string> w = SharedGpuWarnings(d, names);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("w0, w2 (no MPS) share GPU GPU-a (NVIDIA H200) on m1/h"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("nvidia-cuda-mps-control -d"), std::string::npos) << w[0];
+  // All of them MPS clients: nothing to say; CPU workers (no UUID) never count.
+  d[2].mutable_attestation()->set_mps(true);
+  EXPECT_TRUE(SharedGpuWarnings(d, names).empty());
+  EXPECT_TRUE(SharedGpuWarnings({Worker("cpu", "m1/h"), Worker("cpu", "m1/h")}, names).empty());
+}
+
 }  // namespace
 }  // namespace ring

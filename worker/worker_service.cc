@@ -236,6 +236,8 @@ absl::StatusOr<pb::DeviceAttestation> AttestDevice(const std::string& device,
   RING_RETURN_IF_ERROR(cuda::CheckAttestation(a, allow_ptx_jit));
   pb::DeviceAttestation p;
   p.set_device_name(a.device.name);
+  p.set_gpu_uuid(a.device.uuid);
+  p.set_mps(a.device.mps);
   p.set_compute_capability(a.device.cc);
   p.set_driver_version(a.device.driver_version);
   p.set_runtime_version(a.device.runtime_version);

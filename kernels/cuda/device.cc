@@ -74,6 +74,10 @@ absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
   cudaDeviceProp prop{};
   RING_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
   d.name = prop.name;
+  const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  d.uuid = absl::StrFormat("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                           u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+                           u[11], u[12], u[13], u[14], u[15]);
   d.cc = prop.major * 10 + prop.minor;
   d.sm_count = prop.multiProcessorCount;
   d.l2_bytes = prop.l2CacheSize;
@@ -186,7 +190,9 @@ absl::StatusOr<CodeAttestation> Attest(int ordinal) {
                                          ? "matmul: tensor-core mma.sync GEMV, wgmma prefill GEMM (sm_90a)"
                                          : "matmul: tensor-core mma.sync GEMV/GEMM (sm_80+)")
                                   : "matmul: portable SIMT");
-  a.kernel_variants.push_back("attention, indexer, MoE, norms: portable SIMT");
+  a.kernel_variants.push_back(UseTensorCoreMatmul(a.device)
+                                  ? "attention: tensor-core prefill, split decode; indexer, MoE, norms: SIMT"
+                                  : "attention, indexer, MoE, norms: portable SIMT");
   return a;
 }
 

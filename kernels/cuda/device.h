@@ -37,6 +37,7 @@ inline constexpr int kAnyCc = 1 << 20;
 struct DeviceInfo {
   int ordinal = 0;
   std::string name;
+  std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it
   int cc = 0;                 // 10*major + minor
   int sm_count = 0;
   int64_t mem_total = 0;      // bytes
