@@ -5,8 +5,8 @@
 #include <iostream>
 #include <map>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -218,8 +218,9 @@ class RemoteRing final : public Ring {
   // barrier, under the same formation number.
   absl::Status Close(const RingOptions& o) {
     const int n = static_cast<int>(clients_.size());
-    // What each worker runs on and where, for the choice of every hop's transport. A worker
-    // that does not answer here gets gRPC hops (its Link will say whether it is gone).
+    // What each worker runs on and where, for the choice of every hop's transport and the
+    // shared-GPU warning. A worker that does not answer here gets gRPC hops (its Link will
+    // say whether it is gone).
     std::vector<pb::DescribeResponse> described(n);
     if (n > 1) {
       std::vector<std::string> names;
