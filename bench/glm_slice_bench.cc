@@ -19,7 +19,8 @@
 //   glm_slice_bench --model DIR [--device cuda] [--prompt 2048] [--decode 64] [--short 16]
 //                   [--reps 3] [--no-probe] [--grouped-tile N]
 // --grouped-tile N forces the prefill GEMM's tile N for the grouped (MoE expert) launches
-// only (TEST_SetGroupedGemmTile; tuning aid).
+// only (TEST_SetGroupedGemmTile: 0..2 one tile, 3 the automatic large + small split;
+// tuning aid).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

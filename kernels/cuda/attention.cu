@@ -489,21 +489,39 @@ constexpr int kMmaKeys = 64;
 __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return qdec::F32ToBf16Bits(lo) | (qdec::F32ToBf16Bits(hi) << 16);
 }
-// The low bf16 half of p (its remainder after rounding to bf16).
-__device__ __forceinline__ float Bf16Rest(float p) { return p - qdec::RoundToBf16(p); }
+// (a, b) as bf16 pairs hi = bf16(a, b) and lo = bf16(a - hi.a, b - hi.b): hi's halves read
+// back from its own bits rather than rounded a second time.
+__device__ __forceinline__ void SplitBf16x2(float a, float b, uint32_t* hi, uint32_t* lo) {
+  *hi = PackBf16x2(a, b);
+  *lo = PackBf16x2(a - __uint_as_float(*hi << 16), b - __uint_as_float(*hi & 0xffff0000u));
+}
 
 // dst[(h * S + j) * d + c] = bf16(src[j * tok + h * head + c]) for the S rows of the hkv heads
-// (4 values a thread; rows 16-byte aligned, d % 8 == 0).
+// (rows 16-byte aligned, d % 8 == 0). A block of kKvRows x 32 threads takes kKvRows
+// destination rows (threadIdx.y), each row's lanes 4 values at a time: one 32-bit division
+// a row instead of two 64-bit ones per 4 values (which held this copy at ~1/6 of the
+// bandwidth).
+constexpr int kKvRows = 8;
 __global__ void KvToBf16Kernel(const float* src, int64_t tok, int64_t head, int64_t S, int64_t hkv, int64_t d,
                                uint16_t* dst) {
   PdlBegin();
-  const int64_t n4 = hkv * S * d / 4;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n4;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = (4 * e) % d, j = (4 * e / d) % S, h = 4 * e / (d * S);
-    const float4 v = LoadProduced(reinterpret_cast<const float4*>(src + j * tok + h * head + c));
-    *reinterpret_cast<uint2*>(dst + 4 * e) = make_uint2(PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w));
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kKvRows + threadIdx.y;
+  if (r >= hkv * S) return;
+  const int64_t h = r / S, j = r - h * S;
+  const float* srow = src + j * tok + h * head;
+  uint16_t* drow = dst + r * d;
+  for (int64_t c = 4 * threadIdx.x; c < d; c += 4 * 32) {
+    const float4 v = LoadProduced(reinterpret_cast<const float4*>(srow + c));
+    *reinterpret_cast<uint2*>(drow + c) = make_uint2(PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w));
   }
+}
+absl::Status LaunchKvToBf16(const float* src, int64_t tok, int64_t head, int64_t S, int64_t hkv,
+                            int64_t d, uint16_t* dst, cudaStream_t stream) {
+  const int64_t blocks = (hkv * S + kKvRows - 1) / kKvRows;
+  if (blocks > 0x7fffffff) return absl::InvalidArgumentError("attention: too many key rows");
+  RING_LAUNCH_PDL(KvToBf16Kernel, dim3(static_cast<unsigned>(blocks)), dim3(32, kKvRows), 0, stream,
+                  src, tok, head, S, hkv, d, dst);
+  return absl::OkStatus();
 }
 
 // Shared memory: two stages of (K, V[, k_pe]) tile rows, then (RD > 0) the block's scaled
@@ -536,29 +554,50 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
   const uint16_t* vh_rows = vb + kh * p.S * p.dv + d0;
   const int64_t ilast = min(p.L, ib0 + kMmaQ) - 1;
   const int64_t jend = p.causal_offset >= 0 ? min(p.S, p.causal_offset + ilast + 1) : p.S;
-  // Queues the copies of the key tile at j0 into stage `st` (rows past jend: zeros).
+  // Queues the copies of the key tile at j0 into stage `st` (rows past jend: zeros). Eight
+  // threads a row, kCopyRows rows a pass: thread (cr, cc) copies the 16-byte chunks cc + 8 i
+  // of rows cr + kCopyRows * j, so each copy is a base pointer plus a compile-time offset
+  // (a div/mod and a fresh address per chunk made the copies ~40% of the kernel's
+  // instructions).
+  constexpr int kCopyRows = kMmaWarps * 32 / 8;
+  static_assert(kMmaKeys % kCopyRows == 0 && DK % 64 == 0 && DVC % 64 == 0 && RD % 64 == 0);
+  const int cr = threadIdx.x >> 3, cc = 8 * (threadIdx.x & 7);
+  // A tile whose rows all exist (every one but a block's last) takes the copies without
+  // predicates: one source pointer per array, the rest compile-time offsets (and, for V, a
+  // stride computed once).
+  const int64_t vstride = kCopyRows * p.dv;
   auto load_tile = [&](int64_t j0, int st) {
-    uint16_t* ks = msm + st * kTile;
-    uint16_t* vs = ks + kMmaKeys * kKst;
-    constexpr int kKc = DK / 8, kVc = DVC / 8;  // 16-byte chunks per row
-    for (int e = threadIdx.x; e < kMmaKeys * kKc; e += blockDim.x) {
-      const int r = e / kKc, c = 8 * (e % kKc);
-      const bool ok = j0 + r < jend;
-      CpAsync16(ks + r * kKst + c, kh_rows + (ok ? (j0 + r) * DK + c : 0), ok);
-    }
-    for (int e = threadIdx.x; e < kMmaKeys * kVc; e += blockDim.x) {
-      const int r = e / kVc, c = 8 * (e % kVc);
-      const bool ok = j0 + r < jend;
-      CpAsync16(vs + r * kVst + c, vh_rows + (ok ? (j0 + r) * p.dv + c : 0), ok);
-    }
-    if constexpr (RD > 0) {
-      uint16_t* ps = vs + kMmaKeys * kVst;
-      constexpr int kPc = RD / 8;
-      for (int e = threadIdx.x; e < kMmaKeys * kPc; e += blockDim.x) {
-        const int r = e / kPc, c = 8 * (e % kPc);
-        const bool ok = j0 + r < jend;
-        CpAsync16(ps + r * kPst + c, pb + (ok ? (j0 + r) * RD + c : 0), ok);
+    uint16_t* const ks = msm + st * kTile + cr * kKst + cc;
+    uint16_t* const vs = msm + st * kTile + kMmaKeys * kKst + cr * kVst + cc;
+    uint16_t* const ps = msm + st * kTile + kMmaKeys * (kKst + kVst) + cr * kPst + cc;
+    auto copy_rows = [&](auto whole_tag) {
+      constexpr bool kWhole = decltype(whole_tag)::value;
+      const int64_t left = jend - j0 - cr;  // rows cr + kCopyRows * j < jend - j0 exist
+      const uint16_t* ksrc = kh_rows + (j0 + cr) * DK + cc;
+      const uint16_t* vsrc = vh_rows + (j0 + cr) * p.dv + cc;
+      [[maybe_unused]] const uint16_t* psrc = nullptr;
+      if constexpr (RD > 0) psrc = pb + (j0 + cr) * RD + cc;
+#pragma unroll
+      for (int j = 0; j < kMmaKeys / kCopyRows; ++j) {
+        const bool ok = kWhole || kCopyRows * j < left;
+        // A missing row copies nothing (zero fill) from the array's first row.
+        const uint16_t* kq = ok ? ksrc + j * kCopyRows * DK : kh_rows;
+        const uint16_t* vq = ok ? vsrc + j * vstride : vh_rows;
+#pragma unroll
+        for (int i = 0; i < DK / 64; ++i) CpAsync16(ks + j * kCopyRows * kKst + 64 * i, kq + 64 * i, ok);
+#pragma unroll
+        for (int i = 0; i < DVC / 64; ++i) CpAsync16(vs + j * kCopyRows * kVst + 64 * i, vq + 64 * i, ok);
+        if constexpr (RD > 0) {
+          const uint16_t* pq = ok ? psrc + j * kCopyRows * RD : pb;
+#pragma unroll
+          for (int i = 0; i < RD / 64; ++i) CpAsync16(ps + j * kCopyRows * kPst + 64 * i, pq + 64 * i, ok);
+        }
       }
+    };
+    if (j0 + kMmaKeys <= jend) {
+      copy_rows(std::true_type{});
+    } else {
+      copy_rows(std::false_type{});
     }
     CpAsyncCommit();
   };
@@ -566,14 +605,28 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
   if constexpr (RD > 0) {
     // The block's rope queries, scaled and rounded as cpu::MlaAttention's pe term; read by
     // ldmatrix as A fragments at every tile (kept out of registers, which the nope queries
-    // and the accumulators fill). Visible after the first tile's barrier.
-    for (int e = threadIdx.x; e < kMmaQ * RD; e += blockDim.x) {
-      const int r = e / RD, c = e % RD;
+    // and the accumulators fill). Visible after the first tile's barrier. Four values a
+    // thread and step, all steps' loads issued before the first is used (one at a time,
+    // each waiting for its load, this took ~8% of the kernel's time).
+    constexpr int kQ4 = kMmaQ * RD / 4 / (kMmaWarps * 32);  // float4 per thread
+    static_assert(kQ4 * 4 * kMmaWarps * 32 == kMmaQ * RD);
+    float4 qv[kQ4];
+#pragma unroll
+    for (int k = 0; k < kQ4; ++k) {
+      const int e = threadIdx.x + k * kMmaWarps * 32;
+      const int r = e / (RD / 4), c = 4 * (e % (RD / 4));
       const int64_t i = ib0 + r;
-      const float v = i < p.L ? qdec::RoundToBf16(LoadProduced(p.q_pe + i * p.q_pe_tok + h * p.q_pe_head + c) *
-                                                  p.scale)
-                              : 0.f;
-      qpe[r * kPst + c] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v));
+      qv[k] = i < p.L ? LoadProduced(reinterpret_cast<const float4*>(p.q_pe + i * p.q_pe_tok +
+                                                                     h * p.q_pe_head + c))
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < kQ4; ++k) {
+      const int e = threadIdx.x + k * kMmaWarps * 32;
+      const int r = e / (RD / 4), c = 4 * (e % (RD / 4));
+      auto q = [&](float v) { return qdec::RoundToBf16(v * p.scale); };
+      *reinterpret_cast<uint2*>(qpe + r * kPst + c) =
+          make_uint2(PackBf16x2(q(qv[k].x), q(qv[k].y)), PackBf16x2(q(qv[k].z), q(qv[k].w)));
     }
   }
   // The warp's 16 query rows as A fragments, for the whole kernel (rows past L are zero).
@@ -645,25 +698,42 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
         for (int e = 0; e < 4; ++e) sc[nt][e] = sc[nt][e] * p.scale + qdec::RoundToBf16(pe[e]);
       }
     }
-    // Scale, mask, and the tile's row maxima (element e: row e >> 1, key 2t + (e & 1)).
+    // Scale, mask, and the tile's row maxima (element e: row e >> 1, key 2t + (e & 1)). A
+    // tile whole for all the warp's rows (every key inside each row's causal range, no row
+    // past L, no mask to read) needs no per-score checks: warp-uniform, same arithmetic.
     float mx[2] = {-INFINITY, -INFINITY};
+    const int64_t wrow0 = ib0 + warp * 16;
+    const bool whole = n == kMmaKeys && wrow0 + 15 < p.L &&
+                       (p.causal_offset < 0 || j0 + kMmaKeys - 1 <= p.causal_offset + wrow0) &&
+                       (RD > 0 ? p.allowed == nullptr : p.add_mask == nullptr);
+    if (whole) {
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
+      for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int64_t i = row[r], j = j0 + nt * 8 + 2 * t + (e & 1);
-        float v = -INFINITY;
-        if (j < j0 + n && i < p.L && (p.causal_offset < 0 || j <= p.causal_offset + i)) {
-          if constexpr (RD > 0) {
-            if (p.allowed == nullptr || LoadProduced(p.allowed + i * p.S + j) != 0) v = sc[nt][e];
-          } else {
-            v = sc[nt][e] * p.scale;
-            if (p.add_mask != nullptr) v += LoadProduced(p.add_mask + (h * p.L + i) * p.S + j);
-          }
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (RD == 0) sc[nt][e] *= p.scale;
+          mx[e >> 1] = fmaxf(mx[e >> 1], sc[nt][e]);
         }
-        sc[nt][e] = v;
-        mx[r] = fmaxf(mx[r], v);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const int64_t i = row[r], j = j0 + nt * 8 + 2 * t + (e & 1);
+          float v = -INFINITY;
+          if (j < j0 + n && i < p.L && (p.causal_offset < 0 || j <= p.causal_offset + i)) {
+            if constexpr (RD > 0) {
+              if (p.allowed == nullptr || LoadProduced(p.allowed + i * p.S + j) != 0) v = sc[nt][e];
+            } else {
+              v = sc[nt][e] * p.scale;
+              if (p.add_mask != nullptr) v += LoadProduced(p.add_mask + (h * p.L + i) * p.S + j);
+            }
+          }
+          sc[nt][e] = v;
+          mx[r] = fmaxf(mx[r], v);
+        }
       }
     }
     float cold[2];
@@ -672,7 +742,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float mn = fmaxf(m[r], mx[r]);
-      cold[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - mn);  // mn >= m[r]
+      // expf(-inf) = 0: the old row had no score yet (m = -inf, mn >= m[r] otherwise). A
+      // select, not a branch around expf.
+      cold[r] = expf(m[r] == -INFINITY ? -INFINITY : m[r] - mn);
       m[r] = mn;
     }
     float ls[2] = {0.f, 0.f};
@@ -681,7 +753,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        const float pe = sc[nt][e] == -INFINITY ? 0.f : expf(sc[nt][e] - m[r]);
+        // Masked scores (-inf) weigh 0, also where the row max is still -inf.
+        const float pe = expf(sc[nt][e] == -INFINITY ? -INFINITY : sc[nt][e] - m[r]);
         sc[nt][e] = pe;
         ls[r] += pe;
       }
@@ -706,12 +779,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
     for (int kc = 0; kc < kMmaKeys / 16; ++kc) {
       const float* pa = sc[2 * kc];
       const float* pb = sc[2 * kc + 1];
-      const uint32_t h0 = PackBf16x2(pa[0], pa[1]), h1 = PackBf16x2(pa[2], pa[3]);
-      const uint32_t h2 = PackBf16x2(pb[0], pb[1]), h3 = PackBf16x2(pb[2], pb[3]);
-      const uint32_t l0 = PackBf16x2(Bf16Rest(pa[0]), Bf16Rest(pa[1]));
-      const uint32_t l1 = PackBf16x2(Bf16Rest(pa[2]), Bf16Rest(pa[3]));
-      const uint32_t l2 = PackBf16x2(Bf16Rest(pb[0]), Bf16Rest(pb[1]));
-      const uint32_t l3 = PackBf16x2(Bf16Rest(pb[2]), Bf16Rest(pb[3]));
+      uint32_t h0, h1, h2, h3, l0, l1, l2, l3;
+      SplitBf16x2(pa[0], pa[1], &h0, &l0);
+      SplitBf16x2(pa[2], pa[3], &h1, &l1);
+      SplitBf16x2(pb[0], pb[1], &h2, &l2);
+      SplitBf16x2(pb[2], pb[3], &h3, &l3);
       const uint16_t* vr = vs + (kc * 16 + 8 * (lq & 1) + lr) * kVst + 8 * (lq >> 1);
 #pragma unroll
       for (int dt = 0; dt < kDt; dt += 2) {
@@ -769,8 +841,8 @@ bool AttentionVec(const AttentionParams& p) {
 
 // Whether the tensor-core kernel takes p: bf16 activations, a prompt of at least kTileMinL
 // rows, dk in {64, 128, 192, 256}, dv a multiple of 64 up to 256, 16-byte aligned K/V rows,
-// rope scores in the kernel only for rope 64 with dk 128 or 192, and its shared memory within
-// the device's limit.
+// rope scores in the kernel only for rope 64 with dk 128 or 192 (q_pe rows 16-byte aligned
+// too), and its shared memory within the device's limit.
 bool MmaTakes(const AttentionParams& p, cpu::ActDType round, const DeviceInfo& dev) {
   if (round != cpu::ActDType::kBF16 || !AttentionVec(p) || p.L < kTileMinL || p.hq > 65535 ||
       p.dv % 64 != 0 || p.dv > 256 || (p.L + kMmaQ - 1) / kMmaQ > 0x7fffffff || !AttentionMmaEnabled()) {
@@ -778,7 +850,8 @@ bool MmaTakes(const AttentionParams& p, cpu::ActDType round, const DeviceInfo& d
   }
   if (p.dk != 64 && p.dk != 128 && p.dk != 192 && p.dk != 256) return false;
   if (p.rope > 0 && (p.rope != 64 || (p.dk != 128 && p.dk != 192) || p.q_pe == nullptr ||
-                     !Aligned16(p.k_pe, p.rope, p.rope))) {
+                     !Aligned16(p.k_pe, p.rope, p.rope) ||
+                     !Aligned16(p.q_pe, p.q_pe_tok, p.q_pe_head))) {
     return false;
   }
   return MmaSmemBytes(p.dk, MmaDvc(p.dv), p.rope) <= dev.smem_per_block_optin;
@@ -799,13 +872,10 @@ absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
   uint16_t* kb = kvb.as<uint16_t>();
   uint16_t* vb = kb + kn;
   uint16_t* pb = RD > 0 ? vb + vn : nullptr;
-  RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(kn / 4, 256), 256, 0, stream, p.k, p.k_tok, p.k_head, p.S, p.hkv,
-                  static_cast<int64_t>(DK), kb);
-  RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(vn / 4, 256), 256, 0, stream, p.v, p.v_tok, p.v_head, p.S, p.hkv,
-                  p.dv, vb);
+  RING_RETURN_IF_ERROR(LaunchKvToBf16(p.k, p.k_tok, p.k_head, p.S, p.hkv, DK, kb, stream));
+  RING_RETURN_IF_ERROR(LaunchKvToBf16(p.v, p.v_tok, p.v_head, p.S, p.hkv, p.dv, vb, stream));
   if (RD > 0) {
-    RING_LAUNCH_PDL(KvToBf16Kernel, Blocks(pn / 4, 256), 256, 0, stream, p.k_pe, static_cast<int64_t>(RD),
-                    int64_t{0}, p.S, int64_t{1}, static_cast<int64_t>(RD), pb);
+    RING_RETURN_IF_ERROR(LaunchKvToBf16(p.k_pe, RD, 0, p.S, 1, RD, pb, stream));
   }
   const dim3 grid(static_cast<unsigned>((p.L + kMmaQ - 1) / kMmaQ), static_cast<unsigned>(p.hq),
                   static_cast<unsigned>(p.dv / DVC));

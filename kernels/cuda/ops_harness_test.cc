@@ -1718,6 +1718,50 @@ void ReportBf16Copy(const std::string& shape, cpu::ActDType t, const SplitRun& r
   ReportExact("attn split bf16 copy", shape, ActName(t), got, want);
 }
 
+// The bf16 copies the elementwise ops write for the GEMMs after them: SwiGlu's out_bf16 and
+// ToBf16, on the 16-byte path (n % 4 == 0, aligned) and the scalar one (n odd, or the input
+// one float past an aligned address); every copy must be exactly the fp32 value's bf16 bits.
+TEST_F(GpuTest, Bf16CopiesOfElementwiseOutputs) {
+  for (int64_t n : {int64_t{2048 * 12}, int64_t{4099}}) {
+    for (int64_t skew : {int64_t{0}, int64_t{1}}) {
+      const std::vector<float> a = RandomFloats(n + 1, 93, 4.f, false);
+      const std::vector<float> b = RandomFloats(n + 1, 94, 2.f, false);
+      DeviceBuffer da = UpF(a), db = UpF(b), dout = Zeros(n + 1);
+      absl::StatusOr<DeviceBuffer> dbf = DeviceBuffer::Allocate((n + 1) * 2);
+      ASSERT_TRUE(dbf.ok()) << dbf.status();
+      const std::string shape = absl::StrFormat("%d%s", n, skew ? " +1 float" : "");
+      // SwiGlu: fp32 output and its bf16 bits (skew shifts all three arrays).
+      ASSERT_TRUE(SwiGlu(DevArray{da.as<float>() + skew, DType::kF32},
+                         DevArray{db.as<float>() + skew, DType::kF32}, n, cpu::ActDType::kF32,
+                         DevMutArray{dout.as<float>() + skew, DType::kF32}, nullptr,
+                         dbf->as<uint16_t>() + skew)
+                      .ok());
+      std::vector<float> ref(n);
+      cpu::SwiGlu(a.data() + skew, b.data() + skew, n, cpu::ActDType::kF32, ref.data());
+      const std::vector<float> out = Dl(dout.as<float>(), n + 1);
+      Report("swiglu (bf16 copy run)", shape, "fp32",
+             std::vector<float>(out.begin() + skew, out.begin() + skew + n), ref, EwTol(cpu::ActDType::kF32));
+      absl::StatusOr<std::vector<uint16_t>> bits = dbf->ToVector<uint16_t>(n + 1);
+      ASSERT_TRUE(bits.ok()) << bits.status();
+      std::vector<int32_t> got(n), want(n);
+      for (int64_t i = 0; i < n; ++i) {
+        got[i] = (*bits)[i + skew];
+        want[i] = FloatToBf16(out[i + skew]);
+      }
+      ReportExact("swiglu bf16 copy", shape, "fp32", got, want);
+      // ToBf16 of the gate input.
+      ASSERT_TRUE(ToBf16(da.as<float>() + skew, n, dbf->as<uint16_t>() + skew, nullptr).ok());
+      bits = dbf->ToVector<uint16_t>(n + 1);
+      ASSERT_TRUE(bits.ok()) << bits.status();
+      for (int64_t i = 0; i < n; ++i) {
+        got[i] = (*bits)[i + skew];
+        want[i] = FloatToBf16(a[i + skew]);
+      }
+      ReportExact("to_bf16", shape, "fp32", got, want);
+    }
+  }
+}
+
 TEST_F(GpuTest, AttentionGqaSplitKeys) {
   // Qwen3-0.6B-like decode (16 / 8 heads, d 128) over 4096 keys (causal offset S - 1) and
   // 8191 (a ragged last split); d = 64 and d = 256 over ~5000 keys; a causal offset far
@@ -2200,6 +2244,36 @@ TEST_F(GpuTest, MoeExpertsGrouped) {
     CheckGroupedExperts(*gate, *up, *down, 300, 1, Routing::kOneTakesAll, path, ++seed);
     CheckGroupedExperts(*gate, *up, *down, 300, 3, Routing::kUnbalanced, path, ++seed);
   }
+}
+
+// The grouped launch's tile choices: automatic (each expert's whole 128-token tiles on the
+// large tile, rests of at most 64 tokens on the small one, two launches), each single tile
+// forced, and the split forced; both MMA families. Row counts per expert cover whole tiles
+// plus short and long rests (300 rows = 2 x 128 + 44, 225 = 128 + 97) and experts with
+// only a rest.
+TEST_F(GpuTest, GroupedExpertsTileChoices) {
+  const int64_t E = 8, hidden = 256, inter = 128;
+  uint32_t seed = 1750;
+  std::vector<std::pair<int, bool>> configs;
+  for (bool wg : {true, false}) {
+    if (wg && !dev_->wgmma) continue;
+    for (int tile : {-1, 0, 1, 2, 3}) configs.push_back({tile, wg});
+  }
+  for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
+                              FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
+    auto [gate, up, down] = MakeExperts(f, E, hidden, inter, seed);
+    ASSERT_TRUE(gate && up && down);
+    for (const auto& [grouped, wg] : configs) {
+      SCOPED_TRACE(absl::StrFormat("grouped tile %d wgmma %d", grouped, wg));
+      TEST_SetGemmTile(-1, wg);
+      TEST_SetGroupedGemmTile(grouped);
+      CheckGroupedExperts(*gate, *up, *down, 300, 1, Routing::kOneTakesAll, ExpertsPath::kGrouped, ++seed);
+      CheckGroupedExperts(*gate, *up, *down, 300, 3, Routing::kUnbalanced, ExpertsPath::kGrouped, ++seed);
+      CheckGroupedExperts(*gate, *up, *down, 40, 2, Routing::kSomeEmpty, ExpertsPath::kGrouped, ++seed);
+    }
+  }
+  TEST_SetGemmTile(-1);
+  TEST_SetGroupedGemmTile(-1);
 }
 
 // GLM-5.2's expert shapes (16 of the 256 experts, top-8) and a Qwen3-30B-A3B-like shape

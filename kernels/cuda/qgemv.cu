@@ -183,22 +183,34 @@ __device__ __forceinline__ void FastPairs(const uint32_t* raw, int w, const type
 }
 
 // Grouped rows: launch tile `item` -> its problem, first token, the problem's row count
-// and first row. Tiles are numbered problem by problem, ceil(rows / toks) each, so empty
-// problems take none. Every warp walks the offsets itself (same answer in all warps, no
-// barrier): 2 loads and a warp scan per 32 problems. False past the last tile.
-__device__ __forceinline__ bool GroupedTile(const int32_t* off, int64_t problems, int64_t item,
-                                            int toks, int64_t* prob, int64_t* tok0,
-                                            int64_t* rows, int64_t* first) {
+// and first row. Tiles are numbered problem by problem, ceil(rows / toks) each (or as
+// QmmParams::split_* divide a problem between two launches), so empty problems take none.
+// Every warp walks the offsets itself (same answer in all warps, no barrier): 2 loads and a
+// warp scan per 32 problems. False past the last tile.
+__device__ __forceinline__ bool GroupedTile(const QmmParams& p, int64_t item, int toks,
+                                            int64_t* prob, int64_t* tok0, int64_t* rows,
+                                            int64_t* first) {
+  const int32_t* const off = p.row_off;
   const int lane = threadIdx.x & 31;
   int64_t before = 0;  // tiles of the problems already walked
-  for (int64_t base = 0; base < problems; base += 32) {
+  for (int64_t base = 0; base < p.problems; base += 32) {
     const int64_t e = base + lane;
     int lo = 0, n = 0;
-    if (e < problems) {
+    if (e < p.problems) {
       lo = __ldg(off + e);
       n = __ldg(off + e + 1) - lo;
     }
-    const int tiles = (n + toks - 1) / toks;
+    // This problem's tiles in this launch, and the first token of its first one.
+    int tiles = (n + toks - 1) / toks, tbase = 0;
+    if (p.split_small > 0) {
+      const int r = n % p.split_big;
+      if (p.split_tail) {
+        tiles = r > 0 && r <= p.split_small ? 1 : 0;
+        tbase = n - r;
+      } else {
+        tiles = n / p.split_big + (r > p.split_small ? 1 : 0);
+      }
+    }
     int inc = tiles;  // inclusive scan of tiles over the lanes
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
@@ -212,7 +224,7 @@ __device__ __forceinline__ bool GroupedTile(const int32_t* off, int64_t problems
       const int src = __ffs(hit) - 1;
       const int start = __shfl_sync(0xffffffffu, inc - tiles, src);
       *prob = base + src;
-      *tok0 = (local - start) * toks;
+      *tok0 = __shfl_sync(0xffffffffu, tbase, src) + (local - start) * toks;
       *rows = __shfl_sync(0xffffffffu, n, src);
       *first = __shfl_sync(0xffffffffu, lo, src);
       return true;
@@ -246,7 +258,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) QmmGemmKe
   __shared__ int64_t tile_s[4];
   int64_t prob = blockIdx.z, tok0 = static_cast<int64_t>(blockIdx.y) * kToks, m = p.m, first = 0;
   if (p.row_off != nullptr) {
-    if (!GroupedTile(p.row_off, p.problems, blockIdx.y, kToks, &prob, &tok0, &m, &first)) return;
+    if (!GroupedTile(p, blockIdx.y, kToks, &prob, &tok0, &m, &first)) return;
     if (tid == 0) {
       tile_s[0] = prob;
       tile_s[1] = tok0;
@@ -1063,7 +1075,7 @@ absl::Status GemmWith(const QmmParams& p, int64_t problems, const DeviceInfo& de
     // once. Expected: half a partial tile per non-empty problem.
     const int64_t nonempty = std::min(problems, p.m);
     expected_tok_blocks = tok_blocks + (nonempty + 1) / 2;
-    tok_blocks += nonempty;
+    tok_blocks = p.split_tail ? nonempty : tok_blocks + nonempty;
     problems = 1;
   }
   if (cost != nullptr) {
@@ -1093,24 +1105,61 @@ absl::Status GemmWith(const QmmParams& p, int64_t problems, const DeviceInfo& de
   return absl::OkStatus();
 }
 
-// One of the three tile configurations of a family (mma.sync or wgmma), see LaunchGemm.
+// Grouped rows in two launches (QmmParams::split_*): every problem's whole Large tiles and
+// rests of more than Small::kToks rows on the Large tile, the shorter rests on the Small
+// one. An expert's tile costs about the same whether it holds few tokens or many (each
+// weight is decoded once per tile), so a 2048-token GLM-5.2 prompt, ~64 uneven slots per
+// expert, ran fastest on the large tile (H200, 2026-12-01) except for the experts' short rests,
+// which paid a whole 128-token tile for at most 64 tokens. False when a tile does not fit.
+template <class F, class Large, class Small>
+absl::StatusOr<bool> LaunchGroupedSplit(const QmmParams& p, const DeviceInfo& dev,
+                                        cudaStream_t stream, std::string* describe) {
+  static_assert(Large::kToks > Small::kToks);
+  QmmParams bulk = p;
+  bulk.split_big = Large::kToks;
+  bulk.split_small = Small::kToks;
+  bulk.split_tail = 0;
+  QmmParams tail = bulk;
+  tail.split_tail = 1;
+  double cost[2];
+  RING_RETURN_IF_ERROR((GemmWith<F, Large>(bulk, p.problems, dev, stream, nullptr, &cost[0])));
+  RING_RETURN_IF_ERROR((GemmWith<F, Small>(tail, p.problems, dev, stream, nullptr, &cost[1])));
+  if (cost[0] <= 0 || cost[1] <= 0) return false;
+  std::string d0, d1;
+  RING_RETURN_IF_ERROR((GemmWith<F, Large>(bulk, p.problems, dev, stream,
+                                           describe != nullptr ? &d0 : nullptr, nullptr)));
+  RING_RETURN_IF_ERROR((GemmWith<F, Small>(tail, p.problems, dev, stream,
+                                           describe != nullptr ? &d1 : nullptr, nullptr)));
+  if (describe != nullptr) *describe = absl::StrCat(d0, " + rests ", d1);
+  return true;
+}
+
+// One of the three tile configurations of a family (mma.sync or wgmma), see LaunchGemm;
+// grouped rows split between the large and the small one unless a tile is forced.
 template <class F, class Large, class Mid, class Small>
 absl::StatusOr<bool> LaunchGemmFrom(const QmmParams& p, int64_t problems, const DeviceInfo& dev,
                                     cudaStream_t stream, std::string* describe) {
+  const int grouped = g_gemm_grouped_tile.load(std::memory_order_relaxed);
+  int forced = g_gemm_tile.load(std::memory_order_relaxed);
+  if (p.row_off != nullptr) {
+    if (grouped == 3 || (grouped < 0 && forced < 0)) {
+      RING_ASSIGN_OR_RETURN(const bool launched,
+                            (LaunchGroupedSplit<F, Large, Small>(p, dev, stream, describe)));
+      if (launched) return true;
+    }
+    if (grouped >= 0 && grouped < 3) forced = grouped;
+  }
   double cost[3];
   RING_RETURN_IF_ERROR((GemmWith<F, Large>(p, problems, dev, stream, nullptr, &cost[0])));
   RING_RETURN_IF_ERROR((GemmWith<F, Mid>(p, problems, dev, stream, nullptr, &cost[1])));
   RING_RETURN_IF_ERROR((GemmWith<F, Small>(p, problems, dev, stream, nullptr, &cost[2])));
   // Relative speed per unit of tile work: the small tile decodes each weight for half as
   // many tokens; the mid one shares each weight tile between half as many warps. Grouped
-  // rows on wgmma (MoE experts): a 2048-token GLM-5.2 prefill (64 slots per expert on
-  // average, unevenly) ran its experts 0.5 ms faster on the large tile than on the small one
-  // (H200, 2026-12-01), which the padded-work estimate alone ranks the other way.
+  // rows on wgmma (MoE experts, when forced to one tile): a 2048-token GLM-5.2 prefill (64
+  // slots per expert on average, unevenly) ran its experts 0.5 ms faster on the large tile
+  // than on the small one (H200, 2026-12-01), which the padded-work estimate alone ranks the
+  // other way.
   const double kEfficiency[3] = {1.0, 0.95, p.row_off != nullptr && Large::kWg ? 0.7 : 0.8};
-  const int grouped = g_gemm_grouped_tile.load(std::memory_order_relaxed);
-  const int forced = p.row_off != nullptr && grouped >= 0
-                         ? grouped
-                         : g_gemm_tile.load(std::memory_order_relaxed);
   int best = -1;
   for (int i = 0; i < 3; ++i) {
     if (cost[i] <= 0 || (forced >= 0 && forced != i)) continue;

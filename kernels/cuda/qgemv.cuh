@@ -166,8 +166,10 @@ void TEST_SetQgemvTuning(int variant, int wk_cap);
 // 1 = 128 x 128, 2 = 128 x 64. A forced tile that does not fit the device runs SIMT.
 // wgmma = false keeps the GEMM on mma.sync on a device that has wgmma (DeviceInfo::wgmma).
 void TEST_SetGemmTile(int tile, bool wgmma = true);
-// The same tile choice for grouped-row launches (MoE experts in prefill) only; -1 = as
-// TEST_SetGemmTile says.
+// The same tile choice for grouped-row launches (MoE experts in prefill) only: -1 = as
+// TEST_SetGemmTile says (automatic: each problem's whole 128-token tiles on the large tile,
+// rests of at most 64 tokens on the small one, two launches), 3 = that split even when
+// TEST_SetGemmTile forces a tile.
 void TEST_SetGroupedGemmTile(int tile);
 
 }  // namespace ring::cuda

@@ -61,6 +61,12 @@ struct QmmParams {
   const int32_t* row_off;
   const int32_t* y_rows;
   int64_t problems;
+  // Grouped rows split into two launches (LaunchGemm): 0 = one launch, every tile of every
+  // problem. Else a problem's rows n = q * split_big + r go to a launch of split_big-token
+  // tiles (the q full tiles, and the rest when r > split_small) and, when 0 < r <=
+  // split_small, to a launch of split_small-token tiles (split_tail = 1) that holds its rest
+  // only, so that a short rest does not pay for a wide tile.
+  int split_big, split_small, split_tail;
   // Decode GEMV only: nparts > 1 weights on the same x (parts[0] repeats w, y and ldy).
   int nparts;
   GemvPart parts[kMaxGemvParts];
