@@ -29,7 +29,9 @@
 // Grouped rows (QMatmulArgs::row_offsets, MoE prefill): one launch over all experts, each
 // with its own row count known only on the device; grid.y enumerates the tiles of all
 // problems in order, sized for the worst split, and a block finds its problem from the
-// offsets (GroupedTile) or exits. The main loop is the same code.
+// offsets (GroupedTile) or exits. The main loop is the same code. Automatically it is two
+// launches (LaunchGroupedSplit): whole large tiles and long rests on the large tile, rests
+// of at most the small tile's tokens on the small one.
 // Numerics (qgemv.cuh): the mma multiplies bf16 weights (fp modes exact; affine rounded to
 // bf16 as T(T(s*q)+b)) with bf16 x, accumulating in fp32.
 // SIMT family (QmmSimtKernel): a warp owns 2 weight rows, lanes stride over chunks, each
