@@ -1972,8 +1972,11 @@ TEST_F(GpuTest, IndexerTopK) {
   struct S {
     int64_t T, offset, heads, dim, K;
   };
+  // 64 and 40 heads: two groups of 32 in the score kernel (the second one partial); dim 320:
+  // keys read from memory instead of registers.
   for (S s : {S{1, 299, 4, 32, 64}, S{5, 60, 8, 64, 16}, S{7, 0, 4, 32, 4},
-              S{2, 4999, 32, 128, 2048}, S{3, 2045, 32, 128, 2048}}) {
+              S{2, 4999, 32, 128, 2048}, S{3, 2045, 32, 128, 2048}, S{1, 3000, 64, 128, 2048},
+              S{2, 300, 40, 320, 64}}) {
     for (cpu::ActDType t : kActs) {
       const int64_t Sn = s.offset + s.T;
       std::mt19937 rng(1300 + Sn);
