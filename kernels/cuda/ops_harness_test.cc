@@ -1972,8 +1972,8 @@ TEST_F(GpuTest, IndexerTopK) {
   struct S {
     int64_t T, offset, heads, dim, K;
   };
-  // 64 and 40 heads: two groups of 32 in the score kernel (the second one partial); dim 320:
-  // keys read from memory instead of registers.
+  // 64 heads (DeepSeek-V3.2's indexer) and 40; dim 320: past the score kernel's key
+  // registers (kKeyRegs), so the keys are read from memory per head.
   for (S s : {S{1, 299, 4, 32, 64}, S{5, 60, 8, 64, 16}, S{7, 0, 4, 32, 4},
               S{2, 4999, 32, 128, 2048}, S{3, 2045, 32, 128, 2048}, S{1, 3000, 64, 128, 2048},
               S{2, 300, 40, 320, 64}}) {
