@@ -5,8 +5,10 @@
 # DSA) and after a 16-token prompt, the bytes a decode step reads and the roofline at the
 # bandwidth probed in the same run (bench/glm_slice_bench.cc); then the same binary under a
 # CUPTI kernel trace (bench/gpu/kernel_trace.cc), once plain (per-kernel GPU time, idle time
-# between kernels) and once with RING_CUDA_LAYER_MARKS=1 (per-layer times and the 78-layer
-# extrapolation; bench/gpu/glm_trace_report.py).
+# between kernels), once with RING_CUDA_LAYER_MARKS=1 (per-layer times and the 78-layer
+# extrapolation; bench/gpu/glm_trace_report.py) and once with RING_CUDA_PDL=0: under PDL a
+# kernel's traced duration includes the time it waits for its predecessor, so only the
+# PDL-off trace gives each kernel's own time (the busy time is the same).
 #
 #   bench/gpu/glm_slice_perf_h200.sh BUNDLE [BUNDLE...]
 # Each BUNDLE (deploy/bundle.sh) holds bin/glm_slice_bench, bin/ringctl (for synth) and
@@ -38,9 +40,10 @@ for b in "$@"; do
   echo "== $v: timing" | tee -a "$out/slice_$v.txt"
   timeout 240 "$bench" --model "$m" --prompt 2048 --decode ${DECODE:-64} --reps ${REPS:-2} \
     >> "$out/slice_$v.txt" 2>&1 || status=1
-  for mode in plain marks; do
+  for mode in plain marks nopdl; do
     envs="CUDA_INJECTION64_PATH=$bundle/lib/libring_kernel_trace.so RING_KERNEL_TRACE=/tmp/trace_${v}_$mode.txt"
     [ $mode = marks ] && envs="$envs RING_CUDA_LAYER_MARKS=1"
+    [ $mode = nopdl ] && envs="$envs RING_CUDA_PDL=0"
     env $envs timeout 240 "$bench" --model "$m" --prompt 2048 --decode 32 --reps 1 \
       > "/tmp/bench_${v}_$mode.txt" 2>&1 || status=1
     echo "== $v: kernel trace ($mode)" >> "$out/trace_$v.txt"
