@@ -816,7 +816,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
   }
 }
 
-// RING_ATTN_MMA=0 in the environment keeps bf16 prefill on the tiled fp32 kernel (A/B runs).
+// RING_ATTN_MMA=0 in the environment keeps bf16 attention on the fp32 kernels (A/B runs):
+// prefill on the tiled kernel, MLA decode on MlaDecodeKernel.
 bool AttentionMmaEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("RING_ATTN_MMA");
@@ -1052,6 +1053,16 @@ __device__ __forceinline__ int MlaRow(const MlaDecodeParams& p, int64_t j, int64
   return r >= 0 && r < p.S ? static_cast<int>(r) : -1;
 }
 
+// MlaRow in two steps, so that a top-k index can be loaded well before it is checked (the
+// check is what waits for the load): the raw index, then the row or -1.
+__device__ __forceinline__ int MlaRawRow(const MlaDecodeParams& p, int64_t j, int64_t jend) {
+  if (j >= jend) return -1;
+  return p.topk != nullptr ? p.topk[j] : static_cast<int>(j);
+}
+__device__ __forceinline__ int MlaCheckRow(const MlaDecodeParams& p, int r) {
+  return r >= 0 && r < p.S ? r : -1;
+}
+
 // Queues the cp.async copies of one chunk's latent and rope-key rows (`rows`: -1 = zeros).
 __device__ __forceinline__ void MlaIssueChunk(const MlaDecodeParams& p, const MlaSmem& L,
                                               float* keys, float* kpe, const int* rows) {
@@ -1215,6 +1226,281 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
       if (h0 + h < p.H) {
         *reinterpret_cast<float2*>(out + h * part_row + 2 + d0) = make_float2(acc[h][0], acc[h][1]);
       }
+    }
+  }
+}
+
+// MlaDecodeMmaKernel: MlaDecodeKernel's work on the tensor cores, for bf16 activations with
+// kvl = KVL and rope = RD (GLM-5's and DeepSeek-V3's 512 and 64). q_lat, the latent cache
+// and the rope keys hold bf16 values then, so their bf16 copies are exact and every product
+// of the mma is; only fp32 summation order differs (and P's split, below). A block takes 16
+// heads (one mma row tile; heads past H are zero rows) and a split of the keys in chunks of
+// 32. A chunk's fp32 latent and rope-key rows land by cp.async in a staging area and are
+// converted into one bf16 tile [32][KVL + RD + 8] (the +8 puts the 8 rows an ldmatrix
+// reads on distinct banks), after which the next chunk's copies go out while this one is
+// used. Warp w sums the latent scores of the 16 heads x 32 keys over the dims [w, w + 1) *
+// KVL / 8 (its q_lat A fragments held for the whole kernel, the keys' B fragments by
+// ldmatrix); warps 0-3 the rope scores of keys [8w, 8w + 8), rounded as the reference's
+// pe_scores. The eight latent partials are summed in warp order in shared memory; warp w
+// runs the online softmax of heads 2w and 2w + 1 (lane = key) as MlaDecodeKernel does; then
+// warp w accumulates O[16 heads][its KVL / 8 dims] += P V by mma, P split into bf16 halves
+// hi = bf16(p) and lo = bf16(p - hi) as in AttentionMmaKernel, V's fragments by the
+// transposing ldmatrix from the same tile. Each block writes MlaDecodeKernel's partials,
+// merged by SplitCombineKernel. Against the fp32 kernel the difference is ~1e-12 NMSE
+// before the final rounding. The fp32 kernel (8 heads a block) read every key row once per
+// 8 heads and ran ~0.3 GFLOP of FMAs a layer: ~23 us per GLM-5 layer at 2k keys on the H200.
+constexpr int kMlaMmaWarps = 8;
+constexpr int kMlaMmaHeads = 16;
+
+template <int KVL, int RD>
+struct MlaMmaLayout {
+  static constexpr int kRow = KVL + RD;         // a staged key row, fp32
+  static constexpr int kTst = KVL + RD + 8;     // a tile row, bf16
+  static constexpr int kRst = kMlaChunk + 1;    // score rows, fp32
+  static constexpr int kPst = kMlaChunk + 8;    // P rows, bf16 (16-byte aligned, banks apart)
+  // Byte offsets: staging, tile, latent score partials [warps][16][kRst], rope scores
+  // [16][kRst], P hi and lo [16][kPst] each, rescale factors [16].
+  static constexpr size_t kStage = 0;
+  static constexpr size_t kTile = kStage + sizeof(float) * kMlaChunk * kRow;
+  static constexpr size_t kRed = kTile + sizeof(uint16_t) * kMlaChunk * kTst;
+  static constexpr size_t kRope = kRed + sizeof(float) * kMlaMmaWarps * kMlaMmaHeads * kRst;
+  static constexpr size_t kP = kRope + sizeof(float) * kMlaMmaHeads * kRst;
+  static constexpr size_t kCold = kP + 2 * sizeof(uint16_t) * kMlaMmaHeads * kPst;
+  static constexpr size_t kTotal = kCold + sizeof(float) * kMlaMmaHeads;
+  static_assert(kTile % 16 == 0 && kRed % 16 == 0 && kP % 16 == 0 && (kTst * 2) % 16 == 0);
+};
+
+template <int KVL, int RD>
+__global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDecodeParams p) {
+  using L = MlaMmaLayout<KVL, RD>;
+  constexpr int kThreads = kMlaMmaWarps * 32;
+  constexpr int kSlice = KVL / kMlaMmaWarps;  // a warp's latent dims, for scores and values
+  constexpr int kKs = kSlice / 16;            // its k16 steps of the latent scores
+  constexpr int kDt = kSlice / 8;             // its n8 tiles of the output
+  static_assert(kSlice % 32 == 0 && RD % 32 == 0 && kMlaChunk == 32 &&
+                kMlaMmaHeads == 2 * kMlaMmaWarps);
+  extern __shared__ __align__(16) unsigned char mdm[];
+  float* stage = reinterpret_cast<float*>(mdm + L::kStage);
+  uint16_t* tile = reinterpret_cast<uint16_t*>(mdm + L::kTile);
+  float* red = reinterpret_cast<float*>(mdm + L::kRed);
+  float* rsc = reinterpret_cast<float*>(mdm + L::kRope);
+  uint16_t* phi = reinterpret_cast<uint16_t*>(mdm + L::kP);
+  uint16_t* plo = phi + kMlaMmaHeads * L::kPst;
+  float* colds = reinterpret_cast<float*>(mdm + L::kCold);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int lq = lane >> 3, lr = lane & 7;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMlaMmaHeads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.chunks_per_split * kMlaChunk;
+  const int64_t last = min(p.Sk, first + static_cast<int64_t>(p.chunks_per_split) * kMlaChunk);
+  // Copies: kCopyT threads a key row, thread (cr, cc) takes rows cr + kCopyRows * pass and
+  // in them the 16-byte pieces cc + kCopyT * k of the latent and of the rope key, so that
+  // every copy is a row base plus a compile-time offset. The thread converts the same pieces
+  // into the tile, so the staging area is its own: no barrier between copy and conversion.
+  constexpr int kCopyT = 16;
+  constexpr int kCopyRows = kThreads / kCopyT;
+  constexpr int kPasses = kMlaChunk / kCopyRows;
+  static_assert(kMlaChunk % kCopyRows == 0 && KVL % (4 * kCopyT) == 0 && RD % (4 * kCopyT) == 0);
+  const int cr = tid / kCopyT, cc = 4 * (tid % kCopyT);
+  // Queues the copies of the rows `rw` (raw indices, MlaRawRow; invalid ones copy zeros) as
+  // one commit group.
+  auto issue = [&](const int (&rw)[kPasses]) {
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps) {
+      const int checked = MlaCheckRow(p, rw[ps]);
+      const int64_t row = max(checked, 0);
+      const bool ok = checked >= 0;
+      const float* ls = p.lat + row * KVL + cc;
+      const float* es = p.pe + row * RD + cc;
+      float* st = stage + (cr + ps * kCopyRows) * L::kRow + cc;
+#pragma unroll
+      for (int k = 0; k < KVL / (4 * kCopyT); ++k) CpAsync16(st + 4 * kCopyT * k, ls + 4 * kCopyT * k, ok);
+#pragma unroll
+      for (int k = 0; k < RD / (4 * kCopyT); ++k) CpAsync16(st + KVL + 4 * kCopyT * k, es + 4 * kCopyT * k, ok);
+    }
+  };
+  PdlBegin();
+  // Row indices run ahead of their use (top-k loads would otherwise stall the chunk they
+  // serve): the copy rows of the next chunk and the mask of this one are loaded a chunk early.
+  int nrow[kPasses];
+#pragma unroll
+  for (int ps = 0; ps < kPasses; ++ps) nrow[ps] = MlaRawRow(p, first + cr + ps * kCopyRows, last);
+  issue(nrow);
+#pragma unroll
+  for (int ps = 0; ps < kPasses; ++ps) nrow[ps] = MlaRawRow(p, first + kMlaChunk + cr + ps * kCopyRows, last);
+  int vnext = MlaRawRow(p, first + lane, last);
+  // The warp's q_lat fragments (rows h0 + g and h0 + g + 8, its latent slice) and, for the
+  // rope warps, the scaled and rounded rope queries, all loads issued before any is packed.
+  uint32_t qf[kKs][4];
+  uint32_t qpf[RD / 16][4];
+  {
+    const int64_t ha = h0 + g, hb = h0 + g + 8;
+    float2 v[kKs][4];
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      const int c = warp * kSlice + kk * 16 + 2 * t;
+      const float2 z = make_float2(0.f, 0.f);
+      v[kk][0] = ha < p.H ? *reinterpret_cast<const float2*>(p.qlat + ha * KVL + c) : z;
+      v[kk][1] = hb < p.H ? *reinterpret_cast<const float2*>(p.qlat + hb * KVL + c) : z;
+      v[kk][2] = ha < p.H ? *reinterpret_cast<const float2*>(p.qlat + ha * KVL + c + 8) : z;
+      v[kk][3] = hb < p.H ? *reinterpret_cast<const float2*>(p.qlat + hb * KVL + c + 8) : z;
+    }
+    float e[RD / 16][4][2];
+#pragma unroll
+    for (int kk = 0; kk < RD / 16; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t h = (r & 1) ? hb : ha;
+        const int c = kk * 16 + 2 * t + 8 * (r >> 1);
+        const bool ok = warp < kMlaChunk / 8 && h < p.H;
+        const float* q = p.q + h * p.qd + p.nope + c;
+        e[kk][r][0] = ok ? q[0] : 0.f;
+        e[kk][r][1] = ok ? q[1] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) qf[kk][r] = PackBf16x2(v[kk][r].x, v[kk][r].y);
+    }
+#pragma unroll
+    for (int kk = 0; kk < RD / 16; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        qpf[kk][r] = PackBf16x2(qdec::RoundToBf16(e[kk][r][0] * p.scale),
+                                qdec::RoundToBf16(e[kk][r][1] * p.scale));
+      }
+    }
+  }
+  float acc[kDt][4];
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads 2 warp + i, warp-uniform
+  for (int64_t j0 = first; j0 < last; j0 += kMlaChunk) {
+    const int vrow = vnext;
+    vnext = MlaRawRow(p, j0 + kMlaChunk + lane, last);
+    int nrow2[kPasses];
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps) nrow2[ps] = MlaRawRow(p, j0 + 2 * kMlaChunk + cr + ps * kCopyRows, last);
+    CpAsyncWaitAll();
+    __syncthreads();  // the tile's readers of the previous chunk are done
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps) {
+      const int r = cr + ps * kCopyRows;
+#pragma unroll
+      for (int k = 0; k < (KVL + RD) / (4 * kCopyT); ++k) {
+        const float4 v = *reinterpret_cast<const float4*>(stage + r * L::kRow + cc + 4 * kCopyT * k);
+        *reinterpret_cast<uint2*>(tile + r * L::kTst + cc + 4 * kCopyT * k) =
+            make_uint2(PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w));
+      }
+    }
+    if (j0 + kMlaChunk < last) issue(nrow);
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps) nrow[ps] = nrow2[ps];
+    __syncthreads();  // the tile is complete
+    // Latent scores over the warp's slice: n8 tiles of keys, two k16 steps an ldmatrix.
+#pragma unroll
+    for (int nt = 0; nt < kMlaChunk / 8; ++nt) {
+      float sc[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint16_t* kr = tile + (nt * 8 + lr) * L::kTst + warp * kSlice + 8 * lq;
+#pragma unroll
+      for (int kk = 0; kk < kKs; kk += 2) {
+        uint32_t b[4];
+        LdMatrixX4<false>(b, kr + kk * 16);
+        internal::MmaBf16(sc, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
+        internal::MmaBf16(sc, qf[kk + 1][0], qf[kk + 1][1], qf[kk + 1][2], qf[kk + 1][3], b[2], b[3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        red[(warp * kMlaMmaHeads + g + 8 * (e >> 1)) * L::kRst + nt * 8 + 2 * t + (e & 1)] = sc[e];
+      }
+    }
+    if (warp < kMlaChunk / 8) {
+      float pe[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint16_t* pr = tile + (warp * 8 + lr) * L::kTst + KVL + 8 * lq;
+#pragma unroll
+      for (int kk = 0; kk < RD / 16; kk += 2) {
+        uint32_t b[4];
+        LdMatrixX4<false>(b, pr + kk * 16);
+        internal::MmaBf16(pe, qpf[kk][0], qpf[kk][1], qpf[kk][2], qpf[kk][3], b[0], b[1]);
+        internal::MmaBf16(pe, qpf[kk + 1][0], qpf[kk + 1][1], qpf[kk + 1][2], qpf[kk + 1][3], b[2], b[3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        rsc[(g + 8 * (e >> 1)) * L::kRst + warp * 8 + 2 * t + (e & 1)] = qdec::RoundToBf16(pe[e]);
+      }
+    }
+    __syncthreads();  // every partial score is in
+    const bool valid = MlaCheckRow(p, vrow) >= 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int hh = 2 * warp + i;
+      float s = -INFINITY;
+      if (valid) {
+        float dot = 0.f;
+#pragma unroll
+        for (int w = 0; w < kMlaMmaWarps; ++w) dot += red[(w * kMlaMmaHeads + hh) * L::kRst + lane];
+        s = dot * p.scale + rsc[hh * L::kRst + lane];
+      }
+      float mc = s;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, off));
+      const float mn = fmaxf(m[i], mc);
+      float cold = 1.f, pj = 0.f;
+      if (mn != -INFINITY) {  // uniform over the warp
+        cold = m[i] == -INFINITY ? 0.f : expf(m[i] - mn);
+        pj = s == -INFINITY ? 0.f : expf(s - mn);
+        l[i] = l[i] * cold + WarpSum(pj);
+        m[i] = mn;
+      }
+      const uint32_t hi = qdec::F32ToBf16Bits(pj);
+      phi[hh * L::kPst + lane] = static_cast<uint16_t>(hi);
+      plo[hh * L::kPst + lane] = static_cast<uint16_t>(qdec::F32ToBf16Bits(pj - __uint_as_float(hi << 16)));
+      if (lane == 0) colds[hh] = cold;
+    }
+    __syncthreads();  // P and the rescale factors are in
+    {
+      const float c0 = colds[g], c1 = colds[g + 8];
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        acc[dt][0] *= c0;
+        acc[dt][1] *= c0;
+        acc[dt][2] *= c1;
+        acc[dt][3] *= c1;
+      }
+    }
+#pragma unroll
+    for (int kc = 0; kc < kMlaChunk / 16; ++kc) {
+      uint32_t ah[4], al[4], b[4];
+      const int pa = (8 * (lq & 1) + lr) * L::kPst + kc * 16 + 8 * (lq >> 1);
+      LdMatrixX4<false>(ah, phi + pa);
+      LdMatrixX4<false>(al, plo + pa);
+      const uint16_t* vr = tile + (kc * 16 + 8 * (lq & 1) + lr) * L::kTst + warp * kSlice + 8 * (lq >> 1);
+#pragma unroll
+      for (int dt = 0; dt < kDt; dt += 2) {
+        LdMatrixX4<true>(b, vr + dt * 8);
+        internal::MmaBf16(acc[dt], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+        internal::MmaBf16(acc[dt], al[0], al[1], al[2], al[3], b[0], b[1]);
+        internal::MmaBf16(acc[dt + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+        internal::MmaBf16(acc[dt + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+      }
+    }
+  }
+  constexpr int64_t kPartRow = KVL + 2;
+  float* out = p.part + (static_cast<int64_t>(blockIdx.x) * p.H + h0) * kPartRow;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int hh = 2 * warp + i;
+    if (lane == 0 && h0 + hh < p.H) {
+      out[hh * kPartRow] = m[i];
+      out[hh * kPartRow + 1] = l[i];
+    }
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) {
+    const int c = 2 + warp * kSlice + dt * 8 + 2 * t;
+    if (h0 + g < p.H) *reinterpret_cast<float2*>(out + g * kPartRow + c) = make_float2(acc[dt][0], acc[dt][1]);
+    if (h0 + g + 8 < p.H) {
+      *reinterpret_cast<float2*>(out + (g + 8) * kPartRow + c) = make_float2(acc[dt][2], acc[dt][3]);
     }
   }
 }
@@ -1442,13 +1728,21 @@ namespace {
 // per head, the split attention and its combine, out = round(o_lat @ W_UV_h^T).
 absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                        const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                       int64_t Sk, size_t smem, int sm_count, cudaStream_t stream) {
+                       int64_t Sk, size_t smem, const DeviceInfo& dev, cudaStream_t stream) {
+  const int sm_count = dev.sm_count;
   const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
   const int64_t chunks = (Sk + kMlaChunk - 1) / kMlaChunk;
-  const int64_t head_blocks = (H + kMlaHeadsPerBlock - 1) / kMlaHeadsPerBlock;
-  // Splits enough for two blocks on every SM (two fit in shared memory), no more: each
-  // split adds a partial per head that the combine reads back.
-  const int64_t fill = 2 * static_cast<int64_t>(std::max(sm_count, 1));
+  // The tensor-core kernel where the activations are bf16 and the dims are GLM-5's.
+  using MmaLayout = MlaMmaLayout<512, 64>;
+  const bool mma = t == cpu::ActDType::kBF16 && kvl == 512 && a.rope == 64 && AttentionMmaEnabled() &&
+                   dev.cc >= 80 && static_cast<int64_t>(MmaLayout::kTotal) <= dev.smem_per_block_optin;
+  const int64_t heads_per_block = mma ? kMlaMmaHeads : kMlaHeadsPerBlock;
+  const int64_t head_blocks = (H + heads_per_block - 1) / heads_per_block;
+  // Splits enough for every SM's blocks (two of the fp32 kernel fit, one of the tensor-core
+  // kernel), no more: each split adds a partial per head that the combine reads back.
+  const int64_t fill = (mma ? 1 : 2) * static_cast<int64_t>(std::max(sm_count, 1));
+  // (Longer splits on the tensor-core kernel, 3 or 4 chunks instead of 2 at 2k keys, measured
+  // no faster: fewer partials, but half the SMs idle.)
   const int64_t per_split = std::max({int64_t{1}, (chunks * head_blocks + fill - 1) / fill,
                                       (chunks + kMaxSplits - 1) / kMaxSplits});
   const int64_t splits = (chunks + per_split - 1) / per_split;
@@ -1490,13 +1784,19 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   p.chunks_per_split = static_cast<int>(per_split);
   p.scale = a.scale;
   p.part = olat + H * kvl;
-  if (smem > 48 * 1024) {
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks));
+  if (mma) {
+    constexpr auto kKernel = MlaDecodeMmaKernel<512, 64>;
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        MlaDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(MmaLayout::kTotal)));
+    RING_LAUNCH_PDL(kKernel, grid, kMlaMmaWarps * 32, MmaLayout::kTotal, stream, p);
+  } else {
+    if (smem > 48 * 1024) {
+      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          MlaDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    RING_LAUNCH_PDL(MlaDecodeKernel, grid, kMlaThreads, smem, stream, p, t);
   }
-  RING_LAUNCH_PDL(MlaDecodeKernel,
-                  dim3(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks)),
-                  kMlaThreads, smem, stream, p, t);
   RING_LAUNCH_PDL(SplitCombineKernel,
                   dim3(static_cast<unsigned>(H),
                        static_cast<unsigned>((kvl + kCombineThreads - 1) / kCombineThreads)),
@@ -1547,7 +1847,7 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
     if (kvl % 32 == 0 && kvl <= kMlaMaxKvl && rope % 4 == 0 && rope > 0 &&
         rope <= kMlaMaxRope && (nope + rope) % 8 == 0 && aligned &&
         static_cast<int64_t>(smem) <= (*dev)->smem_per_block_optin) {
-      return MlaDecode(a, embed_q, unembed_out, t, out, Sk, smem, (*dev)->sm_count, stream);
+      return MlaDecode(a, embed_q, unembed_out, t, out, Sk, smem, **dev, stream);
     }
   }
   const float* lat = a.latent;

@@ -6,11 +6,12 @@
 //
 //   TopKRows: per row of scores [rows, n] the k largest values (ties: lower index), written
 //   in ascending index order (the set cpu::TopKIndices returns). A radix select over the
-//   order-preserving integer image of the floats (4 passes of 8 bits, one block per row;
-//   each pass's digit found by a block scan over the 256 bins; rows up to 8192 long cached
-//   in shared memory) finds the k-th largest value; a block-wide ordered compaction then
-//   writes every index above it and the lowest-indexed ties. -0.0 and +0.0 are the same value; NaN is not
-//   expected (masked keys are -inf).
+//   order-preserving integer image of the floats (4 passes of 8 bits, one block per row; a
+//   pass is skipped where all keys share the byte, as bf16 scores do in the last two; a
+//   row's keys stay in shared memory when they fit, ~56k of them on an H200) finds the k-th
+//   largest value; a block-wide ordered compaction then writes every index above it and the
+//   lowest-indexed ties. -0.0 and +0.0 are the same value; NaN is not expected (masked keys
+//   are -inf).
 #ifndef RINGSERVE_KERNELS_CUDA_INDEXER_CUH_
 #define RINGSERVE_KERNELS_CUDA_INDEXER_CUH_
 

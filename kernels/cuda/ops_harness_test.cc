@@ -1939,9 +1939,11 @@ TEST_F(GpuTest, TopKRows) {
   struct S {
     int64_t rows, n, k, levels;
   };
-  // Decode rows (2049..2112 of k 2048), the shared-memory cache's edge (8192) and past it.
+  // Decode rows (2049..2112 of k 2048), long rows, and one past the shared-memory cache
+  // (70000 keys; ~56k fit on an H200).
   for (S s : {S{3, 100, 10, 0}, S{4, 5000, 2048, 0}, S{2, 3000, 64, 7}, S{5, 257, 256, 3},
               S{1, 70000, 2048, 50}, S{2, 16, 16, 0}, S{1, 2049, 2048, 0}, S{1, 2112, 2048, 5},
+              S{1, 40000, 2048, 0}, S{1, 100000, 2048, 0},
               S{2, 8192, 2048, 9}, S{2, 8193, 4000, 0}}) {
     std::mt19937 rng(1200 + s.n);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -1972,11 +1974,13 @@ TEST_F(GpuTest, IndexerTopK) {
   struct S {
     int64_t T, offset, heads, dim, K;
   };
-  // 64 heads (DeepSeek-V3.2's indexer) and 40; dim 320: past the score kernel's key
-  // registers (kKeyRegs), so the keys are read from memory per head.
+  // 64 heads (DeepSeek-V3.2's indexer) and 40; dim 320: past the prefill score kernel's key
+  // registers (kKeyRegs), so the keys are read from memory per head. Decode rows (T = 1,
+  // IndexerScoresDecodeKernel): GLM-5.2's 32 x 128 over 2064 keys, a partial last block of
+  // keys, and 40 x 320 (its shared memory past 48 KB).
   for (S s : {S{1, 299, 4, 32, 64}, S{5, 60, 8, 64, 16}, S{7, 0, 4, 32, 4},
               S{2, 4999, 32, 128, 2048}, S{3, 2045, 32, 128, 2048}, S{1, 3000, 64, 128, 2048},
-              S{2, 300, 40, 320, 64}}) {
+              S{2, 300, 40, 320, 64}, S{1, 2063, 32, 128, 2048}, S{1, 700, 40, 320, 64}}) {
     for (cpu::ActDType t : kActs) {
       const int64_t Sn = s.offset + s.T;
       std::mt19937 rng(1300 + Sn);

@@ -26,7 +26,9 @@
 //   * bf16 activations. A Linear converts its fp32 input to bf16 for the tensor-core
 //     kernels into one backend buffer, unless the buffer already holds it: a Linear reading
 //     the same input right after another (q/k/v, gate/up), or the output of the op just
-//     before, since RmsNorm, SwiGlu and Attention write their output's bf16 bits there too.
+//     before, since RmsNorm, SwiGlu and Attention write their output's bf16 bits there too;
+//     an op in between that writes other floats (MlaKvRope between q_b and the indexer's
+//     wq_b, both on the q latent) keeps it.
 //   * Every decode kernel starts under the previous one's tail (programmatic dependent launch,
 //     kernels/cuda/launch.cuh; RING_CUDA_PDL=0 turns it off); decode GEMVs of small matrices
 //     also issue their first weight loads before the wait (QMatmulArgs::overlap).
@@ -50,12 +52,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -509,7 +513,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return Backend::MlaKvRope(r, ckv, T, kvl, rope, kv_norm, eps, latent, k_pe, q, H, qd, offset, t);
     }
     RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(kv_norm));
-    RING_RETURN_IF_ERROR(Unrecorded());  // the cache rows and the position change every step
+    // The cache rows and the position change every step. The q latent's conversion (q_b
+    // read it) stays: the indexer's wq_b reads it next.
+    RING_RETURN_IF_ERROR(UnrecordedWriting({{latent, T * kvl}, {k_pe, T * rope}, {q, T * H * qd}}));
     return cuda::MlaKvRope(ckv, T, kvl, rope, dw, eps, latent, k_pe, q, H, qd, r.pre_scale, r.traditional,
                            it->second.as<float>(), offset, t, stream_);
   }
@@ -686,6 +692,17 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     if (in_step_) cur_.emplace_back();
     ++stats_.direct;
     return Flush();
+  }
+  // Unrecorded() for an op that writes only the float ranges `writes`: a conversion of other
+  // floats stays valid.
+  absl::Status UnrecordedWriting(std::initializer_list<std::pair<const float*, int64_t>> writes) {
+    const float* src = conv_src_;
+    RING_RETURN_IF_ERROR(Unrecorded());
+    conv_src_ = src;
+    for (const auto& [y, n] : writes) {
+      if (conv_src_ != nullptr) NoteOutput(conv_src_, conv_elems_, y, n);
+    }
+    return absl::OkStatus();
   }
   // Queues the held-back ops: a replay of the graph of this run, else its capture.
   absl::Status Flush() {
