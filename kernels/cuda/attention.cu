@@ -1252,6 +1252,21 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
 constexpr int kMlaMmaWarps = 8;
 constexpr int kMlaMmaHeads = 16;
 
+// c += A B over kSteps k16 steps: A the warp's row fragments, B the 8 key rows whose
+// ldmatrix row address for this lane is `rows` (row lr, column 8 lq; two steps a load).
+template <int kSteps>
+__device__ __forceinline__ void MmaKeyRows(float (&c)[4], const uint32_t (&a)[kSteps][4],
+                                           const uint16_t* rows) {
+  static_assert(kSteps % 2 == 0);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; kk += 2) {
+    uint32_t b[4];
+    LdMatrixX4<false>(b, rows + kk * 16);
+    internal::MmaBf16(c, a[kk][0], a[kk][1], a[kk][2], a[kk][3], b[0], b[1]);
+    internal::MmaBf16(c, a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3], b[2], b[3]);
+  }
+}
+
 template <int KVL, int RD>
 struct MlaMmaLayout {
   static constexpr int kRow = KVL + RD;         // a staged key row, fp32
@@ -1397,18 +1412,11 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
 #pragma unroll
     for (int ps = 0; ps < kPasses; ++ps) nrow[ps] = nrow2[ps];
     __syncthreads();  // the tile is complete
-    // Latent scores over the warp's slice: n8 tiles of keys, two k16 steps an ldmatrix.
+    // Latent scores over the warp's slice: n8 tiles of keys.
 #pragma unroll
     for (int nt = 0; nt < kMlaChunk / 8; ++nt) {
       float sc[4] = {0.f, 0.f, 0.f, 0.f};
-      const uint16_t* kr = tile + (nt * 8 + lr) * L::kTst + warp * kSlice + 8 * lq;
-#pragma unroll
-      for (int kk = 0; kk < kKs; kk += 2) {
-        uint32_t b[4];
-        LdMatrixX4<false>(b, kr + kk * 16);
-        internal::MmaBf16(sc, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
-        internal::MmaBf16(sc, qf[kk + 1][0], qf[kk + 1][1], qf[kk + 1][2], qf[kk + 1][3], b[2], b[3]);
-      }
+      MmaKeyRows(sc, qf, tile + (nt * 8 + lr) * L::kTst + warp * kSlice + 8 * lq);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         red[(warp * kMlaMmaHeads + g + 8 * (e >> 1)) * L::kRst + nt * 8 + 2 * t + (e & 1)] = sc[e];
@@ -1416,14 +1424,7 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
     }
     if (warp < kMlaChunk / 8) {
       float pe[4] = {0.f, 0.f, 0.f, 0.f};
-      const uint16_t* pr = tile + (warp * 8 + lr) * L::kTst + KVL + 8 * lq;
-#pragma unroll
-      for (int kk = 0; kk < RD / 16; kk += 2) {
-        uint32_t b[4];
-        LdMatrixX4<false>(b, pr + kk * 16);
-        internal::MmaBf16(pe, qpf[kk][0], qpf[kk][1], qpf[kk][2], qpf[kk][3], b[0], b[1]);
-        internal::MmaBf16(pe, qpf[kk + 1][0], qpf[kk + 1][1], qpf[kk + 1][2], qpf[kk + 1][3], b[2], b[3]);
-      }
+      MmaKeyRows(pe, qpf, tile + (warp * 8 + lr) * L::kTst + KVL + 8 * lq);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         rsc[(g + 8 * (e >> 1)) * L::kRst + warp * 8 + 2 * t + (e & 1)] = qdec::RoundToBf16(pe[e]);

@@ -21,10 +21,17 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/warp_scan.cuh"
 #include "kernels/status.h"
 
 namespace ring::cuda {
 namespace {
+
+using internal::DigitPick;
+using internal::OrderKey;
+using internal::PickDigitFromTop;
+using internal::WarpHistogramAdd;
+using internal::WarpInclusiveSum;
 
 constexpr int kScoreWarps = 8;
 constexpr int kKeysPerBlock = 64;
@@ -203,27 +210,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   }
 }
 
-// Order-preserving image of a float: larger float, larger key; -0 maps with +0.
-__device__ __forceinline__ uint32_t Key(float f) {
-  if (f == 0.f) f = 0.f;
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 // Exclusive block scan of a pair of ints per thread (component-wise); *total gets the block
 // sums. Two barriers.
 __device__ int2 BlockExclusiveScan2(int2 v, int2* total, int2* sh /* [32] */) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  int2 x = v;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int y0 = __shfl_up_sync(0xffffffffu, x.x, off);
-    const int y1 = __shfl_up_sync(0xffffffffu, x.y, off);
-    if (lane >= off) {
-      x.x += y0;
-      x.y += y1;
-    }
-  }
+  const int2 x = make_int2(WarpInclusiveSum(v.x), WarpInclusiveSum(v.y));
   if (lane == 31) sh[warp] = x;
   __syncthreads();
   int2 before = make_int2(0, 0), sum = make_int2(0, 0);
@@ -239,15 +231,6 @@ __device__ int2 BlockExclusiveScan2(int2 v, int2* total, int2* sh /* [32] */) {
   __syncthreads();  // sh may be reused
   *total = sum;
   return make_int2(before.x + x.x - v.x, before.y + x.y - v.y);
-}
-
-// hist[bin] += 1 for every lane of the warp that calls it: lanes with the same bin add once,
-// together (scores of one row share their leading bytes, so one bin can take most of a
-// pass's adds; an atomic a lane serialised them). Called by the whole warp; lanes with `hit`
-// false add nothing.
-__device__ __forceinline__ void WarpAggregatedAdd(unsigned* hist, uint32_t bin, bool hit) {
-  const unsigned same = __match_any_sync(0xffffffffu, hit ? bin : 0xffffffffu);
-  if (hit && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
 }
 
 // TopKRowsKernel (indexer.cuh): one block per row. Keys of a row up to `cap` long are kept
@@ -281,7 +264,7 @@ __global__ void __launch_bounds__(kTopKThreads)
     uint32_t kor = 0u, kand = ~0u;
 #pragma unroll 4
     for (int j = tid; j < static_cast<int>(n); j += blockDim.x) {
-      const uint32_t key = Key(x[j]);
+      const uint32_t key = OrderKey(x[j]);
       cache[j] = key;
       kor |= key;
       kand &= key;
@@ -296,7 +279,7 @@ __global__ void __launch_bounds__(kTopKThreads)
   }
   const uint32_t same_bits = cached ? ~(s_or ^ s_and) : 0u;
   const uint32_t all_and = s_and;
-  auto key_at = [&](int j) { return cached ? cache[j] : Key(x[j]); };
+  auto key_at = [&](int j) { return cached ? cache[j] : OrderKey(x[j]); };
   uint32_t prefix = 0, mask = 0;
   int64_t need = k;  // how many of the elements matching `prefix` still to take
   int cur = 0;
@@ -312,34 +295,14 @@ __global__ void __launch_bounds__(kTopKThreads)
     for (int b = tid - lane; b < static_cast<int>(n); b += blockDim.x) {
       const int j = b + lane;
       const uint32_t key = j < n ? key_at(j) : 0u;
-      WarpAggregatedAdd(hist[cur], (key >> shift) & 255u, j < n && (key & mask) == prefix);
+      WarpHistogramAdd(hist[cur], (key >> shift) & 255u, j < n && (key & mask) == prefix);
     }
     __syncthreads();
     if (warp == 0) {
-      // Lane l holds bins 255 - 8 l ... 248 - 8 l (largest first); the digit is the bin where
-      // the count of larger elements first reaches `need`.
-      int c[8], sum = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        c[i] = static_cast<int>(hist[cur][255 - 8 * lane - i]);
-        sum += c[i];
-      }
-      int incl = sum;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += y;
-      }
-      int64_t above = incl - sum;
-      if (above < need && above + sum >= need) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          if (above < need && above + c[i] >= need) {
-            s_prefix = prefix | (static_cast<uint32_t>(255 - 8 * lane - i) << shift);
-            s_need = need - above;
-          }
-          above += c[i];
-        }
+      DigitPick d;
+      if (PickDigitFromTop(hist[cur], need, &d)) {
+        s_prefix = prefix | (static_cast<uint32_t>(d.digit) << shift);
+        s_need = d.rank;
       }
     } else {
       for (int i = tid - 32; i < 256; i += blockDim.x - 32) hist[cur ^ 1][i] = 0;

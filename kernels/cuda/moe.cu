@@ -11,6 +11,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/warp_scan.cuh"
 #include "kernels/status.h"
 
 namespace ring::cuda {
@@ -259,12 +260,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32)
     const int seg = (nb + 31) / 32, e0 = min(nb, lane * seg), e1 = min(nb, e0 + seg);
     int32_t sum = 0;
     for (int e = e0; e < e1; ++e) sum += base[e];
-    int32_t inc = sum;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int32_t v = __shfl_up_sync(0xffffffffu, inc, d);
-      if (lane >= d) inc += v;
-    }
+    const int32_t inc = internal::WarpInclusiveSum(sum);
     int32_t run = inc - sum;
     for (int e = e0; e < e1; ++e) {
       const int32_t c = base[e];

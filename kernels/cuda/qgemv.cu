@@ -54,6 +54,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/qgemv_internal.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/warp_scan.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/status.h"
 
@@ -213,12 +214,7 @@ __device__ __forceinline__ bool GroupedTile(const QmmParams& p, int64_t item, in
         tiles = n / p.split_big + (r > p.split_small ? 1 : 0);
       }
     }
-    int inc = tiles;  // inclusive scan of tiles over the lanes
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, inc, d);
-      if (lane >= d) inc += v;
-    }
+    const int inc = internal::WarpInclusiveSum(tiles);  // over the lanes
     const int total = __shfl_sync(0xffffffffu, inc, 31);
     if (item < before + total) {
       const int64_t local = item - before;

@@ -51,10 +51,16 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/warp_scan.cuh"
 #include "kernels/status.h"
 
 namespace ring::cuda {
 namespace {
+
+using internal::DigitPick;
+using internal::OrderKey;
+using internal::PickDigitFromTop;
+using internal::WarpHistogramAdd;
 
 namespace cg = cooperative_groups;
 
@@ -89,13 +95,8 @@ __device__ __forceinline__ Slice BlockSlice(int64_t n, int rank, int blocks) {
   return {begin, min(n, begin + per)};
 }
 
-// Larger float -> larger key; -0 and +0 share a key because the CPU compares values (they
-// tie and the lower id wins).
-__device__ __forceinline__ uint32_t OrderKey(float v) {
-  uint32_t b = __float_as_uint(v);
-  if (b == 0x80000000u) b = 0;
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
+// OrderKey (warp_scan.cuh): -0 and +0 share a key because the CPU compares values (they tie
+// and the lower id wins).
 
 // (value, id) as one integer whose maximum is the CPU scan's winner: the larger value, then
 // the lower id. NaN gets key 0, below -inf (key 0x007fffff): `x > best` never picks it.
@@ -344,14 +345,9 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
     for (int64_t base = s.begin; base < s.end; base += kBlock) {
       const int64_t i = base + threadIdx.x;
-      int digit = 256;  // no bin
-      if (i < s.end) {
-        const uint32_t key = OrderKey(vals[i]);
-        if ((key & mask) == prefix) digit = static_cast<int>((key >> shift) & 255u);
-      }
+      const uint32_t key = i < s.end ? OrderKey(vals[i]) : 0u;
       // Logits share their top bits, so most of a warp hits one bin: one atomic per bin.
-      const unsigned peers = __match_any_sync(0xffffffffu, digit);
-      if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&h[digit], __popc(peers));
+      WarpHistogramAdd(h, (key >> shift) & 255u, i < s.end && (key & mask) == prefix);
     }
     // Every block's histogram is complete; the buffer is next written two passes on, after
     // the next pass's sync, so the other blocks' reads below are done by then.
@@ -362,28 +358,11 @@ __global__ void __launch_bounds__(kBlock)
       tot[d] = c;
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
-      // Lane l owns digits 255 - 8l .. 248 - 8l (descending); a warp scan finds the digit
-      // where the count from the top reaches `rank_t`.
-      int c[8], sum = 0;
-      for (int j = 0; j < 8; ++j) sum += (c[j] = tot[255 - lane * 8 - j]);
-      int incl = sum;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      int above = incl - sum;
-      if (above < rank_t && rank_t <= incl) {
-        for (int j = 0; j < 8; ++j) {
-          if (above + c[j] >= rank_t) {
-            s_digit = 255 - lane * 8 - j;
-            s_rank = rank_t - above;
-            s_ties = c[j];
-            break;
-          }
-          above += c[j];
-        }
-      }
+    DigitPick d;
+    if (threadIdx.x < 32 && PickDigitFromTop(tot, rank_t, &d)) {
+      s_digit = d.digit;
+      s_rank = static_cast<int>(d.rank);
+      s_ties = d.count;
     }
     __syncthreads();
     prefix |= static_cast<uint32_t>(s_digit) << shift;
