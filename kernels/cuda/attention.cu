@@ -1512,9 +1512,9 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
 // that saw no key has sum 0 and is left out.
 // out[r, :] = round(sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M)), and its bf16 bits
 // in out_bf16 when set. Block (r, c) takes row r's dims [c * 128, c * 128 + 128): the split
-// weights by a block reduction, then one dim per thread over the splits in split order, 8
-// loads in flight at a time, two FMA chains; every sum has a fixed order, so a run repeats
-// bit for bit.
+// weights by a block reduction, then one dim per thread over the splits in split order, 16
+// loads in flight at a time (the first 16 issued before the reduction), two FMA chains;
+// every sum has a fixed order, so a run repeats bit for bit.
 __global__ void __launch_bounds__(kCombineThreads)
     SplitCombineKernel(const float* part, int splits, int64_t rows, int width,
                        cpu::ActDType rt, float* __restrict__ out,
@@ -1525,6 +1525,15 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t r = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t stride = width + 2;
+  // The first batch of this thread's accumulator loads goes out before the weights are
+  // known (they do not depend on them), so its latency hides behind the two reductions.
+  const int d = blockIdx.y * kCombineThreads + tid;
+  const bool live = d < width;
+  const float* pd = part + r * stride + 2 + d;
+  constexpr int kBatch = 16;  // loads in flight per thread
+  float v[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) v[u] = live && u < splits ? pd[u * rows * stride] : 0.f;
   float M = -INFINITY;
   for (int s = tid; s < splits; s += kCombineThreads) {
     const float* ps = part + (s * rows + r) * stride;
@@ -1550,15 +1559,13 @@ __global__ void __launch_bounds__(kCombineThreads)
   den = 0.f;
   for (int w = 0; w < kCombineThreads / 32; ++w) den += wred[w];
   const float inv = 1.f / den;
-  const int d = blockIdx.y * kCombineThreads + tid;
-  if (d >= width) return;
-  const float* pd = part + r * stride + 2 + d;
-  constexpr int kBatch = 8;  // loads in flight per thread
+  if (!live) return;
   float a0 = 0.f, a1 = 0.f;
   for (int s0 = 0; s0 < splits; s0 += kBatch) {
-    float v[kBatch];
+    if (s0 > 0) {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = s0 + u < splits ? pd[(s0 + u) * rows * stride] : 0.f;
+      for (int u = 0; u < kBatch; ++u) v[u] = s0 + u < splits ? pd[(s0 + u) * rows * stride] : 0.f;
+    }
 #pragma unroll
     for (int u = 0; u < kBatch; u += 2) {
       if (s0 + u < splits) a0 = fmaf(v[u], f[s0 + u], a0);
