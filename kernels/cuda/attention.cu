@@ -35,7 +35,9 @@
 // head; SplitCombineKernel merges the partials of a head and rounds. The split count gives
 // every SM two blocks. The previous version filled its rows with scalar loads one after
 // another and ran the 512-long dot as one FMA chain per lane: latency-bound at ~10x its
-// shared-memory and FMA time.
+// shared-memory and FMA time. With bf16 activations at kvl 512 / rope 64 (GLM-5,
+// DeepSeek-V3) MlaDecodeMmaKernel does the same work on the tensor cores (see there;
+// RING_ATTN_MMA=0 keeps this kernel).
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
@@ -1046,21 +1048,18 @@ __host__ __device__ inline MlaSmem MlaLayout(int kvl, int rope) {
 
 size_t MlaDecodeSmem(int kvl, int rope) { return sizeof(float) * MlaLayout(kvl, rope).total; }
 
-// Row of the cache that key j of the selection reads; -1 past the end or out of range.
-__device__ __forceinline__ int MlaRow(const MlaDecodeParams& p, int64_t j, int64_t jend) {
-  if (j >= jend) return -1;
-  const int64_t r = p.topk != nullptr ? p.topk[j] : j;
-  return r >= 0 && r < p.S ? static_cast<int>(r) : -1;
-}
-
-// MlaRow in two steps, so that a top-k index can be loaded well before it is checked (the
-// check is what waits for the load): the raw index, then the row or -1.
+// The row of the cache that key j of the selection reads, in two steps so that a top-k index
+// can be loaded well before it is checked (the check is what waits for the load): the raw
+// index (-1 past the end), then the row or -1 (out of range). MlaRow does both at once.
 __device__ __forceinline__ int MlaRawRow(const MlaDecodeParams& p, int64_t j, int64_t jend) {
   if (j >= jend) return -1;
   return p.topk != nullptr ? p.topk[j] : static_cast<int>(j);
 }
 __device__ __forceinline__ int MlaCheckRow(const MlaDecodeParams& p, int r) {
   return r >= 0 && r < p.S ? r : -1;
+}
+__device__ __forceinline__ int MlaRow(const MlaDecodeParams& p, int64_t j, int64_t jend) {
+  return MlaCheckRow(p, MlaRawRow(p, j, jend));
 }
 
 // Queues the cp.async copies of one chunk's latent and rope-key rows (`rows`: -1 = zeros).
@@ -1246,9 +1245,10 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
 // warp w accumulates O[16 heads][its KVL / 8 dims] += P V by mma, P split into bf16 halves
 // hi = bf16(p) and lo = bf16(p - hi) as in AttentionMmaKernel, V's fragments by the
 // transposing ldmatrix from the same tile. Each block writes MlaDecodeKernel's partials,
-// merged by SplitCombineKernel. Against the fp32 kernel the difference is ~1e-12 NMSE
-// before the final rounding. The fp32 kernel (8 heads a block) read every key row once per
-// 8 heads and ran ~0.3 GFLOP of FMAs a layer: ~23 us per GLM-5 layer at 2k keys on the H200.
+// merged by SplitCombineKernel (harness: at most 6.6e-7 NMSE against the CPU at GLM-5.2's
+// dims, the bf16 MLA bound 1e-5). The fp32 kernel (8 heads a block) read every key row once
+// per 8 heads and ran ~0.3 GFLOP of FMAs a layer: ~23 us per GLM-5 layer at 2k keys on the
+// H200, this one ~14.
 constexpr int kMlaMmaWarps = 8;
 constexpr int kMlaMmaHeads = 16;
 

@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     const float4* qa = reinterpret_cast<const float4*>(qs + h0 * dim);
     const float4* qb = reinterpret_cast<const float4*>(qs + min(h1, heads - 1) * dim);
     float da = 0.f, db = 0.f;
-    for (int d4 = 0; d4 < dim / 4; ++d4) {
-      const float4 a4 = qa[d4], b4 = qb[d4];
-      const float k0 = key[4 * d4], k1 = key[4 * d4 + 1], k2 = key[4 * d4 + 2], k3 = key[4 * d4 + 3];
+    for (int c = 0; c < d4; ++c) {
+      const float4 a4 = qa[c], b4 = qb[c];
+      const float k0 = key[4 * c], k1 = key[4 * c + 1], k2 = key[4 * c + 2], k3 = key[4 * c + 3];
       da = fmaf(a4.x, k0, da);
       db = fmaf(b4.x, k0, db);
       da = fmaf(a4.y, k1, da);
@@ -210,26 +210,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   }
 }
 
-
-// Exclusive block scan of a pair of ints per thread (component-wise); *total gets the block
-// sums. Two barriers.
-__device__ int2 BlockExclusiveScan2(int2 v, int2* total, int2* sh /* [32] */) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+// Exclusive block scan of a pair of ints per thread (component-wise). Two barriers.
+__device__ int2 BlockExclusiveScan2(int2 v, int2* sh /* [32] */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int2 x = make_int2(WarpInclusiveSum(v.x), WarpInclusiveSum(v.y));
   if (lane == 31) sh[warp] = x;
   __syncthreads();
-  int2 before = make_int2(0, 0), sum = make_int2(0, 0);
-  for (int w = 0; w < nw; ++w) {
-    const int2 s = sh[w];
-    if (w < warp) {
-      before.x += s.x;
-      before.y += s.y;
-    }
-    sum.x += s.x;
-    sum.y += s.y;
+  int2 before = make_int2(0, 0);
+  for (int w = 0; w < warp; ++w) {
+    before.x += sh[w].x;
+    before.y += sh[w].y;
   }
   __syncthreads();  // sh may be reused
-  *total = sum;
   return make_int2(before.x + x.x - v.x, before.y + x.y - v.y);
 }
 
@@ -326,8 +318,7 @@ __global__ void __launch_bounds__(kTopKThreads)
     cnt.x += key > prefix;
     cnt.y += key == prefix;
   }
-  int2 total;
-  const int2 before = BlockExclusiveScan2(cnt, &total, scan_sh);
+  const int2 before = BlockExclusiveScan2(cnt, scan_sh);
   int64_t gt = before.x, eq = before.y;
   for (int j = j0; j < j1; ++j) {
     const uint32_t key = key_at(j);
