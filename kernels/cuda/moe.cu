@@ -99,9 +99,9 @@ __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64
 // lower index): the set TopKSmall takes, found by every thread comparing its score with all
 // E in shared memory at once, instead of k rounds of a warp arg-max (one warp's chain of
 // ~200 dependent instructions a round: 11 us for GLM-5.2's 8 of 256 experts on the H200).
-// The chosen ids are placed in ascending order by a ballot and the first k threads form the
-// weights exactly as WriteSigmoidRoute does (denominator summed in id order), so ids and
-// weights are bit-identical to the one-thread kernel.
+// The chosen ids are placed in ascending order by a ballot and thread 0 forms the weights
+// with WriteSigmoidRoute, as the one-thread kernel does, so ids and weights are
+// bit-identical to it.
 __global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
     RouteSigmoidRankKernel(const float* logits, const float* bias, int64_t T,
                            cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
@@ -138,15 +138,7 @@ __global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
     ids_sh[before] = e;
   }
   __syncthreads();
-  if (e < K) {
-    float denom = 0.f;
-    for (int k = 0; k < K; ++k) denom += s_sh[ids_sh[k]];
-    float wt = s_sh[ids_sh[e]];
-    if (K > 1 && r.norm_topk_prob) wt /= denom;
-    wt *= r.routed_scaling_factor;
-    ids_out[row * K + e] = ids_sh[e];
-    w_out[row * K + e] = wt;
-  }
+  if (e == 0) WriteSigmoidRoute(s_sh, ids_sh, K, r, ids_out + row * K, w_out + row * K);
 }
 
 __global__ void RouteSoftmaxKernel(const float* gates, int64_t T, int E, int K, bool norm,
