@@ -671,7 +671,7 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   };
   int restore = -1;
   if (const char* v = std::getenv("RING_QGEMV_VARIANT")) restore = std::atoi(v);
-  for (int variant : {2, 3, 4}) {
+  for (int variant : {2, 3, 4, 5, 6}) {
     TEST_SetQgemvTuning(variant, 0);
     uint32_t seed = 700 + 10 * variant;
     for (const Dims d : {Dims{72, 320}, Dims{72, 2944}, Dims{264, 6144}, Dims{40, 12352}}) {

@@ -812,6 +812,14 @@ __global__ void EmbedKernel(WeightView v, const int32_t* ids, void* out, int out
   }
 }
 
+// ---- mxfp4 words into the GPU nibble order (UploadQuantWeight) ------------------------------
+__global__ void RepackMxfp4Kernel(uint32_t* w, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    w[i] = qdec::Mxfp4::Repack(w[i]);
+  }
+}
+
 // ---- fast-decoder self check ------------------------------------------------------------------
 template <class F>
 __global__ void FastDecodeCheckKernel(WeightView v, unsigned long long* mismatches) {
@@ -1268,6 +1276,14 @@ absl::StatusOr<OwnedDeviceWeight> UploadQuantWeight(const QuantWeight& w) {
     v.biases = o.biases.data();
   }
   RING_RETURN_IF_ERROR(ValidateWeight(v));
+  if (v.spec.mode == QuantMode::kMxfp4) {
+    // Into the GPU nibble order, in place. The legacy stream orders it after the copy.
+    const int64_t words = static_cast<int64_t>(w.weight.nbytes() / 4);
+    const int64_t blocks = std::min<int64_t>((words + 255) / 256, 4096);
+    RepackMxfp4Kernel<<<static_cast<unsigned>(blocks), 256>>>(o.weight.as<uint32_t>(), words);
+    RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    RING_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
+  }
   return o;
 }
 

@@ -55,7 +55,11 @@
 
 namespace ring::cuda {
 
-// A weight resident on the device, laid out exactly as the checkpoint stores it.
+// A weight resident on the device, laid out as the checkpoint stores it, except that mxfp4
+// words hold their nibbles in the GPU order (quant_decode.cuh, qdec::Mxfp4::Repack): same
+// bytes, same scales, each 32-bit word's bits permuted so the decode needs fewer
+// instructions. UploadQuantWeight converts them; a view built by hand over MLX-order bytes
+// decodes wrong.
 struct DeviceQuantWeight {
   QuantSpec spec;                  // mode kNone: a plain float matrix
   DType dtype = DType::kU32;       // kNone: F32/F16/BF16 elements; quantized: U32 words
@@ -157,8 +161,8 @@ absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& 
 // 1 = 32 rows per warp (half the steps per batch; the affine kernel always uses 16),
 // 2 / 3 / 4 = column-split mxfp4 kernels at m <= 2 (group scale applied in
 // fp32 on the accumulators; 2 feeds the mma subnormal-encoded E2M1 values, 3 exact ones, 4
-// is 2 with the activations staged in shared memory; see qgemv_gemv.cu; other formats and
-// m > 2 fall back to the automatic choice);
+// is 2 with the activations staged in shared memory; 5 / 6 = 2 / 4 with 16 rows per warp;
+// see qgemv_gemv.cu; other formats and m > 2 fall back to the automatic choice);
 // wk_cap = most warps splitting K in a block (<= 0 = automatic).
 void TEST_SetQgemvTuning(int variant, int wk_cap);
 

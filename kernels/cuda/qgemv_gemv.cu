@@ -13,11 +13,14 @@
 // formats). A lane issues all its loads of a batch of U steps (16-byte loads at constant
 // offsets from one pointer per row) before decoding any (2-4 KB in flight per warp).
 //
-// Cost model (H200, ncu, lm_head mxfp4): the kernel is bound by instruction issue, not by
-// DRAM: the mxfp4 decode is 17 instructions per 8 weights (qdec::Mxfp4::PairsFast) and the
-// whole kernel executes ~3.0 instructions per weight per lane at ~63% issue efficiency,
-// which caps it near 70% of the bandwidth probe. 32-row tiles (WR = 2) halve the
-// activation loads and permutes per weight.
+// Cost model (H200, ncu, lm_head mxfp4, session 8): the kernel is bound by instruction
+// issue, not by DRAM: it executed ~3.0 instructions per weight per lane at ~63% issue
+// efficiency, which capped it near 70% of the bandwidth probe. Since then mxfp4 weights sit
+// in the GPU nibble order (qdec::Mxfp4, Repack at upload): the decode with the group scale
+// folded in is 12 instructions per 8 weights (17 from the MLX order), and one trip of the
+// full-batch loop on the fast path (256 weights per lane; bench/gpu/sass_loop_count.py on
+// sm_90 SASS) is 617 instructions for WR = 2 and 642 for WR = 1 (777 / 802 before). 32-row
+// tiles (WR = 2) halve the activation loads and permutes per weight.
 //
 // Operand order. The k order inside an mma is free as long as A and B agree: lane t feeds
 // its own slice, pairing elements (8W+j, 8W+j+4) of each 8-element block W (the cheap order
@@ -425,14 +428,16 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // accumulator pair, the one the lane loads anyway. Per step: the mmas of a chunk go into a
 // zeroed fragment, then acc += scale * fragment (4 FFMA per 16 rows). The quad's 4 chunks
 // are summed once at the end (2 shuffles), after the K-split reduction.
-// Per 8 weights this drops the bf16 multiply by the group scale (kSubnormal: 13 instead of
-// 17 decode instructions) and the per-chunk factor, and adds one FFMA per 16 weights; the
-// activation permutes stay (plus, for kSubnormal, one bf16x2 multiply per activation pair)
-// unless kSmemX stages them. sm_90 SASS, one trip of the full-batch loop on the fast path
-// (256 weights per lane; bench/gpu/sass_loop_count.py): QgemvKernel variant 1 765
-// instructions, kSubnormal 665, kUnit 781, kSubnormal + kSmemX 588 (2.99 / 2.60 / 3.05 /
-// 2.30 per weight and lane). Timed on the H200 (AutoVariant): the staged-activation form
-// wins on tall matrices with short rows only.
+// Per 8 weights this drops the bf16 multiply by the group scale (kSubnormal: 8 instead of
+// 12 decode instructions in the GPU nibble order) and the per-chunk factor, and adds one
+// FFMA per 16 weights; the activation permutes stay (plus, for kSubnormal, one bf16x2
+// multiply per activation pair) unless kSmemX stages them. sm_90 SASS, one trip of the
+// full-batch loop on the fast path (256 weights per lane; bench/gpu/sass_loop_count.py,
+// session 15): QgemvKernel 617 (WR = 2) / 642 (WR = 1) instructions, kSubnormal 581 (WR = 1),
+// kSubnormal + kSmemX 430 (WR = 2) / 427 (WR = 1), i.e. 2.41 / 2.51 / 2.27 / 1.68 / 1.67 per
+// weight and lane (the MLX order gave 777, 802, -, 589, -). Timed on the H200
+// (AutoVariant): the column split with 16-row tiles wins at m <= 2 where the 32-row kernel
+// has too few warps, and with staged activations on tall matrices with short rows.
 // Numerics: every product in the mma is exact and every scale multiply is a power of two,
 // so the result is the CPU reference's function up to fp32 summation order, with two
 // operand-range conditions for kSubnormal (not for kUnit):
@@ -718,20 +723,21 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // needed to fill the GPU with about one wave of 16 warps per SM; blocks stay at <= 4 warps
 // (several per SM, so one block's tail does not idle its SM) unless the matrix has fewer row
 // tiles than SMs.
-// Variants 2 and 3 are the experimental column-split mxfp4 kernels (QgemvMx4ColKernel,
-// kSubnormal and kUnit), 32 rows and BPR 32 as variant 1, and variant 4 is variant 2 with
-// the activations staged in shared memory (kSmemX); only for mxfp4 at m <= 2 (elsewhere a
-// forced 2..4 falls back to the automatic choice). AutoVariant picks 4 for tall matrices;
-// 2 and 3 run only when forced (TEST_SetQgemvTuning: gpu_gemv_bench --sweep,
-// RING_QGEMV_VARIANT).
+// Variants 2 and 3 are the column-split mxfp4 kernels (QgemvMx4ColKernel, kSubnormal and
+// kUnit), 32 rows and BPR 32 as variant 1, and variant 4 is variant 2 with the activations
+// staged in shared memory (kSmemX); 5 and 6 are 2 and 4 with 16 rows per warp and BPR 64.
+// They exist for mxfp4 at m <= 2 only (elsewhere a forced 2..6 falls back to the automatic
+// choice). AutoVariant picks 5 and 6; 2, 3 and 4 run only when forced (TEST_SetQgemvTuning:
+// gpu_gemv_bench --sweep, RING_QGEMV_VARIANT).
 struct Variant {
   int wr, bpr;
   int col;  // 0: QgemvKernel; column split: 1 subnormal operand, 2 unit, 3 = 1 + staged x
 };
-constexpr Variant kVariants[] = {{1, 64, 0}, {2, 32, 0}, {2, 32, 1}, {2, 32, 2}, {2, 32, 3}};
+constexpr Variant kVariants[] = {{1, 64, 0}, {2, 32, 0}, {2, 32, 1}, {2, 32, 2},
+                                 {2, 32, 3}, {1, 64, 1}, {1, 64, 3}};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-// Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..4 = forced;
+// Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..6 = forced;
 // wk_cap <= 0 = automatic.
 std::atomic<int> g_variant{-1};
 std::atomic<int> g_wk_cap{0};
@@ -822,13 +828,15 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms) {
 // lm_head 64.3 -> 69.4; o_proj, whose 32-row tiles leave 6 warps per SM, 46.8 -> 36.3).
 // The affine kernel keeps 16 rows: with 32 it spills registers (lm_head 58.3% -> 40.7%).
 //
-// Tall mxfp4 matrices with short rows at m <= 2 take variant 4 (scale-free E2M1 operands,
-// activations in shared memory: 2.30 instead of 2.99 instructions per weight and lane), on
-// devices whose bf16 MMA keeps subnormal inputs (DeviceInfo::mma_bf16_subnormals). H200
-// sweep, 2026-11, % of the probe at m = 1 / 2: lm_head 69.4 / 67.0 -> 75.8 / 74.0, dense
-// gate_up 53.6 / 52.7 -> 59.1 / 54.0; where it did not win it stays off: q_b_proj 16384 x
-// 2048 38.2 -> 37.7, Qwen3 gate/up 12288 x 4096 within 0.7 points, o_proj 6144 x 16384
-// 46.2 -> 39.1 (its staged activations and 6 warps per SM).
+// mxfp4 at m <= 2 on devices whose bf16 MMA keeps subnormal inputs
+// (DeviceInfo::mma_bf16_subnormals) takes the column-split kernels (scale-free E2M1 operands)
+// with 16-row tiles: variant 6 (activations staged in shared memory) for tall matrices with
+// short rows, variant 5 wherever the 32-row kernel would leave too few warps. H200 sweep with
+// the GPU nibble order (session 15, run 1, % of the probe at m = 1, automatic choice before
+// -> now): lm_head 77.8 -> 83.0 (6), dense gate_up 58.5 -> 60.5 (6), o_proj 49.3 -> 54.9 (5),
+// q_a_proj 16.8 -> 18.9 (5), kv_a_proj 5.2 -> 5.9 (5), expert gate/up 16.9 -> 18.8 (5),
+// expert down 21.5 -> 21.3 (5). Where the 32-row kernel has enough warps (q_b_proj, Qwen3-8B
+// gate/up, down, q/o) no column-split form won by more than noise, so variant 1 stays.
 template <class P>
 int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) {
   if constexpr (P::kAffine) {
@@ -836,8 +844,9 @@ int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) 
   } else {
     const bool wr2 = ShapeFor<P>(1, p, problems, sms).warps >= static_cast<int64_t>(sms) * 11;
     if constexpr (std::is_same_v<P, OwnChunk<qdec::Mxfp4>>) {
-      if (wr2 && subnormals && problems == 1 && p.m <= 2 && p.w.rows >= 24576 && p.w.cols <= 8192) {
-        return 4;
+      if (subnormals && p.m <= 2) {
+        if (wr2 && problems == 1 && p.w.rows >= 24576 && p.w.cols <= 8192) return 6;
+        if (!wr2) return 5;
       }
     }
     return wr2 ? 1 : 0;
@@ -909,6 +918,8 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
       case 2: fn = KernelFor<P, 2>(); break;
       case 3: fn = KernelFor<P, 3>(); break;
       case 4: fn = KernelFor<P, 4>(); break;
+      case 5: fn = KernelFor<P, 5>(); break;
+      case 6: fn = KernelFor<P, 6>(); break;
       default: fn = KernelFor<P, 0>(); break;
     }
   } else {

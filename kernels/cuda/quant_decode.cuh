@@ -156,6 +156,14 @@ RING_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t sel) {
   return r;
 #endif
 }
+// Rotate right by d (1..31): one funnel shift on the device.
+RING_HD uint32_t RotR(uint32_t v, int d) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_r(v, v, d);
+#else
+  return (v >> d) | (v << (32 - d));
+#endif
+}
 // Elements (8W+j, 8W+j+4) of four consecutive words holding two 16-bit elements each
 // (bf16 activations or a bf16 weight chunk): the shared pair order.
 RING_HD void PairsOf16bitQuad(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, uint32_t out[4]) {
@@ -282,39 +290,76 @@ struct Mxfp4 {
     const uint32_t k = u + 126u;  // bf16 exponent field of 2^(u-1); u = 0 gives 2^-1 as well
     return Scale{E8M0ToF32(u), (k << 7) | (k << 23), u <= 128u};
   }
-  RING_HD static float Elem(const uint32_t* raw, int e, const Scale& sc) {
-    return RoundToBf16(Fp4ToF32(ExtractCode<4>(raw, e)) * sc.s);
-  }
   // bf16x2 splat of 2^(u-1), the fast path's multiplier (valid for u <= 128).
   RING_HD static uint32_t FastFactor(uint32_t u) { return (u + 126u) * 0x00800080u; }
-  // Pairs of one packed word v, given f2 = FastFactor(u). Nibble j (bits 4j..4j+3) and j+4
-  // (4j+16..): magnitude bits -> bf16 bits 6..8 / 22..24 (exponent low bits + top mantissa
-  // bit), sign -> 15 / 31. The pattern is the E2M1 value times 2^-126 (subnormal 0.5
-  // included); one multiply by 2^(u-1) applies both that correction and the group scale,
-  // exactly. Bit placement: isolate nibbles j and j+4 (they sit 16 bits apart, one per
-  // half), then one integer multiply makes two copies, n << 6 (magnitude at 6..8) and
-  // n << 12 (sign at 15), that cannot carry into each other; a mask keeps the wanted bits.
-  // Nibbles 2,3,6,7 are first moved down a byte. 17 instructions per 8 weights.
+
+  // ---- GPU nibble order ----
+  // MLX packs element j of a word (8 per word) in bits 4j..4j+3 as s e1 e0 m (m lowest).
+  // On the device every mxfp4 word is held permuted (Repack, applied in place by
+  // UploadQuantWeight), so that the tensor-core operand of the element pair (j, j+4),
+  // j = 0..3 (the shared pair order), falls out of the word in few instructions. That
+  // operand is the bf16x2 pattern E2M1 * 2^-126: sign at bit 15 (31 for element j+4), e1 e0 m
+  // at bits 8..6 (24..22), everything else zero; the subnormal 0.5 is 0x0040 and zero stays
+  // zero. With S = 0x81c081c0 (the bits of that pattern):
+  //   pair 0: v & S            pair 1: rotr(v, 3) & S      pair 2: rotr(v, 6) & S
+  //   pair 3: ((v & 0x001b001b) * 0x1084) & S
+  // Pair 3 makes three copies of its 8 bits shifted by 2, 7 and 12 in one multiply (the
+  // copies occupy disjoint bits, so no carry crosses), and the mask keeps one source bit for
+  // each target. 8 instructions per 8 weights, against 13 for the same patterns from the
+  // MLX order (isolate two nibbles, one multiply making the magnitude and sign copies, mask;
+  // no rotation tiling of the 32 bits by S exists, hence the multiply for the last pair).
+  // The patterns are bit-identical to those the MLX order gave, so every result is unchanged.
+  // GpuBit(i): the bit of the GPU word that holds bit i of the MLX word.
+  RING_HD static constexpr int GpuBit(int i) {
+    const int j = i >> 2, b = i & 3, k = j & 3;
+    const int pos = (b == 3 ? 15 : 6 + b) + 16 * (j >> 2);  // its place in pair k's pattern
+    if (k == 0) return pos;
+    if (k == 1) return (pos + 3) & 31;
+    if (k == 2) return (pos + 6) & 31;
+    return pos - (b == 0 ? 2 : (b == 3 ? 12 : 7));  // k = 3: the copy shifted by 2, 7 or 12
+  }
+  RING_HD static uint32_t Repack(uint32_t mlx) {
+    uint32_t v = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v |= ((mlx >> i) & 1u) << GpuBit(i);
+    return v;
+  }
+  RING_HD static uint32_t Unpack(uint32_t gpu) {
+    uint32_t v = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v |= ((gpu >> GpuBit(i)) & 1u) << i;
+    return v;
+  }
+  static constexpr uint32_t kPairMask = 0x81c081c0u;
+  // Pair k (0..3) of a GPU-order word, as the E2M1 * 2^-126 bf16x2 pattern.
+  RING_HD static uint32_t PairTiny(uint32_t v, int k) {
+    switch (k) {
+      case 0: return v & kPairMask;
+      case 1: return RotR(v, 3) & kPairMask;
+      case 2: return RotR(v, 6) & kPairMask;
+      default: return ((v & 0x001b001bu) * 0x1084u) & kPairMask;
+    }
+  }
+  RING_HD static float Elem(const uint32_t* raw, int e, const Scale& sc) {
+    const uint32_t pair = PairTiny(raw[e >> 3], e & 3);
+    const float v = Bf16ToF32(pair >> (e & 4 ? 16 : 0)) * 0x1p126f;  // the E2M1 value, exact
+    return RoundToBf16(v * sc.s);
+  }
+  // Pairs of one GPU-order word v, given f2 = FastFactor(u): the patterns times 2^(u-1),
+  // which applies both the 2^126 correction and the group scale, exactly. 12 instructions
+  // per 8 weights.
   RING_HD static void PairsFast(uint32_t v, uint32_t f2, uint32_t out[4]) {
-    const uint32_t v8 = v >> 8;
-    out[0] = Bf16x2Mul(((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u, f2);
-    out[1] = Bf16x2Mul(((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u, f2);
-    out[2] = Bf16x2Mul(((v8 & 0x000f000fu) * 0x1040u) & 0x81c081c0u, f2);
-    out[3] = Bf16x2Mul(((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u, f2);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = Bf16x2Mul(PairTiny(v, k), f2);
   }
   // Scale-free pairs for the column-split GEMV (qgemv_gemv.cu), which applies the group scale
-  // in fp32 on the mma accumulators. PairsTiny is PairsFast without the multiply: the bf16
-  // patterns are E2M1 * 2^-126 exactly (+-0.5 is the bf16 subnormal 0x0040, zero stays
-  // zero), 13 instructions per 8 weights; the caller scales the activations by 2^64 so that
-  // the products are normal fp32 numbers again. PairsUnit multiplies by the constant 2^126
-  // instead and returns the E2M1 values themselves (exact; no subnormal operand reaches the
-  // mma), 17 instructions per 8 weights.
+  // in fp32 on the mma accumulators: the patterns themselves; the caller scales the
+  // activations by 2^64 so that the products are normal fp32 numbers again. PairsUnit
+  // multiplies by the constant 2^126 instead and returns the E2M1 values themselves (exact;
+  // no subnormal operand reaches the mma).
   RING_HD static void PairsTiny(uint32_t v, uint32_t out[4]) {
-    const uint32_t v8 = v >> 8;
-    out[0] = ((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
-    out[1] = ((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
-    out[2] = ((v8 & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
-    out[3] = ((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = PairTiny(v, k);
   }
   static constexpr uint32_t kBf16x2Two126 = 0x7e807e80u;  // bf16x2 (2^126, 2^126)
   RING_HD static void PairsUnit(uint32_t v, uint32_t out[4]) {

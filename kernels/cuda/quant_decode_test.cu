@@ -104,12 +104,44 @@ TEST(QuantDecode, Mxfp4FastPairsEqualExactDecode) {
     EXPECT_EQ(sc.fast, u <= 128);
     // Every nibble value at every position, plus random words.
     for (uint32_t n = 0; n < 16; ++n) {
-      for (auto& w : raw) w = n * 0x11111111u;
+      for (auto& w : raw) w = Mxfp4::Repack(n * 0x11111111u);
       CheckPairsAgainstElem<Mxfp4>(raw, sc, "mxfp4 splat");
     }
     for (int trial = 0; trial < 20; ++trial) {
       for (auto& w : raw) w = rng();
       CheckPairsAgainstElem<Mxfp4>(raw, sc, "mxfp4 random");
+    }
+  }
+}
+
+// The GPU nibble order: a permutation of each word's bits, and the decode of a repacked
+// word is MLX's decode of the original (kernels/quant.h: fp4 value times 2^(u-127), rounded
+// to bf16), for every code at every position and every scale.
+TEST(QuantDecode, Mxfp4GpuOrderDecodesAsMlxOrder) {
+  bool seen[32] = {};
+  for (int i = 0; i < 32; ++i) {
+    const int b = Mxfp4::GpuBit(i);
+    ASSERT_TRUE(b >= 0 && b < 32 && !seen[b]) << "bit " << i << " -> " << b;
+    seen[b] = true;
+  }
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const uint32_t v = rng();
+    ASSERT_EQ(Mxfp4::Unpack(Mxfp4::Repack(v)), v) << std::hex << v;
+    ASSERT_EQ(Mxfp4::Repack(Mxfp4::Unpack(v)), v) << std::hex << v;
+  }
+  uint32_t mlx[4], gpu[4];
+  for (uint32_t u = 0; u < 256; ++u) {
+    const Mxfp4::Scale sc = Mxfp4::MakeScale(u);
+    for (int trial = 0; trial < 24; ++trial) {
+      for (int w = 0; w < 4; ++w) {
+        mlx[w] = trial < 16 ? (trial * 0x11111111u) ^ (w * 0x01234567u) : static_cast<uint32_t>(rng());
+        gpu[w] = Mxfp4::Repack(mlx[w]);
+      }
+      for (int e = 0; e < 32; ++e) {
+        const float want = RoundToBf16(Fp4ToF32(ExtractCode<4>(mlx, e)) * E8M0ToF32(u));
+        ASSERT_TRUE(SameFloat(Mxfp4::Elem(gpu, e, sc), want)) << "u=" << u << " e=" << e << std::hex << " mlx=" << mlx[e / 8];
+      }
     }
   }
 }
@@ -167,15 +199,15 @@ TEST(QuantDecode, Affine4BiasedPairsAreExactCodes) {
 }
 
 // The column-split GEMV's scale-free operands (qgemv_gemv.cu QgemvMx4ColKernel), in the
-// shared pair order: PairsTiny is E2M1 * 2^-126 exactly (+-0.5 a bf16 subnormal, zero
+// shared pair order (of the MLX word v, held repacked): PairsTiny is E2M1 * 2^-126 exactly (+-0.5 a bf16 subnormal, zero
 // kept), PairsUnit the E2M1 value itself.
 TEST(QuantDecode, Mxfp4ScaleFreePairsAreExact) {
   std::mt19937 rng(8);
   for (int trial = 0; trial < 20000; ++trial) {
     const uint32_t v = trial < 16 ? trial * 0x11111111u : static_cast<uint32_t>(rng());
     uint32_t tiny[4], unit[4];
-    Mxfp4::PairsTiny(v, tiny);
-    Mxfp4::PairsUnit(v, unit);
+    Mxfp4::PairsTiny(Mxfp4::Repack(v), tiny);
+    Mxfp4::PairsUnit(Mxfp4::Repack(v), unit);
     for (int j = 0; j < 4; ++j) {
       for (int half = 0; half < 2; ++half) {
         const float want = Fp4ToF32((v >> (4 * j + 16 * half)) & 15u);
