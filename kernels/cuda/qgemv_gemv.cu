@@ -179,6 +179,48 @@ __device__ __forceinline__ StepRange WarpSteps(int nsteps, int nslices, int warp
   return {begin, end, min(end, nslices >> 2)};
 }
 
+// The K split's partial sums, reduced through shared memory `red` ([warp][WR * 4][32]) in a
+// fixed order (deterministic); false for the warps whose sums went to warp wk == 0.
+template <int WR>
+__device__ __forceinline__ bool KSplitReduce(float (&acc)[WR][4], float* red, int warps_k) {
+  if (warps_k <= 1) return true;
+  constexpr int V = WR * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[(warp * V + wr * 4 + i) * 32 + lane] = acc[wr][i];
+  __syncthreads();
+  if (warp % warps_k != 0) return false;
+  for (int j = 1; j < warps_k; ++j) {
+#pragma unroll
+    for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[wr][i] += red[((warp + j) * V + wr * 4 + i) * 32 + lane];
+  }
+  return true;
+}
+
+// Writes the mma accumulators: c0/c1 row g, tokens 2t/2t+1; c2/c3 row g + 8.
+template <int WR>
+__device__ __forceinline__ void StoreRowTokens(const float (&acc)[WR][4], const QmmParams& p, int part,
+                                               int64_t prob, int64_t row_base, int64_t rows, bool bad) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float* yp = nullptr;
+  int64_t ldy = 0;
+  GemvPartOutput(p, part, &yp, &ldy);
+  float* ybase = yp + prob * p.y_pstride;
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
+      const int64_t tok = 2 * t + (i & 1);
+      if (row < rows && tok < p.m) ybase[tok * ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
+    }
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 // Indices of steps and slices are 32-bit (they count 16-byte pieces of one row); the few
 // 64-bit row pointers are computed once. Rows past the matrix end read the last row (valid
@@ -379,37 +421,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
   if (early) PdlWait();  // warps that had no step still must not write before it
 
-  constexpr int V = WR * 4;
-  if (warps_k > 1) {
-    extern __shared__ float red[];  // [warp][V][32]
-#pragma unroll
-    for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[(warp * V + wr * 4 + i) * 32 + lane] = acc[wr][i];
-    __syncthreads();
-    if (wk != 0) return;
-    for (int j = 1; j < warps_k; ++j) {
-#pragma unroll
-      for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[wr][i] += red[((warp + j) * V + wr * 4 + i) * 32 + lane];
-    }
-  }
-  float* yp = nullptr;
-  int64_t ldy = 0;
-  GemvPartOutput(p, part, &yp, &ldy);
-  float* ybase = yp + prob * p.y_pstride;
-#pragma unroll
-  for (int wr = 0; wr < WR; ++wr) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
-      const int64_t tok = 2 * t + (i & 1);
-      if (row < wv.rows && tok < p.m) {
-        ybase[tok * ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
-      }
-    }
-  }
+  extern __shared__ float red[];  // [warp][WR * 4][32]
+  if (!KSplitReduce<WR>(acc, red, warps_k)) return;
+  StoreRowTokens<WR>(acc, p, part, prob, row_base, wv.rows, bad);
 #else
   __trap();  // host dispatch never selects this kernel below sm_80
 #endif
@@ -672,21 +686,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
   if (early) PdlWait();
 
-  if (warps_k > 1) {
-    float* red = reinterpret_cast<float*>(dyn_smem);  // [warp][V][32]
-#pragma unroll
-    for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[(warp * V + wr * 4 + i) * 32 + lane] = acc[wr][i];
-    __syncthreads();
-    if (wk != 0) return;
-    for (int j = 1; j < warps_k; ++j) {
-#pragma unroll
-      for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[wr][i] += red[((warp + j) * V + wr * 4 + i) * 32 + lane];
-    }
-  }
+  if (!KSplitReduce<WR>(acc, reinterpret_cast<float*>(dyn_smem), warps_k)) return;
   // The quad's 4 chunks: a fixed butterfly (lane 0 gets (a0 + a1) + (a2 + a3)).
 #pragma unroll
   for (int wr = 0; wr < WR; ++wr)
@@ -875,7 +875,7 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
   // The column-split kernels exist for mxfp4 at m <= 2; the subnormal-operand ones (col 1
   // and 3) also need an MMA that keeps subnormals.
   const int col = kVariants[vi].col;
-  if (col != 0 && (!kMx4 || p.m > 2 || (col != 2 && !subn))) {
+  if ((col != 0 && (!kMx4 || p.m > 2 || (col != 2 && !subn)))) {
     vi = AutoVariant<P>(p, problems, sms, subn);
   }
   if (P::kAffine) vi = 0;  // no 32-row affine kernel (see AutoVariant)
