@@ -86,11 +86,12 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
   };
   // col-sub / col-unit / col-smx: the column-split mxfp4 kernels (variants 2, 3 and 4, 32
   // rows a warp; col1-sub / col1-smx: 5 and 6, 16 rows a warp; M <= 2 only, elsewhere they
-  // time the automatic choice again).
+  // time the automatic choice again); fill: the automatic variant with the fill rule's K
+  // split (ShapeFor, TEST_SetQgemvTuning wk_cap -1).
   const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},       {"wr2", 1, 0, 0},
                       {"cap16", -1, 16, 0},   {"auto+pdl", -1, 0, 2}, {"col-sub", 2, 0, 0},
                       {"col-unit", 3, 0, 0},  {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0},
-                      {"col1-smx", 6, 0, 0}};
+                      {"col1-smx", 6, 0, 0},  {"fill", -1, -1, 0},    {"fill+pdl", -1, -1, 2}};
   std::printf("\nsweep (us and %% of probe; the automatic choice is described last)\n| %-15s | %-16s | %2s |", "matrix",
               "mode", "M");
   for (const Cfg& c : cfgs) std::printf(" %15s |", c.name);

@@ -134,14 +134,17 @@ class TableEnvironment : public ::testing::Environment {
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new TableEnvironment);
 
-// RING_QGEMV_VARIANT=N runs every case with decode-GEMV variant N (TEST_SetQgemvTuning), to
-// check a variant before making it the default.
+// RING_QGEMV_VARIANT=N runs every case with decode-GEMV variant N, RING_QGEMV_WK_CAP=C with
+// K-split setting C (TEST_SetQgemvTuning), to check a variant or launch shape before making it
+// the default.
 class QgemvVariantEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
-    if (const char* v = std::getenv("RING_QGEMV_VARIANT")) {
-      std::printf("decode GEMV variant forced to %s\n", v);
-      TEST_SetQgemvTuning(std::atoi(v), 0);
+    const char* v = std::getenv("RING_QGEMV_VARIANT");
+    const char* c = std::getenv("RING_QGEMV_WK_CAP");
+    if (v != nullptr || c != nullptr) {
+      std::printf("decode GEMV variant %s, K-split setting %s\n", v ? v : "auto", c ? c : "auto");
+      TEST_SetQgemvTuning(v ? std::atoi(v) : -1, c ? std::atoi(c) : 0);
     }
   }
 };
@@ -669,10 +672,11 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   struct Dims {
     int64_t rows, cols;
   };
-  int restore = -1;
+  int restore = -1, cap = 0;
   if (const char* v = std::getenv("RING_QGEMV_VARIANT")) restore = std::atoi(v);
+  if (const char* c = std::getenv("RING_QGEMV_WK_CAP")) cap = std::atoi(c);
   for (int variant : {2, 3, 4, 5, 6}) {
-    TEST_SetQgemvTuning(variant, 0);
+    TEST_SetQgemvTuning(variant, cap);
     uint32_t seed = 700 + 10 * variant;
     for (const Dims d : {Dims{72, 320}, Dims{72, 2944}, Dims{264, 6144}, Dims{40, 12352}}) {
       auto w = MakeWeight(spec, DType::kU8, 1, d.rows, d.cols, ++seed);
@@ -730,7 +734,7 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   }
   // The automatic choice: a tall matrix with short rows takes variant 4 at m <= 2 where the
   // MMA keeps subnormals (24576 x 544: a K tail; 24576 x 8192: the widest row it takes).
-  TEST_SetQgemvTuning(-1, 0);
+  TEST_SetQgemvTuning(-1, cap);
   for (const Dims d : {Dims{24576, 544}, Dims{24576, 8192}}) {
     auto w = MakeWeight(spec, DType::kU8, 1, d.rows, d.cols, 1200 + static_cast<uint32_t>(d.cols));
     ASSERT_NE(w, nullptr);
@@ -748,7 +752,7 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
              GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto), CpuMatmulT(*w, x, m), kTolMatmul, d.rows);
     }
   }
-  TEST_SetQgemvTuning(restore, 0);
+  TEST_SetQgemvTuning(restore, cap);
 }
 
 // The harness must fail a kernel that gets one group's scale wrong: for each matmul kernel

@@ -738,7 +738,7 @@ constexpr Variant kVariants[] = {{1, 64, 0}, {2, 32, 0}, {2, 32, 1}, {2, 32, 2},
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 // Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..6 = forced;
-// wk_cap <= 0 = automatic.
+// wk_cap 0 = automatic, -1 = the fill rule (ShapeFor), > 0 = at most that many.
 std::atomic<int> g_variant{-1};
 std::atomic<int> g_wk_cap{0};
 
@@ -797,7 +797,7 @@ struct LaunchShape {
   int64_t gx, warps;
 };
 template <class P>
-LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms) {
+LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool tuned = true) {
   const Variant v = kVariants[vi];
   LaunchShape sh{};
   sh.wr = v.wr;
@@ -807,11 +807,44 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms) {
   const int64_t row_tiles = (p.w.rows + tile_rows - 1) / tile_rows;
   const int64_t tiles = row_tiles * problems;
   const int64_t nsteps = (p.w.cols / P::kSliceElems + 3) / 4;
-  int cap = g_wk_cap.load(std::memory_order_relaxed);
-  if (cap <= 0) cap = tiles >= sms ? 4 : 16;
-  int wk = PowerOfTwoAtLeast((want + tiles - 1) / tiles);
-  wk = std::min({wk, PowerOfTwoAtMost(std::min(cap, 16)),
-                 PowerOfTwoAtMost(std::max<int64_t>(1, nsteps / sh.u))});
+  int cap = tuned ? g_wk_cap.load(std::memory_order_relaxed) : 0;
+  // Fill: the K split (any count up to 16 whose warps all get at least 90% of an even share
+  // of the steps) that keeps the most warps resident per SM over the launch's waves, an SM
+  // holding 16 warps (128 registers a thread).
+  auto fill = [&]() {
+    const int max_wk = static_cast<int>(std::min<int64_t>(16, std::max<int64_t>(1, nsteps / sh.u)));
+    double best = -1.0;
+    int pick = 1;
+    for (int k = 1; k <= max_wk; ++k) {
+      const int64_t per = ((nsteps + k - 1) / k + sh.u - 1) / sh.u * sh.u;
+      if (10 * nsteps < 9 * k * per) continue;
+      const int tpb = std::max(1, 4 / k);
+      const int64_t per_sm = 16 / (tpb * k);
+      const int64_t blocks = (row_tiles + tpb - 1) / tpb * problems;
+      const int64_t waves = (blocks + sms * per_sm - 1) / (sms * per_sm);
+      const double score = static_cast<double>(tiles * k) / static_cast<double>(waves * sms);
+      if (score > best + 1e-9) {
+        best = score;
+        pick = k;
+      }
+    }
+    return pick;
+  };
+  int wk = 1;
+  if (cap == -1) {
+    wk = fill();
+  } else {
+    if (cap <= 0) cap = tiles >= sms ? 4 : 16;
+    wk = PowerOfTwoAtLeast((want + tiles - 1) / tiles);
+    wk = std::min({wk, PowerOfTwoAtMost(std::min(cap, 16)),
+                   PowerOfTwoAtMost(std::max<int64_t>(1, nsteps / sh.u))});
+    // Launches that leave SMs short of warps (small matrices) take the fill rule's split when
+    // it gives more. Not applied above 11 warps per SM: there it lost on o_proj, Qwen3-8B
+    // gate/up and lm_head (session 15, run 6: uneven or deeper K splits).
+    if (tuned && g_wk_cap.load(std::memory_order_relaxed) == 0 && tiles * wk < sms * 11) {
+      wk = std::max(wk, fill());
+    }
+  }
   sh.wk = wk;
   sh.tiles_pb = std::max(1, 4 / wk);
   sh.threads = sh.tiles_pb * wk * 32;
@@ -842,7 +875,7 @@ int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) 
   if constexpr (P::kAffine) {
     return 0;
   } else {
-    const bool wr2 = ShapeFor<P>(1, p, problems, sms).warps >= static_cast<int64_t>(sms) * 11;
+    const bool wr2 = ShapeFor<P>(1, p, problems, sms, false).warps >= static_cast<int64_t>(sms) * 11;
     if constexpr (std::is_same_v<P, OwnChunk<qdec::Mxfp4>>) {
       if (subnormals && p.m <= 2) {
         if (wr2 && problems == 1 && p.w.rows >= 24576 && p.w.cols <= 8192) return 6;
