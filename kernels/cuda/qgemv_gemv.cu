@@ -201,11 +201,13 @@ __device__ __forceinline__ bool KSplitReduce(float (&acc)[WR][4], float* red, in
   return true;
 }
 
-// Writes the mma accumulators: c0/c1 row g, tokens 2t/2t+1; c2/c3 row g + 8.
+// Writes the mma accumulators: c0/c1 row g, tokens tok0 and tok0 + 1; c2/c3 row g + 8
+// (tok0 = 2t in the mma's layout; the column split sums its quad into lane t = 0 first).
 template <int WR>
 __device__ __forceinline__ void StoreRowTokens(const float (&acc)[WR][4], const QmmParams& p, int part,
-                                               int64_t prob, int64_t row_base, int64_t rows, bool bad) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+                                               int64_t prob, int64_t row_base, int64_t rows, bool bad,
+                                               int tok0) {
+  const int g = (threadIdx.x & 31) >> 2;
   float* yp = nullptr;
   int64_t ldy = 0;
   GemvPartOutput(p, part, &yp, &ldy);
@@ -215,7 +217,7 @@ __device__ __forceinline__ void StoreRowTokens(const float (&acc)[WR][4], const 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
-      const int64_t tok = 2 * t + (i & 1);
+      const int64_t tok = tok0 + (i & 1);
       if (row < rows && tok < p.m) ybase[tok * ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
     }
   }
@@ -423,7 +425,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 
   extern __shared__ float red[];  // [warp][WR * 4][32]
   if (!KSplitReduce<WR>(acc, red, warps_k)) return;
-  StoreRowTokens<WR>(acc, p, part, prob, row_base, wv.rows, bad);
+  StoreRowTokens<WR>(acc, p, part, prob, row_base, wv.rows, bad, 2 * t);
 #else
   __trap();  // host dispatch never selects this kernel below sm_80
 #endif
@@ -696,21 +698,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       acc[wr][i] += __shfl_xor_sync(kFullMask, acc[wr][i], 2);
     }
   if (t != 0) return;
-  float* yp = nullptr;
-  int64_t ldy = 0;
-  GemvPartOutput(p, part, &yp, &ldy);
-  float* ybase = yp + prob * p.y_pstride;
-#pragma unroll
-  for (int wr = 0; wr < WR; ++wr) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
-      const int64_t tok = i & 1;
-      if (row < wv.rows && tok < p.m) {
-        ybase[tok * ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
-      }
-    }
-  }
+  StoreRowTokens<WR>(acc, p, part, prob, row_base, wv.rows, bad, 0);
 #else
   __trap();  // host dispatch never selects this kernel below sm_80
 #endif
