@@ -795,7 +795,7 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
   const int64_t row_tiles = (p.w.rows + tile_rows - 1) / tile_rows;
   const int64_t tiles = row_tiles * problems;
   const int64_t nsteps = (p.w.cols / P::kSliceElems + 3) / 4;
-  int cap = tuned ? g_wk_cap.load(std::memory_order_relaxed) : 0;
+  const int forced_cap = tuned ? g_wk_cap.load(std::memory_order_relaxed) : 0;
   // Fill: the K split (any count up to 16 whose warps all get at least 90% of an even share
   // of the steps) that keeps the most warps resident per SM over the launch's waves, an SM
   // holding 16 warps (128 registers a thread).
@@ -819,17 +819,18 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
     return pick;
   };
   int wk = 1;
-  if (cap == -1) {
+  if (forced_cap == -1) {
     wk = fill();
   } else {
-    if (cap <= 0) cap = tiles >= sms ? 4 : 16;
+    const int cap = forced_cap > 0 ? forced_cap : (tiles >= sms ? 4 : 16);
     wk = PowerOfTwoAtLeast((want + tiles - 1) / tiles);
     wk = std::min({wk, PowerOfTwoAtMost(std::min(cap, 16)),
                    PowerOfTwoAtMost(std::max<int64_t>(1, nsteps / sh.u))});
     // Launches that leave SMs short of warps (small matrices) take the fill rule's split when
     // it gives more. Not applied above 11 warps per SM: there it lost on o_proj, Qwen3-8B
     // gate/up and lm_head (session 15, run 6: uneven or deeper K splits).
-    if (tuned && g_wk_cap.load(std::memory_order_relaxed) == 0 && tiles * wk < sms * 11) {
+    // AutoVariant (tuned = false) judges the variants by the power-of-two split alone.
+    if (tuned && forced_cap == 0 && tiles * wk < sms * 11) {
       wk = std::max(wk, fill());
     }
   }
