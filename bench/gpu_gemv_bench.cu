@@ -3,7 +3,7 @@
 // fraction of that measured bandwidth (the M2/M3 metrics of the performance anchors), plus
 // cuBLAS bf16 GEMV on the same shapes for a per-weight-element speed ratio.
 //
-//   gpu_gemv_bench [--quick] [--no-cublas] [--iters N] [--only NAME] [--modes mxfp4,affine4] [--sweep | --many]
+//   gpu_gemv_bench [--quick] [--no-cublas] [--iters N] [--only NAME] [--modes mxfp4,affine4] [--sweep | --many | --moe]
 //                  [--sweep] [--no-probe]
 //
 // Table columns: "us" = plain launches (QMatmulArgs::overlap = 0); "PDL us" = the same with
@@ -11,6 +11,8 @@
 // while the previous one drains, as in a decode step's chain of kernels).
 // --many times weights that share x (q/k/v, gate/up, GLM-5.2's x projections) as separate
 // launches and as one QMatmulTMany launch.
+// --moe times GLM-5.2's routed-expert launches of a decode step (gate+up, down; 1, 2 and 8
+// tokens) under the --sweep configurations.
 // --sweep times the decode GEMV's configurations side by side (TEST_SetQgemvTuning) for
 // M = 1, 2 and 8 (tuning aid).
 // --only NAME keeps the shapes whose matrix name contains NAME (e.g. for ncu).
@@ -63,7 +65,7 @@ double ProbeReadBandwidth(const DeviceInfo& dev, cudaStream_t s) {
 }
 
 struct Opts {
-  bool quick = false, use_cublas = true, sweep = false, probe = true, many = false;
+  bool quick = false, use_cublas = true, sweep = false, probe = true, many = false, moe = false;
   int iters = 40;
   std::string only, modes = "mxfp4,affine4";
 };
@@ -197,6 +199,108 @@ void Many(const std::vector<QuantSpec>& specs, const DeviceInfo& dev, double pro
   }
 }
 
+// GLM-5.2's routed experts in a decode step, as ExpertsSwiGlu launches them: gate and up of
+// the chosen experts in one QMatmulTMany launch (problems = tokens x 8, x shared by a token's
+// 8 slots), then down (one x row per slot), over 256 stacked experts of 2048 x 6144 /
+// 6144 x 2048. Each timed launch takes the next of 64 random routings (8 distinct experts a
+// token), so the experts change from one launch to the next as in a decode chain; bytes =
+// the distinct experts' weights + x. Configurations as --sweep's (variant / K split).
+void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffer& y,
+         cudaStream_t st, int iters) {
+  constexpr int64_t kE = 256, kK = 8, kInter = 2048, kHidden = 6144, kSets = 64;
+  const QuantSpec spec{QuantMode::kMxfp4, 4, 32};
+  Weights gate = MakeWeights(Shape{"GLM-5.2", "expert gate", kInter, kHidden}, spec, 0, st, kE);
+  Weights up = MakeWeights(Shape{"GLM-5.2", "expert up", kInter, kHidden}, spec, 0, st, kE);
+  Weights down = MakeWeights(Shape{"GLM-5.2", "expert down", kHidden, kInter}, spec, 0, st, kE);
+  const double per_expert = static_cast<double>(gate.bytes + up.bytes) / kE;
+  const double per_expert_down = static_cast<double>(down.bytes) / kE;
+  struct Cfg {
+    const char* name;
+    int variant, cap, overlap;
+  };
+  const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},      {"wr2", 1, 0, 0},
+                      {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0}, {"col1-smx", 6, 0, 0},
+                      {"fill", -1, -1, 0},    {"auto+pdl", -1, 0, 1}, {"col1-smx+pdl", 6, 0, 1},
+                      {"col1-sub+pdl", 5, 0, 1}};
+  std::printf("\nrouted experts of one decode step (GLM-5.2, mxfp4, 256 experts, 8 a token): us and %% of probe\n"
+              "| %-7s | %2s |", "launch", "T");
+  for (const Cfg& c : cfgs) std::printf(" %14s |", c.name);
+  std::printf(" auto config\n");
+  DeviceBuffer gy = Must(DeviceBuffer::Allocate(64 * kInter * 4));
+  DeviceBuffer uy = Must(DeviceBuffer::Allocate(64 * kInter * 4));
+  DeviceBuffer xd = Must(DeviceBuffer::Allocate(64 * kInter * 2));
+  FillBf16<<<64, 256, 0, st>>>(xd.as<uint16_t>(), 64 * kInter, 9, 0.5f);
+  for (int64_t T : {1, 2, 8}) {
+    const int64_t np = T * kK;
+    std::vector<int32_t> ids(kSets * np);
+    double uniq = 0;
+    uint32_t rng = 12345;
+    for (int64_t s = 0; s < kSets; ++s) {
+      std::vector<bool> any(kE, false);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<bool> used(kE, false);
+        for (int64_t k = 0; k < kK; ++k) {
+          int32_t e;
+          do {
+            rng = rng * 1664525u + 1013904223u;
+            e = static_cast<int32_t>((rng >> 8) % kE);
+          } while (used[e]);
+          used[e] = any[e] = true;
+          ids[(s * T + t) * kK + k] = e;
+        }
+      }
+      uniq += static_cast<double>(std::count(any.begin(), any.end(), true)) / kSets;
+    }
+    DeviceBuffer dids = Must(DeviceBuffer::Allocate(ids.size() * 4));
+    BENCH_CHECK(dids.CopyFromHost(ids.data(), ids.size() * 4));
+    for (int which = 0; which < 2; ++which) {
+      std::printf("| %-7s | %2ld |", which == 0 ? "gate+up" : "down", static_cast<long>(T));
+      std::string auto_name;
+      const double bytes = which == 0 ? uniq * per_expert + T * kHidden * 2.0
+                                      : uniq * per_expert_down + np * kInter * 2.0;
+      for (const Cfg& c : cfgs) {
+        TEST_SetQgemvTuning(c.variant, c.cap);
+        QMatmulArgs a;
+        a.x_dtype = DType::kBF16;
+        a.m = 1;
+        a.problems = np;
+        a.overlap = c.overlap;
+        a.round_bf16 = true;
+        if (which == 0) {
+          a.x = x.data();
+          a.x_problem_stride = kHidden;
+          a.x_problem_div = kK;
+          a.y_problem_stride = kInter;
+        } else {
+          a.x = xd.data();
+          a.x_problem_stride = kInter;
+          a.x_problem_div = 1;
+          a.y_problem_stride = kHidden;
+          a.y = y.as<float>();
+        }
+        const DeviceQuantWeight* gu[] = {&gate.views[0], &up.views[0]};
+        float* gu_out[] = {gy.as<float>(), uy.as<float>()};
+        a.expert_ids = dids.as<int32_t>();
+        if (c.variant == -1 && c.cap == 0 && c.overlap == 0) {
+          auto_name = which == 0 ? Must(DescribeQmmMany(gu, a)) : Must(DescribeQmm(down.views[0], a));
+        }
+        const float us = MedianMs(st, iters, [&](int i) {
+          a.expert_ids = dids.as<int32_t>() + (i % kSets) * np;
+          if (which == 0) {
+            BENCH_CHECK(QMatmulTMany(gu, gu_out, a, st));
+          } else {
+            BENCH_CHECK(QMatmulT(down.views[0], a, st));
+          }
+        }) * 1e3f;
+        std::printf(" %6.2f %5.1f%% |", us, 100.0 * bytes / (us * 1e-6) / 1e9 / probe);
+      }
+      TEST_SetQgemvTuning(-1, 0);
+      std::printf(" %s\n", auto_name.c_str());
+      std::fflush(stdout);
+    }
+  }
+}
+
 int Main(int argc, char** argv) {
   Opts o;
   for (int i = 1; i < argc; ++i) {
@@ -204,6 +308,7 @@ int Main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-cublas")) o.use_cublas = false;
     else if (!std::strcmp(argv[i], "--sweep")) o.sweep = true;
     else if (!std::strcmp(argv[i], "--many")) o.many = true;
+    else if (!std::strcmp(argv[i], "--moe")) o.moe = true;
     else if (!std::strcmp(argv[i], "--no-probe")) o.probe = false;
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
@@ -217,17 +322,18 @@ int Main(int argc, char** argv) {
   const double probe = o.probe ? ProbeReadBandwidth(dev, st) : 4466.0;
   if (!o.probe) std::printf("bandwidth probe skipped; percentages use 4466 GB/s\n");
   Cublas cublas;
-  if (o.use_cublas && !o.sweep && !o.many) cublas.Load(st);
+  if (o.use_cublas && !o.sweep && !o.many && !o.moe) cublas.Load(st);
 
   std::vector<Shape> shapes = {
       {"GLM-5.2", "q_a_proj", 2048, 6144},      {"GLM-5.2", "q_b_proj", 16384, 2048},
       {"GLM-5.2", "kv_a_proj", 576, 6144},      {"GLM-5.2", "o_proj", 6144, 16384},
       {"GLM-5.2", "expert gate/up", 2048, 6144}, {"GLM-5.2", "expert down", 6144, 2048},
-      {"GLM-5.2", "dense gate_up", 24576, 6144}, {"GLM-5.2", "lm_head", 154880, 6144},
+      {"GLM-5.2", "dense gate_up", 24576, 6144}, {"GLM-5.2", "dense down", 6144, 12288},
+      {"GLM-5.2", "lm_head", 154880, 6144},
       {"Qwen3-8B", "q/o_proj", 4096, 4096},     {"Qwen3-8B", "gate/up", 12288, 4096},
       {"Qwen3-8B", "down", 4096, 12288},
   };
-  if (o.quick) shapes = {shapes[1], shapes[3], shapes[9]};
+  if (o.quick) shapes = {shapes[1], shapes[3], shapes[10]};
   if (!o.only.empty()) {
     std::vector<Shape> kept;
     for (const Shape& sh : shapes) {
@@ -243,6 +349,11 @@ int Main(int argc, char** argv) {
   FillBf16<<<64, 256, 0, st>>>(x.as<uint16_t>(), 8 * 16384 * 2, 7, 0.5f);
   DeviceBuffer y = Must(DeviceBuffer::Allocate(8 * 154880 * 4));
 
+  if (o.moe) {
+    Moe(dev, probe, x, y, st, o.iters);
+    BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));
+    return 0;
+  }
   if (o.many) {
     Many(specs, dev, probe, x, y, st, o.iters);
     BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));

@@ -859,15 +859,30 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
 // q_a_proj 16.8 -> 18.9 (5), kv_a_proj 5.2 -> 5.9 (5), expert gate/up 16.9 -> 18.8 (5),
 // expert down 21.5 -> 21.3 (5). Where the 32-row kernel has enough warps (q_b_proj, Qwen3-8B
 // gate/up, down, q/o) no column-split form won by more than noise, so variant 1 stays.
+// Launches of several problems (the routed experts of a decode step) take variant 6 too
+// (gpu_gemv_bench --moe, session 16, us for 1 / 2 / 8 tokens: gate+up 37.5 / 67.1 / 249.6
+// -> 36.7 / 62.9 / 223.8 against the 32-row kernel, down 23.5 / 41.4 / 130.9 -> 21.4 / 35.4
+// / 126.7).
 template <class P>
 int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) {
   if constexpr (P::kAffine) {
     return 0;
   } else {
-    const bool wr2 = ShapeFor<P>(1, p, problems, sms, false).warps >= static_cast<int64_t>(sms) * 11;
+    const LaunchShape s1 = ShapeFor<P>(1, p, problems, sms, false);
+    bool wr2 = s1.warps >= static_cast<int64_t>(sms) * 11;
+    // More than two tokens: 32-row tiles also win with fewer warps when every SM gets a tile
+    // and each warp has a long K range (o_proj 6144 x 16384 at M = 8: 30.6 -> 27.8 us), not
+    // on short rows (expert down 6144 x 2048: 7.8 -> 8.6).
+    if (!wr2 && p.m > 2) {
+      const int64_t nsteps = (p.w.cols / P::kSliceElems + 3) / 4;
+      wr2 = s1.warps / s1.wk >= sms && nsteps / s1.wk >= 16;
+    }
     if constexpr (std::is_same_v<P, OwnChunk<qdec::Mxfp4>>) {
       if (subnormals && p.m <= 2) {
         if (wr2 && problems == 1 && p.w.rows >= 24576 && p.w.cols <= 8192) return 6;
+        // Several problems a launch (MoE experts, MLA's per-head absorbed matrices): staged
+        // x on 16-row tiles (Launch falls back where x does not fit in shared memory).
+        if (problems > 1) return 6;
         if (!wr2) return 5;
       }
     }
