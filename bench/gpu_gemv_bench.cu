@@ -12,7 +12,7 @@
 // --many times weights that share x (q/k/v, gate/up, GLM-5.2's x projections) as separate
 // launches and as one QMatmulTMany launch.
 // --moe times GLM-5.2's routed-expert launches of a decode step (gate+up, down; 1, 2 and 8
-// tokens) under the --sweep configurations.
+// tokens) under the --sweep configurations, then one token's whole MoE block (MoeBlock).
 // --sweep times the decode GEMV's configurations side by side (TEST_SetQgemvTuning) for
 // M = 1, 2 and 8 (tuning aid).
 // --only NAME keeps the shapes whose matrix name contains NAME (e.g. for ncu).
@@ -40,6 +40,8 @@
 #include "kernels/cuda/bandwidth.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/qgemv.cuh"
 
 namespace ring::cuda {
@@ -301,6 +303,76 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
   }
 }
 
+// One GLM-5.2 MoE block of a decode token as the layer program runs it (models/deepseek.cc
+// MlaStage::Moe on the CUDA backend): the router (bf16 256 x 6144), the shared expert (gate
+// and up in one launch, SwiGLU, down), sigmoid routing (k = 8 of 256), the routed experts
+// (ExpertsSwiGlu) and the combine, on one stream with the backend's PDL settings; x changes
+// every launch (64 rows) so the experts do. Bytes = router + shared expert + 8 routed experts.
+void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
+  constexpr int64_t kE = 256, kK = 8, kInter = 2048, kHidden = 6144, kRows = 64;
+  const QuantSpec spec{QuantMode::kMxfp4, 4, 32};
+  Weights gate = MakeWeights(Shape{"GLM-5.2", "expert gate", kInter, kHidden}, spec, 0, st, kE);
+  Weights up = MakeWeights(Shape{"GLM-5.2", "expert up", kInter, kHidden}, spec, 0, st, kE);
+  Weights down = MakeWeights(Shape{"GLM-5.2", "expert down", kHidden, kInter}, spec, 0, st, kE);
+  Weights sg = MakeWeights(Shape{"GLM-5.2", "shared gate", kInter, kHidden}, spec, dev.l2_bytes, st);
+  Weights su = MakeWeights(Shape{"GLM-5.2", "shared up", kInter, kHidden}, spec, dev.l2_bytes, st);
+  Weights sd = MakeWeights(Shape{"GLM-5.2", "shared down", kHidden, kInter}, spec, dev.l2_bytes, st);
+  Weights router = MakeWeights(Shape{"GLM-5.2", "router", kE, kHidden}, QuantSpec{QuantMode::kNone, 0, 0},
+                               dev.l2_bytes, st);
+  std::vector<float> xh(kRows * kHidden), bias(kE);
+  uint32_t rng = 777;
+  for (float& v : xh) {
+    rng = rng * 1664525u + 1013904223u;
+    v = static_cast<float>(static_cast<int32_t>(rng >> 8) - (1 << 23)) / static_cast<float>(1 << 23);
+  }
+  for (int64_t e = 0; e < kE; ++e) bias[e] = 0.001f * static_cast<float>(e % 7);
+  DeviceBuffer x32 = Must(DeviceBuffer::Allocate(xh.size() * 4));
+  BENCH_CHECK(x32.CopyFromHost(xh.data(), xh.size() * 4));
+  DeviceBuffer xb = Must(DeviceBuffer::Allocate(xh.size() * 2));
+  BENCH_CHECK(ToBf16(x32.as<float>(), kRows * kHidden, xb.as<uint16_t>(), st));
+  DeviceBuffer dbias = Must(DeviceBuffer::Allocate(kE * 4));
+  BENCH_CHECK(dbias.CopyFromHost(bias.data(), kE * 4));
+  DeviceBuffer logits = Must(DeviceBuffer::Allocate(kE * 4)), ids = Must(DeviceBuffer::Allocate(kK * 4)),
+               wts = Must(DeviceBuffer::Allocate(kK * 4)), g = Must(DeviceBuffer::Allocate(kInter * 4)),
+               u = Must(DeviceBuffer::Allocate(kInter * 4)), gb = Must(DeviceBuffer::Allocate(kInter * 2)),
+               shared = Must(DeviceBuffer::Allocate(kHidden * 4)),
+               y = Must(DeviceBuffer::Allocate(kK * kHidden * 4)), out = Must(DeviceBuffer::Allocate(kHidden * 4));
+  cpu::SigmoidRouting r;
+  r.E = kE;
+  r.k = kK;
+  r.routed_scaling_factor = 2.5f;
+  const auto bf16 = cpu::ActDType::kBF16;
+  const float ms = MedianMs(st, iters, [&](int i) {
+    const int64_t row = i % kRows;
+    QMatmulArgs a;
+    a.x = xb.as<uint16_t>() + row * kHidden;
+    a.x_dtype = DType::kBF16;
+    a.m = 1;
+    a.overlap = 2;  // the backend's setting for matrices <= 32 MB
+    a.y = logits.as<float>();
+    BENCH_CHECK(QMatmulT(router.views[i % router.views.size()], a, st));
+    const DeviceQuantWeight* gu[] = {&sg.views[i % sg.views.size()], &su.views[i % su.views.size()]};
+    float* gu_out[] = {g.as<float>(), u.as<float>()};
+    a.round_bf16 = true;
+    BENCH_CHECK(QMatmulTMany(gu, gu_out, a, st));
+    BENCH_CHECK(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32}, kInter, bf16,
+                       DevMutArray{g.data(), DType::kF32}, st, gb.as<uint16_t>()));
+    a.x = gb.as<uint16_t>();
+    a.y = shared.as<float>();
+    BENCH_CHECK(QMatmulT(sd.views[i % sd.views.size()], a, st));
+    BENCH_CHECK(RouteSigmoid(logits.as<float>(), dbias.as<float>(), 1, r, ids.as<int32_t>(), wts.as<float>(), st));
+    BENCH_CHECK(ExpertsSwiGlu(gate.views[0], up.views[0], down.views[0], x32.as<float>() + row * kHidden, 1,
+                              ids.as<int32_t>(), kK, bf16, y.as<float>(), st));
+    BENCH_CHECK(MoeCombine(y.as<float>(), wts.as<float>(), shared.as<float>(), 1, kK, kHidden,
+                           cpu::CombineMode::kFp32Sum, bf16, out.as<float>(), st));
+  });
+  const double bytes = static_cast<double>(router.bytes + sg.bytes + su.bytes + sd.bytes) +
+                       kK * static_cast<double>(gate.bytes + up.bytes + down.bytes) / kE;
+  std::printf("\nMoE block of one decode token (GLM-5.2: router + shared expert + routing + 8 of 256 routed "
+              "experts + combine): %.1f us for %.1f MB = %.1f%% of the probe (roofline %.1f us)\n",
+              ms * 1e3, bytes / 1e6, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe, bytes / probe / 1e3);
+}
+
 int Main(int argc, char** argv) {
   Opts o;
   for (int i = 1; i < argc; ++i) {
@@ -351,6 +423,7 @@ int Main(int argc, char** argv) {
 
   if (o.moe) {
     Moe(dev, probe, x, y, st, o.iters);
+    MoeBlock(dev, probe, st, o.iters);
     BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));
     return 0;
   }

@@ -468,8 +468,15 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     const DeviceQuantWeight* gu[] = {&gate, &up};
     float* gu_out[] = {g.as<float>(), u.as<float>()};
     RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
+    // bf16 activations: SwiGLU also writes the bf16 copy down's GEMV reads (LinearT would
+    // make the same copy in a launch of its own; same bits, the products are bf16 numbers).
+    StreamBuffer gb;
+    if (round == cpu::ActDType::kBF16) {
+      RING_ASSIGN_OR_RETURN(gb, StreamBuffer::Allocate(np * inter * 2, stream));
+    }
     RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
-                                np * inter, round, DevMutArray{g.data(), DType::kF32}, stream));
+                                np * inter, round, DevMutArray{g.data(), DType::kF32}, stream,
+                                gb.as<uint16_t>()));
     QMatmulArgs d;
     d.overlap = 1;
     d.x = g.data();
@@ -480,7 +487,14 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     d.x_problem_div = 1;  // down: one row per slot
     d.y_problem_stride = hidden;
     d.y = y + t0 * k * hidden;
-    RING_RETURN_IF_ERROR(LinearT(down, d, round, stream));
+    if (round == cpu::ActDType::kBF16) {
+      d.x = gb.data();
+      d.x_dtype = DType::kBF16;
+      d.round_bf16 = true;
+      RING_RETURN_IF_ERROR(QMatmulT(down, d, stream));
+    } else {
+      RING_RETURN_IF_ERROR(LinearT(down, d, round, stream));
+    }
   }
   return absl::OkStatus();
 }
