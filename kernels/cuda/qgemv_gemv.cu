@@ -871,9 +871,9 @@ int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) 
     const LaunchShape s1 = ShapeFor<P>(1, p, problems, sms, false);
     bool wr2 = s1.warps >= static_cast<int64_t>(sms) * 11;
     // More than two tokens: 32-row tiles also win with fewer warps when every SM gets a tile
-    // and each warp has a long K range (o_proj 6144 x 16384 at M = 8: 30.6 -> 27.8 us), not
-    // on short rows (expert down 6144 x 2048: 7.8 -> 8.6).
-    if (!wr2 && p.m > 2) {
+    // and each warp has a long K range (mxfp4 o_proj 6144 x 16384 at M = 8: 30.6 -> 27.8 us),
+    // not on short rows (expert down 6144 x 2048: 7.8 -> 8.6). Measured on mxfp4 only.
+    if (!wr2 && p.m > 2 && std::is_same_v<P, OwnChunk<qdec::Mxfp4>>) {
       const int64_t nsteps = (p.w.cols / P::kSliceElems + 3) / 4;
       wr2 = s1.warps / s1.wk >= sms && nsteps / s1.wk >= 16;
     }
