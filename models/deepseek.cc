@@ -385,11 +385,6 @@ absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* 
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, hid = c.hidden_size;
   RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(T * E));
   RING_RETURN_IF_ERROR(b.Linear(L.router, x, T, t, logits.f()));
-  Buffer shared;
-  if (L.has_shared) {
-    RING_ASSIGN_OR_RETURN(shared, b.AllocF(T * hid));
-    RING_RETURN_IF_ERROR(RunMlp(b, L.shared, x, T, t, shared.f()));
-  }
   cpu::SigmoidRouting r;
   r.E = E;
   r.k = K;
@@ -403,6 +398,15 @@ absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* 
   RING_ASSIGN_OR_RETURN(Buffer y, b.AllocF(T * K * hid));
   RING_RETURN_IF_ERROR(b.ExpertsSwiGlu(L.experts.gate, L.experts.up, L.experts.down, x, T,
                                        ids.i(), K, t, y.f()));
+  // The shared expert after the routed ones (independent of them): router, routing and the
+  // experts' gate/up then all read x right after one another, so a backend that keeps a
+  // converted copy of x (the CUDA backend's bf16 copy) serves all three and the shared
+  // expert's gate/up from it.
+  Buffer shared;
+  if (L.has_shared) {
+    RING_ASSIGN_OR_RETURN(shared, b.AllocF(T * hid));
+    RING_RETURN_IF_ERROR(RunMlp(b, L.shared, x, T, t, shared.f()));
+  }
   return b.MoeCombine(y.f(), wts.f(), L.has_shared ? shared.f() : nullptr, T, K, hid,
                       cpu::CombineMode::kFp32Sum, t, out);
 }

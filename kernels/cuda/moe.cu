@@ -415,7 +415,7 @@ constexpr int64_t kMaxGroupedSlots = 32768;
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
-                           cudaStream_t stream, ExpertsPath path) {
+                           cudaStream_t stream, ExpertsPath path, const uint16_t* x_bf16) {
   const int64_t inter = gate.rows, hidden = down.rows;
   if (up.rows != inter || gate.cols != hidden || up.cols != hidden || down.cols != inter ||
       gate.batch != up.batch || gate.batch != down.batch) {
@@ -467,7 +467,15 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     a.y_problem_stride = inter;
     const DeviceQuantWeight* gu[] = {&gate, &up};
     float* gu_out[] = {g.as<float>(), u.as<float>()};
-    RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
+    if (x_bf16 != nullptr && round == cpu::ActDType::kBF16) {
+      // What LinearTMany runs after its own conversion of x.
+      a.x = x_bf16 + t0 * hidden;
+      a.x_dtype = DType::kBF16;
+      a.round_bf16 = true;
+      RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, a, stream));
+    } else {
+      RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
+    }
     // bf16 activations: SwiGLU also writes the bf16 copy down's GEMV reads (LinearT would
     // make the same copy in a launch of its own; same bits, the products are bf16 numbers).
     StreamBuffer gb;

@@ -54,11 +54,14 @@ enum class ExpertsPath : uint8_t { kAuto, kPerSlot, kGrouped };
 inline constexpr int64_t kGroupedMinSlotsPerExpert = 4;
 
 // gate/up [E, inter, hidden], down [E, hidden, inter]; x [T, hidden], ids [T, k],
-// y [T, k, hidden] (device). An id outside [0, E) gives a NaN row in y.
+// y [T, k, hidden] (device). An id outside [0, E) gives a NaN row in y. x_bf16, when given
+// with bf16 activations, is x's bf16 copy (the bits ToBf16 gives) and the per-slot launches
+// read it instead of converting x again.
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
-                           cudaStream_t stream, ExpertsPath path = ExpertsPath::kAuto);
+                           cudaStream_t stream, ExpertsPath path = ExpertsPath::kAuto,
+                           const uint16_t* x_bf16 = nullptr);
 absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                         int64_t k, int64_t hidden, cpu::CombineMode mode, cpu::ActDType round,
                         float* out, cudaStream_t stream);

@@ -569,7 +569,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   absl::Status RouteSigmoid(const float* logits, const TensorView& bias, int64_t T,
                             const cpu::SigmoidRouting& r, int32_t* ids, float* weights) override {
     RING_ASSIGN_OR_RETURN(const DevArray db, Tensor(bias));
-    conv_src_ = nullptr;
+    KeepConversionPast({{weights, T * r.k}, {reinterpret_cast<const float*>(ids), T * r.k}});
     const float* dbias = static_cast<const float*>(db.data);
     return Submit(OpRecord('R').Add(logits, dbias, T, r.E, r.k, r.n_group, r.topk_group,
                                     r.norm_topk_prob, r.routed_scaling_factor, ids, weights)
@@ -579,7 +579,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   absl::Status RouteSoftmax(const float* gates, int64_t T, int64_t E, int64_t k,
                             bool norm_topk_prob, ActDType t, int32_t* ids,
                             float* scores) override {
-    conv_src_ = nullptr;
+    KeepConversionPast({{scores, T * k}, {reinterpret_cast<const float*>(ids), T * k}});
     return Submit(OpRecord('r').Add(gates, T, E, k, norm_topk_prob, t, ids, scores).Take(),
                   [=, this] {
                     return cuda::RouteSoftmax(gates, T, E, k, norm_topk_prob, t, ids, scores,
@@ -592,9 +592,16 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(down));
-    conv_src_ = nullptr;
-    return Submit(OpRecord('E').Add(g, u, d, x, T, ids, k, t, y).Take(), [=, this] {
-      return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_);
+    // The bf16 copy of x the router's Linear made (or the norm wrote) feeds the experts'
+    // gate/up GEMV: one conversion launch fewer.
+    const int64_t span = T * g->cols;
+    const uint16_t* xb = conv_src_ == x && conv_elems_ >= span && t == ActDType::kBF16
+                             ? static_cast<const uint16_t*>(conv_bufs_.back())
+                             : nullptr;
+    KeepConversionPast({{y, T * k * d->rows}});
+    return Submit(OpRecord('E').Add(g, u, d, x, T, ids, k, t, y, xb).Take(), [=, this] {
+      return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
+                                 cuda::ExpertsPath::kAuto, xb);
     });
   }
   absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
@@ -693,15 +700,20 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     ++stats_.direct;
     return Flush();
   }
+  // For a recorded op that writes only the (4-byte element) ranges `writes`: the bf16
+  // conversion of other floats stays valid.
+  void KeepConversionPast(std::initializer_list<std::pair<const float*, int64_t>> writes) {
+    for (const auto& [y, n] : writes) {
+      if (conv_src_ != nullptr) NoteOutput(conv_src_, conv_elems_, y, n);
+    }
+  }
   // Unrecorded() for an op that writes only the float ranges `writes`: a conversion of other
   // floats stays valid.
   absl::Status UnrecordedWriting(std::initializer_list<std::pair<const float*, int64_t>> writes) {
     const float* src = conv_src_;
     RING_RETURN_IF_ERROR(Unrecorded());
     conv_src_ = src;
-    for (const auto& [y, n] : writes) {
-      if (conv_src_ != nullptr) NoteOutput(conv_src_, conv_elems_, y, n);
-    }
+    KeepConversionPast(writes);
     return absl::OkStatus();
   }
   // Queues the held-back ops: a replay of the graph of this run, else its capture.
