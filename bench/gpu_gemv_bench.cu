@@ -79,15 +79,18 @@ float TimeQmm(const Weights& w, QMatmulArgs a, cudaStream_t st, int iters) {
          }) * 1e3f;
 }
 
+// One decode-GEMV configuration of --sweep and --moe: TEST_SetQgemvTuning(variant, cap)
+// and QMatmulArgs::overlap.
+struct Cfg {
+  const char* name;
+  int variant, cap, overlap;
+};
+
 // Times the decode GEMV's configurations side by side (M = 1, 2 and 8): the automatic choice,
 // each forced variant, the automatic variant with up to 16 K-splitting warps per block, and
 // the automatic choice with PDL overlap 2.
 void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs, const DeviceInfo& dev,
            double probe, const DeviceBuffer& x, DeviceBuffer& y, cudaStream_t st, int iters) {
-  struct Cfg {
-    const char* name;
-    int variant, cap, overlap;
-  };
   // col-sub / col-unit / col-smx: the column-split mxfp4 kernels (variants 2, 3 and 4, 32
   // rows a warp; col1-sub / col1-smx: 5 and 6, 16 rows a warp; M <= 2 only, elsewhere they
   // time the automatic choice again); fill: the automatic variant with the fill rule's K
@@ -216,10 +219,6 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
   Weights down = MakeWeights(Shape{"GLM-5.2", "expert down", kHidden, kInter}, spec, 0, st, kE);
   const double per_expert = static_cast<double>(gate.bytes + up.bytes) / kE;
   const double per_expert_down = static_cast<double>(down.bytes) / kE;
-  struct Cfg {
-    const char* name;
-    int variant, cap, overlap;
-  };
   const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},      {"wr2", 1, 0, 0},
                       {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0}, {"col1-smx", 6, 0, 0},
                       {"fill", -1, -1, 0},    {"auto+pdl", -1, 0, 1}, {"col1-smx+pdl", 6, 0, 1},
@@ -303,11 +302,13 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
   }
 }
 
-// One GLM-5.2 MoE block of a decode token as the layer program runs it (models/deepseek.cc
-// MlaStage::Moe on the CUDA backend): the router (bf16 256 x 6144), the shared expert (gate
-// and up in one launch, SwiGLU, down), sigmoid routing (k = 8 of 256), the routed experts
-// (ExpertsSwiGlu) and the combine, on one stream with the backend's PDL settings; x changes
-// every launch (64 rows) so the experts do. Bytes = router + shared expert + 8 routed experts.
+// One GLM-5.2 MoE block of a decode token: the router (bf16 256 x 6144), the shared expert
+// (gate and up in one launch, SwiGLU, down), sigmoid routing (k = 8 of 256), the routed
+// experts (ExpertsSwiGlu, converting x itself) and the combine, on one stream with the
+// backend's PDL settings; x changes every launch (64 rows) so the experts do. Bytes = router
+// + shared expert + 8 routed experts. The layer program (models/deepseek.cc MlaStage::Moe)
+// now runs the shared expert last and hands the experts the router's bf16 copy of x: one
+// conversion launch fewer than this block (docs/benchmarks.md, session 16).
 void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
   constexpr int64_t kE = 256, kK = 8, kInter = 2048, kHidden = 6144, kRows = 64;
   const QuantSpec spec{QuantMode::kMxfp4, 4, 32};
