@@ -17,6 +17,9 @@
 // M = 1, 2 and 8 (tuning aid).
 // --only NAME keeps the shapes whose matrix name contains NAME (e.g. for ncu).
 //
+// "%read": the GEMV's bytes per second against a read-only streaming pass over the same
+// packed weight bytes (kernels/cuda/bandwidth.h LaunchReadPass, the same rotating copies):
+// what launch ramp and tail leave of the probe at that size (the sweep prints it per matrix).
 // Timing: CUDA events around back-to-back launches; each launch reads a different copy of
 // the weights (copies rotate until they span >= 4x the L2), so no iteration hits in L2.
 // Median of 5 batches of N launches (after a warm-up batch).
@@ -86,18 +89,69 @@ struct Cfg {
   int variant, cap, overlap;
 };
 
-// Times the decode GEMV's configurations side by side (M = 1, 2 and 8): the automatic choice,
-// each forced variant, the automatic variant with up to 16 K-splitting warps per block, and
-// the automatic choice with PDL overlap 2.
+// A read-only streaming pass (kernels/cuda/bandwidth.h) over the same packed weight bytes
+// as the GEMV reads, rotating through the same copies: what a pure streaming kernel achieves
+// at this size, launch ramp and tail included (best of 1, 2 and 4 blocks of 512 threads per
+// SM), in us per pass.
+float ReadPassUs(const Weights& w, const DeviceInfo& dev, uint32_t* sink, cudaStream_t st, int iters) {
+  float best = 1e30f;
+  for (int per_sm : {1, 2, 4}) {
+    const float us = MedianMs(st, iters, [&](int i) {
+                       const DeviceBuffer& b = w.w[i % w.w.size()];
+                       BENCH_CHECK(LaunchReadPass(b.data(), static_cast<int64_t>(b.size()) / 16 * 16,
+                                                  sink, dev.sm_count * per_sm, st));
+                     }) * 1e3f;
+    best = std::min(best, us);
+  }
+  return best;
+}
+
+// The decode GEMV's load order without its arithmetic: warp (tile, k) of a block of 4 / wk
+// tiles x wk warps reads rows g and g + 8 of its 16-row tile, 16 bytes at 16 * t + 64 * u
+// (u < 4) of each 256-byte batch of its K range, as the 16-row kernels do. Against the
+// sequential read pass it separates the cost of that address pattern from the kernel's.
+__global__ void PatternReadKernel(const uint8_t* w, int64_t rows, int64_t row_bytes, int wk, uint32_t* sink) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32 / wk) + warp / wk;
+  const int64_t per = (row_bytes / 256 + wk - 1) / wk * 256;
+  const int64_t k0 = (warp % wk) * per, k1 = min(row_bytes, k0 + per);
+  const uint8_t* r0 = w + min(tile * 16 + g, rows - 1) * row_bytes + 16 * t;
+  const uint8_t* r1 = w + min(tile * 16 + g + 8, rows - 1) * row_bytes + 16 * t;
+  uint32_t acc = 0;
+  for (int64_t k = k0; k + 256 <= k1; k += 256) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      v[u] = __ldcs(reinterpret_cast<const uint4*>(r0 + k + 64 * u));
+      v[4 + u] = __ldcs(reinterpret_cast<const uint4*>(r1 + k + 64 * u));
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+float PatternPassUs(const Weights& w, int wk, uint32_t* sink, cudaStream_t st, int iters) {
+  const int64_t rows = w.views[0].rows, row_bytes = w.views[0].cols / 2;
+  const int tpb = std::max(1, 4 / wk);
+  const unsigned grid = static_cast<unsigned>(((rows + 15) / 16 + tpb - 1) / tpb);
+  return MedianMs(st, iters, [&](int i) {
+           PatternReadKernel<<<grid, tpb * wk * 32, 0, st>>>(w.w[i % w.w.size()].as<uint8_t>(), rows,
+                                                             row_bytes, wk, sink);
+         }) * 1e3f;
+}
+
+// Times the decode GEMV's configurations side by side (M = 1, 2 and 8) after a read pass over
+// the same bytes: the automatic choice, forced variants, the fill rule's K split, with and
+// without PDL overlap 2.
 void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs, const DeviceInfo& dev,
            double probe, const DeviceBuffer& x, DeviceBuffer& y, cudaStream_t st, int iters) {
-  // col-sub / col-unit / col-smx: the column-split mxfp4 kernels (variants 2, 3 and 4, 32
-  // rows a warp; col1-sub / col1-smx: 5 and 6, 16 rows a warp; M <= 2 only, elsewhere they
-  // time the automatic choice again); fill: the automatic variant with the fill rule's K
-  // split (ShapeFor, TEST_SetQgemvTuning wk_cap -1).
+  // col-smx: the column-split mxfp4 kernel with staged x (variant 4, 32 rows a warp);
+  // col1-sub / col1-smx: variants 5 and 6, 16 rows a warp (M <= 2 only, elsewhere they time
+  // the automatic choice again); fill: the automatic variant with the fill rule's K split
+  // (ShapeFor, TEST_SetQgemvTuning wk_cap -1).
   const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},       {"wr2", 1, 0, 0},
-                      {"cap16", -1, 16, 0},   {"auto+pdl", -1, 0, 2}, {"col-sub", 2, 0, 0},
-                      {"col-unit", 3, 0, 0},  {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0},
+                      {"auto+pdl", -1, 0, 2}, {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0},
                       {"col1-smx", 6, 0, 0},  {"fill", -1, -1, 0},    {"fill+pdl", -1, -1, 2}};
   std::printf("\nsweep (us and %% of probe; the automatic choice is described last)\n| %-15s | %-16s | %2s |", "matrix",
               "mode", "M");
@@ -106,6 +160,19 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
   for (const Shape& sh : shapes) {
     for (QuantSpec spec : specs) {
       Weights w = MakeWeights(sh, spec, dev.l2_bytes, st);
+      {
+        const float us = ReadPassUs(w, dev, y.as<uint32_t>(), st, iters);
+        const double bytes = static_cast<double>(w.w[0].size());
+        std::printf("| %-15s | %-16s | rd | read pass over the packed weights (%.1f MB): %.2f us, %.1f%% of probe;",
+                    sh.name, ModeName(spec).c_str(), bytes / 1e6, us, 100.0 * bytes / (us * 1e-6) / 1e9 / probe);
+        if (spec.bits == 4) {  // the 16-row kernels' load order at 1, 4 and 16 warps a tile
+          for (int wk : {1, 4, 16}) {
+            const float pu = PatternPassUs(w, wk, y.as<uint32_t>(), st, iters);
+            std::printf(" GEMV order wk%d %.2f us (%.1f%%)", wk, pu, 100.0 * bytes / (pu * 1e-6) / 1e9 / probe);
+          }
+        }
+        std::printf("\n");
+      }
       for (int m : {1, 2, 8}) {
         const double bytes = static_cast<double>(w.bytes) + static_cast<double>(m) * sh.cols * 2;
         std::printf("| %-15s | %-16s | %2d |", sh.name, ModeName(spec).c_str(), m);
@@ -219,10 +286,9 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
   Weights down = MakeWeights(Shape{"GLM-5.2", "expert down", kHidden, kInter}, spec, 0, st, kE);
   const double per_expert = static_cast<double>(gate.bytes + up.bytes) / kE;
   const double per_expert_down = static_cast<double>(down.bytes) / kE;
-  const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},      {"wr2", 1, 0, 0},
-                      {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0}, {"col1-smx", 6, 0, 0},
-                      {"fill", -1, -1, 0},    {"auto+pdl", -1, 0, 1}, {"col1-smx+pdl", 6, 0, 1},
-                      {"col1-sub+pdl", 5, 0, 1}};
+  const Cfg cfgs[] = {{"auto", -1, 0, 0},       {"wr2", 1, 0, 0},          {"col1-sub", 5, 0, 0},
+                      {"col1-smx", 6, 0, 0},    {"fill", -1, -1, 0},       {"auto+pdl", -1, 0, 1},
+                      {"fill+pdl", -1, -1, 1},  {"col1-sub+pdl", 5, 0, 1}};
   std::printf("\nrouted experts of one decode step (GLM-5.2, mxfp4, 256 experts, 8 a token): us and %% of probe\n"
               "| %-7s | %2s |", "launch", "T");
   for (const Cfg& c : cfgs) std::printf(" %14s |", c.name);
@@ -439,8 +505,10 @@ int Main(int argc, char** argv) {
     return 0;
   }
 
-  std::printf("\n| %-8s | %-15s | %-13s | %-16s | %-4s | %-2s | %8s | %7s | %6s | %6s | %6s | %8s | %11s | %8s | %s\n",
-              "model", "matrix", "rows x cols", "mode", "path", "M", "us", "GB/s", "%probe", "t/t(1)",
+  std::printf("\n%%read = bytes per second against a read-only streaming pass over the same packed bytes "
+              "(same rotating copies, best of 3 grids)\n");
+  std::printf("\n| %-8s | %-15s | %-13s | %-16s | %-4s | %-2s | %8s | %7s | %6s | %6s | %6s | %6s | %8s | %11s | %8s | %s\n",
+              "model", "matrix", "rows x cols", "mode", "path", "M", "us", "GB/s", "%probe", "%read", "t/t(1)",
               "PDL us", "PDL %", "cuBLAS bf16", "speed/elt", "kernel");
   for (const Shape& sh : shapes) {
     // cuBLAS bf16 reference time per M (weights bf16: 2 bytes per element).
@@ -463,6 +531,8 @@ int Main(int argc, char** argv) {
     }
     for (QuantSpec spec : specs) {
       Weights w = MakeWeights(sh, spec, dev.l2_bytes, st);
+      const double read_gbs = static_cast<double>(w.w[0].size()) /
+                              (ReadPassUs(w, dev, y.as<uint32_t>(), st, o.iters) * 1e-6) / 1e9;
       struct Run {
         QmmPath path;
         DType xd;
@@ -500,10 +570,10 @@ int Main(int argc, char** argv) {
             std::snprintf(pdl, sizeof(pdl), "%.1f", pdl_us);
             std::snprintf(pdlp, sizeof(pdlp), "%.1f%%", 100.0 * bytes / (pdl_us * 1e-6) / 1e9 / probe);
           }
-          std::printf("| %-8s | %-15s | %6ldx%-6ld | %-16s | %-4s | %2d | %8.1f | %7.0f | %5.1f%% | %6.2f | %6s | %8s | %11s | %8s | %s\n",
+          std::printf("| %-8s | %-15s | %6ldx%-6ld | %-16s | %-4s | %2d | %8.1f | %7.0f | %5.1f%% | %5.1f%% | %6.2f | %6s | %8s | %11s | %8s | %s\n",
                       sh.model, sh.name, static_cast<long>(sh.rows), static_cast<long>(sh.cols),
                       ModeName(spec).c_str(), QmmPathName(used), m, us, gbs, 100.0 * gbs / probe,
-                      us / t1, pdl, pdlp, cub, ratio, kernel.c_str());
+                      100.0 * gbs / read_gbs, us / t1, pdl, pdlp, cub, ratio, kernel.c_str());
           std::fflush(stdout);
         }
       }

@@ -25,6 +25,16 @@ __global__ void ReadProbeKernel(const uint4* p, int64_t n, uint32_t* sink) {
 
 }  // namespace
 
+absl::Status LaunchReadPass(const void* data, int64_t bytes, uint32_t* sink, int grid,
+                            cudaStream_t stream) {
+  if (bytes % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 16 != 0 || grid < 1) {
+    return absl::InvalidArgumentError("LaunchReadPass: bytes and address must be 16-byte multiples, grid >= 1");
+  }
+  ReadProbeKernel<<<grid, 512, 0, stream>>>(static_cast<const uint4*>(data), bytes / 16, sink);
+  RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> ReadBandwidth(int ordinal, int64_t bytes, int reps) {
   RING_ASSIGN_OR_RETURN(DeviceInfo dev, QueryDevice(ordinal));
   int prev = 0;

@@ -8,6 +8,9 @@
 
 #include <cstdint>
 
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace ring::cuda {
@@ -17,6 +20,12 @@ namespace ring::cuda {
 // `reps` timed launches each. Allocates the buffer for the call (fails with the CUDA error
 // when it does not fit).
 absl::StatusOr<double> ReadBandwidth(int ordinal, int64_t bytes = int64_t{2} << 30, int reps = 5);
+
+// Enqueues one read-only pass of the same streaming kernel over `bytes` (a multiple of 16)
+// at `data` (16-byte aligned) on `stream`, `grid` blocks of 512 threads; `sink` (4 device
+// bytes) keeps the loads live. For timing a pass of a given size (benchmarks).
+absl::Status LaunchReadPass(const void* data, int64_t bytes, uint32_t* sink, int grid,
+                            cudaStream_t stream);
 
 }  // namespace ring::cuda
 

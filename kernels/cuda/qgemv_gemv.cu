@@ -826,6 +826,10 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
     wk = PowerOfTwoAtLeast((want + tiles - 1) / tiles);
     wk = std::min({wk, PowerOfTwoAtMost(std::min(cap, 16)),
                    PowerOfTwoAtMost(std::max<int64_t>(1, nsteps / sh.u))});
+    // A split that spills past one wave while half of it still fills 90% of the wave: halve
+    // it (one decode token's routed gate+up, 2048 tiles: 2 -> 1, 35.4 -> 33.0 us with PDL,
+    // H200, session 17; no other GLM-5.2 or Qwen3 decode shape meets the condition).
+    if (wk > 1 && tiles * wk > want && 10 * tiles * (wk / 2) >= 9 * want) wk /= 2;
     // Launches that leave SMs short of warps (small matrices) take the fill rule's split when
     // it gives more. Not applied above 11 warps per SM: there it lost on o_proj, Qwen3-8B
     // gate/up and lm_head (session 15, run 6: uneven or deeper K splits).
