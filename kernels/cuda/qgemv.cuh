@@ -163,7 +163,8 @@ absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& 
 // fp32 on the accumulators; 2 feeds the mma subnormal-encoded E2M1 values, 3 exact ones, 4
 // is 2 with the activations staged in shared memory; 5 / 6 = 2 / 4 with 16 rows per warp;
 // see qgemv_gemv.cu; other formats and m > 2 fall back to the automatic choice);
-// wk_cap = most warps splitting K in a block (<= 0 = automatic).
+// wk_cap = most warps splitting K in a block (0 = automatic, -1 = the fill rule, -2 the fill
+// rule restricted to splits that fit in one wave).
 void TEST_SetQgemvTuning(int variant, int wk_cap);
 
 // Test hook for the prefill GEMM: -1 = automatic tile choice, 0 = 256 rows x 128 tokens,

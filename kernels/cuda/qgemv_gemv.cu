@@ -726,7 +726,8 @@ constexpr Variant kVariants[] = {{1, 64, 0}, {2, 32, 0}, {2, 32, 1}, {2, 32, 2},
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 // Tuning overrides (bench sweep, tests): variant < 0 = automatic, 0..6 = forced;
-// wk_cap 0 = automatic, -1 = the fill rule (ShapeFor), > 0 = at most that many.
+// wk_cap 0 = automatic, -1 = the fill rule (ShapeFor), -2 = the fill rule's one-wave splits,
+// > 0 = at most that many.
 std::atomic<int> g_variant{-1};
 std::atomic<int> g_wk_cap{0};
 
@@ -798,11 +799,12 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
   const int forced_cap = tuned ? g_wk_cap.load(std::memory_order_relaxed) : 0;
   // Fill: the K split (any count up to 16 whose warps all get at least 90% of an even share
   // of the steps) that keeps the most warps resident per SM over the launch's waves, an SM
-  // holding 16 warps (128 registers a thread).
-  auto fill = [&]() {
+  // holding 16 warps (128 registers a thread); with one_wave, only splits that fit in one
+  // wave (0 when none does).
+  auto fill = [&](bool one_wave) {
     const int max_wk = static_cast<int>(std::min<int64_t>(16, std::max<int64_t>(1, nsteps / sh.u)));
     double best = -1.0;
-    int pick = 1;
+    int pick = one_wave ? 0 : 1;
     for (int k = 1; k <= max_wk; ++k) {
       const int64_t per = ((nsteps + k - 1) / k + sh.u - 1) / sh.u * sh.u;
       if (10 * nsteps < 9 * k * per) continue;
@@ -810,6 +812,7 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
       const int64_t per_sm = 16 / (tpb * k);
       const int64_t blocks = (row_tiles + tpb - 1) / tpb * problems;
       const int64_t waves = (blocks + sms * per_sm - 1) / (sms * per_sm);
+      if (one_wave && waves > 1) continue;
       const double score = static_cast<double>(tiles * k) / static_cast<double>(waves * sms);
       if (score > best + 1e-9) {
         best = score;
@@ -819,23 +822,28 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
     return pick;
   };
   int wk = 1;
-  if (forced_cap == -1) {
-    wk = fill();
+  if (forced_cap == -1 || forced_cap == -2) {
+    wk = fill(forced_cap == -2);
   } else {
     const int cap = forced_cap > 0 ? forced_cap : (tiles >= sms ? 4 : 16);
     wk = PowerOfTwoAtLeast((want + tiles - 1) / tiles);
     wk = std::min({wk, PowerOfTwoAtMost(std::min(cap, 16)),
                    PowerOfTwoAtMost(std::max<int64_t>(1, nsteps / sh.u))});
-    // A split that spills past one wave while half of it still fills 90% of the wave: halve
-    // it (one decode token's routed gate+up, 2048 tiles: 2 -> 1, 35.4 -> 33.0 us with PDL,
-    // H200, session 17; no other GLM-5.2 or Qwen3 decode shape meets the condition).
-    if (wk > 1 && tiles * wk > want && 10 * tiles * (wk / 2) >= 9 * want) wk /= 2;
     // Launches that leave SMs short of warps (small matrices) take the fill rule's split when
     // it gives more. Not applied above 11 warps per SM: there it lost on o_proj, Qwen3-8B
     // gate/up and lm_head (session 15, run 6: uneven or deeper K splits).
     // AutoVariant (tuned = false) judges the variants by the power-of-two split alone.
     if (tuned && forced_cap == 0 && tiles * wk < sms * 11) {
-      wk = std::max(wk, fill());
+      wk = std::max(wk, fill(false));
+    }
+    // A power-of-two split that spills past one wave takes the fullest split that fits in
+    // one, where there is one (H200 sweep, session 17, run 8, us: dense gate_up 24576 x 6144
+    // at M = 1 / 2 / 8 29.9 -> 27.1, 32.3 -> 28.5, 39.2 -> 32.3 (split 2 -> 1, 4 -> 2); one
+    // decode token's routed gate+up 36.6 -> 34.1, runs 3 and 5). Launches with more row tiles
+    // than a wave holds (lm_head, the experts' down) keep theirs.
+    if (tuned && forced_cap == 0 && tiles * wk > static_cast<int64_t>(sms) * 16) {
+      const int f = fill(true);
+      if (f > 0) wk = f;
     }
   }
   sh.wk = wk;
