@@ -161,6 +161,15 @@ class ServerImpl final : public HttpServer {
     for (auto& s : Sessions()) s->CloseIfIdle();
   }
 
+  bool WaitUntilClosed(absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (open_.load() > 0) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+
   void Shutdown() override {
     std::call_once(shutdown_once_, [this] {
       StopAccepting();

@@ -87,6 +87,10 @@ class HttpServer {
   // Stops accepting and closes connections that are between requests; responses in
   // progress continue. Idempotent.
   virtual void StopAccepting() = 0;
+  // After StopAccepting: waits up to `timeout` for every connection to close, which a
+  // connection does once its response in progress is written out (a handler that has ended
+  // its stream may still have bytes queued). False on timeout.
+  virtual bool WaitUntilClosed(absl::Duration timeout) = 0;
   // Closes every connection and joins the I/O threads.
   virtual void Shutdown() = 0;
   virtual int64_t open_connections() const = 0;

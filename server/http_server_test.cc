@@ -32,9 +32,18 @@ class HttpServerTest : public ::testing::Test {
           for (int i = 0; i < 3; ++i) r->WriteChunk("data: " + std::to_string(i) + "\n\n");
           r->EndStream();
         }).detach();
+      } else if (req.path == "/big") {
+        std::thread([this, r] {
+          r->StartStream(200, "application/octet-stream");
+          const std::string chunk(kBigChunk, 'x');
+          for (int i = 0; i < kBigChunks; ++i) r->WriteChunk(chunk);
+          r->EndStream();
+          big_done_ = true;
+        }).detach();
       } else if (req.path == "/wait") {
         r->OnClientGone([this] { gone_ = true; });
         held_ = r;  // never answered: only the disconnect ends it
+        waiting_ = true;
       } else {
         r->Send(404, "text/plain", "no");
       }
@@ -72,9 +81,12 @@ class HttpServerTest : public ::testing::Test {
     return out;
   }
 
+  static constexpr int kBigChunk = 64 << 10, kBigChunks = 64;
   asio::io_context ioc_;
   std::unique_ptr<HttpServer> server_;
   std::atomic<bool> gone_{false};
+  std::atomic<bool> big_done_{false};
+  std::atomic<bool> waiting_{false};
   std::shared_ptr<HttpResponder> held_;
 };
 
@@ -132,6 +144,37 @@ TEST_F(HttpServerTest, DisconnectRunsGoneCallback) {
   }  // closes
   for (int i = 0; i < 200 && !gone_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(gone_.load());
+}
+
+// Graceful stop: a handler that has ended its stream while the client is still reading
+// (4 MiB, more than the socket buffers) leaves bytes queued; WaitUntilClosed returns once
+// they are written and the connection closed, so Shutdown then cuts nothing.
+TEST_F(HttpServerTest, GracefulStopDeliversAQueuedStream) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")));
+  std::string got;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the queue build up
+    got = ReadUntil(s, "", 10000);
+  });
+  for (int i = 0; i < 500 && !big_done_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(big_done_.load());
+  server_->StopAccepting();
+  EXPECT_TRUE(server_->WaitUntilClosed(absl::Seconds(10)));
+  server_->Shutdown();
+  reader.join();
+  EXPECT_GE(got.size(), static_cast<size_t>(kBigChunk) * kBigChunks);
+  EXPECT_EQ(got.substr(got.size() - 5), "0\r\n\r\n") << "stream cut before its last chunk";
+}
+
+TEST_F(HttpServerTest, WaitUntilClosedTimesOutOnAHeldResponse) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")));
+  for (int i = 0; i < 200 && !waiting_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  server_->StopAccepting();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(server_->WaitUntilClosed(absl::Milliseconds(200)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2000));
 }
 
 TEST_F(HttpServerTest, IdleKeepAliveIsClosed) {

@@ -193,6 +193,10 @@ int main(int argc, char** argv) {
     const absl::Time hard = absl::Now() + absl::Seconds(10);
     while (api.in_flight() > 0 && absl::Now() < hard) absl::SleepFor(absl::Milliseconds(50));
   }
+  // The last chunks of a finished stream may still be queued: let them reach the client.
+  if (!(*server)->WaitUntilClosed(absl::Seconds(5))) {
+    std::cerr << "ring-server: closing " << (*server)->open_connections() << " connection(s) still open\n";
+  }
   (*server)->Shutdown();
   if (admin_server) admin_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (api.in_flight() > 0) {
