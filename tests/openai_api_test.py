@@ -480,15 +480,20 @@ def run_tests(a, port, model_dir, workers, procs, server):
     # Graceful shutdown: an in-flight stream finishes, then the process exits 0.
     s = client.completions.create(model="tiny-glm", prompt=prompt_ids, max_tokens=200, temperature=1.0,
                                   seed=4, stream=True)
-    finish = None
-    first = True
-    for ch in s:
-        if first:
-            server.send_signal(signal.SIGTERM)
-            first = False
-        if ch.choices and ch.choices[0].finish_reason:
-            finish = ch.choices[0].finish_reason
-    check(finish in ("length", "stop"), "SIGTERM lets an in-flight stream finish")
+    finish, chunks, broken = None, 0, None
+    try:
+        for ch in s:
+            if chunks == 0:
+                server.send_signal(signal.SIGTERM)
+            chunks += 1
+            if ch.choices and ch.choices[0].finish_reason:
+                finish = ch.choices[0].finish_reason
+    except openai.APIError as e:  # a cut stream: say how far it got and what the server said
+        broken = f"{type(e).__name__} after {chunks} chunks: {e}"
+        with open(os.path.join(a.work, "server.log"), errors="replace") as f:
+            broken += " | server log tail: " + " / ".join(f.read().splitlines()[-6:])
+    check(finish in ("length", "stop") and broken is None,
+          f"SIGTERM lets an in-flight stream finish ({chunks} chunks{', ' + broken if broken else ''})")
     try:
         rc = server.wait(30)
     except subprocess.TimeoutExpired:
