@@ -44,7 +44,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void Start();
   // Closes the connection if it is between requests (graceful stop).
   void CloseIfIdle();
-  void Close();
+  // `why` (with `ec` when set) is reported through Options::on_cut if a response is cut.
+  void Close(const char* why = "server shutdown", beast::error_code ec = {});
 
   // Responder entry points (any thread); `request_id` guards against stale responders.
   void Queue(uint64_t request_id, std::string data, bool last);
@@ -272,7 +273,7 @@ void Session::Start() {
 void Session::SetDeadline(absl::Duration d) {
   timer_.expires_after(ToChrono(d));
   timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-    if (!ec) self->Close();  // the deadline passed: slow or dead peer
+    if (!ec) self->Close("deadline passed");  // slow or dead peer
   });
 }
 
@@ -293,7 +294,7 @@ void Session::OnReadSome(beast::error_code ec, size_t n) {
   reading_some_ = false;
   if (ec) {
     // EOF or reset: while a response is being produced this is the client going away.
-    Close();
+    Close("read", ec);
     return;
   }
   buffer_.commit(n);
@@ -306,7 +307,7 @@ void Session::OnReadSome(beast::error_code ec, size_t n) {
 
 void Session::Parse() {
   if (server_->stopping()) {
-    Close();
+    Close("stopping");
     return;
   }
   phase_ = Phase::kReading;
@@ -333,7 +334,7 @@ void Session::OnParsed(beast::error_code ec) {
   }
   if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
       ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
-    Close();
+    Close("request read", ec);
     return;
   }
   if (ec) {
@@ -403,7 +404,7 @@ void Session::DoWrite() {
                                                                              size_t) {
                       self->writing_ = false;
                       if (ec) {
-                        self->Close();
+                        self->Close("write", ec);
                         return;
                       }
                       self->out_.pop_front();
@@ -421,7 +422,7 @@ void Session::OnResponseDone() {
   if (!keep_alive_ || server_->stopping()) {
     beast::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);
-    Close();
+    Close("response done");
     return;
   }
   phase_ = Phase::kIdle;
@@ -439,10 +440,16 @@ void Session::CloseIfIdle() {
   });
 }
 
-void Session::Close() {
-  asio::dispatch(strand_, [self = shared_from_this()] {
+void Session::Close(const char* why, beast::error_code ec) {
+  asio::dispatch(strand_, [self = shared_from_this(), why, ec] {
     if (self->phase_ == Phase::kClosed) return;
     const bool mid_response = self->phase_ == Phase::kHandling && !self->response_complete_;
+    const auto& on_cut = self->server_->options().on_cut;
+    if ((mid_response || !self->out_.empty()) && on_cut) {
+      on_cut(absl::StrCat("connection ", self->peer_, " closed with its response ",
+                          mid_response ? "in progress" : "not fully written", " (", self->out_.size(),
+                          " write(s) queued): ", why, ec ? absl::StrCat(": ", ec.message()) : ""));
+    }
     self->phase_ = Phase::kClosed;
     beast::error_code ec;
     self->timer_.cancel();

@@ -78,6 +78,9 @@ class HttpServer {
     absl::Duration idle_timeout = absl::Seconds(60);  // keep-alive wait for the next request
     absl::Duration write_timeout = absl::Seconds(30); // each write
     int max_connections = 512;  // more: 503 and close
+    // Told (on an I/O thread) why a connection closed while a response was in progress:
+    // the client left, a deadline passed, a socket error. Unset: not reported.
+    std::function<void(const std::string&)> on_cut;
   };
   virtual ~HttpServer() = default;
 

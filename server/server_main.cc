@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   ho.read_timeout = absl::Seconds(cfg.read_timeout_s);
   ho.idle_timeout = absl::Seconds(cfg.idle_timeout_s);
   ho.write_timeout = absl::Seconds(cfg.write_timeout_s);
+  ho.on_cut = [](const std::string& what) { std::cerr << "ring-server: http: " << what << "\n"; };
   auto server = ring::http::HttpServer::Start(
       ho, [&api](ring::http::HttpRequest req, std::shared_ptr<ring::http::HttpResponder> r) {
         api.Handle(std::move(req), std::move(r));
