@@ -370,13 +370,13 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
   }
 }
 
-// One GLM-5.2 MoE block of a decode token: the router (bf16 256 x 6144), the shared expert
-// (gate and up in one launch, SwiGLU, down), sigmoid routing (k = 8 of 256), the routed
-// experts (ExpertsSwiGlu, converting x itself) and the combine, on one stream with the
-// backend's PDL settings; x changes every launch (64 rows) so the experts do. Bytes = router
-// + shared expert + 8 routed experts. The layer program (models/deepseek.cc MlaStage::Moe)
-// now runs the shared expert last and hands the experts the router's bf16 copy of x: one
-// conversion launch fewer than this block (docs/benchmarks.md, session 16).
+// One GLM-5.2 MoE block of a decode token as the layer program (models/deepseek.cc
+// MlaStage::Moe) runs it: the router (bf16 256 x 6144), sigmoid routing (k = 8 of 256), the
+// routed experts (ExpertsSwiGlu on the router's bf16 copy of x), the shared expert, the
+// combine, on one stream with the backend's PDL settings; x changes every launch (64 rows)
+// so the experts do. The shared expert either in launches of its own (gate and up in one
+// launch, SwiGLU, down: the backend without ExpertsSwiGluShared) or as one more problem of
+// the routed launches. Bytes = router + shared expert + 8 routed experts.
 void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
   constexpr int64_t kE = 256, kK = 8, kInter = 2048, kHidden = 6144, kRows = 64;
   const QuantSpec spec{QuantMode::kMxfp4, 4, 32};
@@ -404,14 +404,15 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
   DeviceBuffer logits = Must(DeviceBuffer::Allocate(kE * 4)), ids = Must(DeviceBuffer::Allocate(kK * 4)),
                wts = Must(DeviceBuffer::Allocate(kK * 4)), g = Must(DeviceBuffer::Allocate(kInter * 4)),
                u = Must(DeviceBuffer::Allocate(kInter * 4)), gb = Must(DeviceBuffer::Allocate(kInter * 2)),
-               shared = Must(DeviceBuffer::Allocate(kHidden * 4)),
-               y = Must(DeviceBuffer::Allocate(kK * kHidden * 4)), out = Must(DeviceBuffer::Allocate(kHidden * 4));
+               y = Must(DeviceBuffer::Allocate((kK + 1) * kHidden * 4)), out = Must(DeviceBuffer::Allocate(kHidden * 4));
   cpu::SigmoidRouting r;
   r.E = kE;
   r.k = kK;
   r.routed_scaling_factor = 2.5f;
   const auto bf16 = cpu::ActDType::kBF16;
-  const float ms = MedianMs(st, iters, [&](int i) {
+  // The shared expert in launches of its own, after the routed experts (the layer program
+  // without ExpertsSwiGluShared), or as one more problem of the routed launches.
+  auto block = [&](int i, bool joint) {
     const int64_t row = i % kRows;
     QMatmulArgs a;
     a.x = xb.as<uint16_t>() + row * kHidden;
@@ -420,6 +421,14 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
     a.overlap = 2;  // the backend's setting for matrices <= 32 MB
     a.y = logits.as<float>();
     BENCH_CHECK(QMatmulT(router.views[i % router.views.size()], a, st));
+    BENCH_CHECK(RouteSigmoid(logits.as<float>(), dbias.as<float>(), 1, r, ids.as<int32_t>(), wts.as<float>(), st));
+    const SharedExpertWeights sh{&sg.views[i % sg.views.size()], &su.views[i % su.views.size()],
+                                 &sd.views[i % sd.views.size()]};
+    BENCH_CHECK(ExpertsSwiGlu(gate.views[0], up.views[0], down.views[0], x32.as<float>() + row * kHidden, 1,
+                              ids.as<int32_t>(), kK, bf16, y.as<float>(), st, ExpertsPath::kAuto,
+                              xb.as<uint16_t>() + row * kHidden, joint ? &sh : nullptr));
+    float* sh_out = y.as<float>() + kK * kHidden;
+    if (!joint) {
     const DeviceQuantWeight* gu[] = {&sg.views[i % sg.views.size()], &su.views[i % su.views.size()]};
     float* gu_out[] = {g.as<float>(), u.as<float>()};
     a.round_bf16 = true;
@@ -427,19 +436,24 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
     BENCH_CHECK(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32}, kInter, bf16,
                        DevMutArray{g.data(), DType::kF32}, st, gb.as<uint16_t>()));
     a.x = gb.as<uint16_t>();
-    a.y = shared.as<float>();
+    a.y = sh_out;
     BENCH_CHECK(QMatmulT(sd.views[i % sd.views.size()], a, st));
-    BENCH_CHECK(RouteSigmoid(logits.as<float>(), dbias.as<float>(), 1, r, ids.as<int32_t>(), wts.as<float>(), st));
-    BENCH_CHECK(ExpertsSwiGlu(gate.views[0], up.views[0], down.views[0], x32.as<float>() + row * kHidden, 1,
-                              ids.as<int32_t>(), kK, bf16, y.as<float>(), st));
-    BENCH_CHECK(MoeCombine(y.as<float>(), wts.as<float>(), shared.as<float>(), 1, kK, kHidden,
+    }
+    BENCH_CHECK(MoeCombine(y.as<float>(), wts.as<float>(), sh_out, 1, kK, kHidden,
                            cpu::CombineMode::kFp32Sum, bf16, out.as<float>(), st));
-  });
+  };
   const double bytes = static_cast<double>(router.bytes + sg.bytes + su.bytes + sd.bytes) +
                        kK * static_cast<double>(gate.bytes + up.bytes + down.bytes) / kE;
-  std::printf("\nMoE block of one decode token (GLM-5.2: router + shared expert + routing + 8 of 256 routed "
-              "experts + combine): %.1f us for %.1f MB = %.1f%% of the probe (roofline %.1f us)\n",
-              ms * 1e3, bytes / 1e6, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe, bytes / probe / 1e3);
+  std::printf("\nMoE block of one decode token (GLM-5.2: router + routing + 8 of 256 routed experts + shared "
+              "expert + combine; %.1f MB, roofline %.1f us):\n", bytes / 1e6, bytes / probe / 1e3);
+  for (int rep = 0; rep < 2; ++rep) {
+    for (bool joint : {false, true}) {
+      const float ms = MedianMs(st, iters, [&](int i) { block(i, joint); });
+      std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
+                  joint ? "shared expert with the routed launches:" : "shared expert in launches of its own:",
+                  ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
+    }
+  }
 }
 
 int Main(int argc, char** argv) {

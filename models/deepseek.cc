@@ -395,20 +395,25 @@ absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* 
   RING_ASSIGN_OR_RETURN(Buffer ids, b.Alloc(T * K * 4));
   RING_ASSIGN_OR_RETURN(Buffer wts, b.AllocF(T * K));
   RING_RETURN_IF_ERROR(b.RouteSigmoid(logits.f(), L.score_bias, T, r, ids.i(), wts.f()));
-  RING_ASSIGN_OR_RETURN(Buffer y, b.AllocF(T * K * hid));
-  RING_RETURN_IF_ERROR(b.ExpertsSwiGlu(L.experts.gate, L.experts.up, L.experts.down, x, T,
-                                       ids.i(), K, t, y.f()));
-  // The shared expert after the routed ones (independent of them): router, routing and the
-  // experts' gate/up then all read x right after one another, so a backend that keeps a
-  // converted copy of x (the CUDA backend's bf16 copy) serves all three and the shared
-  // expert's gate/up from it.
-  Buffer shared;
+  // y: the T * K routed rows, then the shared expert's T rows.
+  RING_ASSIGN_OR_RETURN(Buffer y, b.AllocF(T * (K + (L.has_shared ? 1 : 0)) * hid));
+  float* shared = L.has_shared ? y.f() + T * K * hid : nullptr;
+  absl::Status joint = absl::UnimplementedError("");
   if (L.has_shared) {
-    RING_ASSIGN_OR_RETURN(shared, b.AllocF(T * hid));
-    RING_RETURN_IF_ERROR(RunMlp(b, L.shared, x, T, t, shared.f()));
+    joint = b.ExpertsSwiGluShared(L.experts.gate, L.experts.up, L.experts.down, L.shared.gate,
+                                  L.shared.up, L.shared.down, x, T, ids.i(), K, t, y.f());
+    if (!joint.ok() && !absl::IsUnimplemented(joint)) return joint;
   }
-  return b.MoeCombine(y.f(), wts.f(), L.has_shared ? shared.f() : nullptr, T, K, hid,
-                      cpu::CombineMode::kFp32Sum, t, out);
+  if (!joint.ok()) {
+    RING_RETURN_IF_ERROR(b.ExpertsSwiGlu(L.experts.gate, L.experts.up, L.experts.down, x, T,
+                                         ids.i(), K, t, y.f()));
+    // The shared expert after the routed ones (independent of them): router, routing and
+    // the experts' gate/up then all read x right after one another, so a backend that keeps
+    // a converted copy of x (the CUDA backend's bf16 copy) serves all three and the shared
+    // expert's gate/up from it.
+    if (L.has_shared) RING_RETURN_IF_ERROR(RunMlp(b, L.shared, x, T, t, shared));
+  }
+  return b.MoeCombine(y.f(), wts.f(), shared, T, K, hid, cpu::CombineMode::kFp32Sum, t, out);
 }
 
 absl::Status MlaStage::FeedForward(int64_t layer, const float* x, int64_t T, float* out) const {

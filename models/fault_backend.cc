@@ -132,6 +132,13 @@ class FaultBackend final : public ForwardingBackend {
                              const int32_t* ids, int64_t k, ActDType t, float* y) override {
     return inner().ExpertsSwiGlu(Sub(gate), Sub(up), Sub(down), x, T, ids, k, t, y);
   }
+  // Separately (ExpertsSwiGlu and the MLP's ops), so that a weight's fault applies.
+  absl::Status ExpertsSwiGluShared(const QuantWeight&, const QuantWeight&, const QuantWeight&,
+                                   const QuantWeight&, const QuantWeight&, const QuantWeight&,
+                                   const float*, int64_t, const int32_t*, int64_t, ActDType,
+                                   float*) override {
+    return absl::UnimplementedError("fault backend: routed and shared experts run separately");
+  }
 
   // The two ops separately, so that RmsNorm's fault applies.
   absl::Status AddRmsNorm(const float* a, const float* b, int64_t rows, int64_t dim,

@@ -14,7 +14,9 @@ namespace {
 // Elements of x a launch reads: the last problem's offset plus its m rows.
 int64_t XSpan(const QMatmulArgs& a, int64_t k) {
   const int64_t ldx = a.ldx > 0 ? a.ldx : k;
-  const int64_t last = a.problems > 0 ? (a.problems - 1) / std::max<int64_t>(a.x_problem_div, 1) : 0;
+  const int64_t routed = a.problems - a.alt_problems;
+  int64_t last = routed > 0 ? (routed - 1) / std::max<int64_t>(a.x_problem_div, 1) : 0;
+  if (a.alt_problems > 0) last = std::max(last, a.alt_x_row0 + a.alt_problems - 1);
   return last * a.x_problem_stride + (a.m - 1) * ldx + k;
 }
 
@@ -69,6 +71,7 @@ absl::Status LinearTMany(absl::Span<const DeviceQuantWeight* const> ws,
     for (size_t i = 0; i < ws.size(); ++i) {
       QMatmulArgs a = in;
       a.y = ys[i];
+      if (i < 4) a.alt[0] = in.alt[i];
       RING_RETURN_IF_ERROR(Run(*ws[i], a, act, /*transpose=*/true, stream));
     }
     return absl::OkStatus();

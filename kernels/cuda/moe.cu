@@ -410,29 +410,61 @@ absl::Status ExpertsGrouped(const DeviceQuantWeight& gate, const DeviceQuantWeig
 // (32768 slots of GLM-5.2: 0.4 GB of bf16 rows, 2 x 0.27 GB fp32 gate/up).
 constexpr int64_t kMaxGroupedSlots = 32768;
 
+// Whether ExpertsSwiGlu takes the grouped GEMM (ExpertsPath).
+bool UseGrouped(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                const DeviceQuantWeight& down, int64_t T, int64_t k, cpu::ActDType round,
+                ExpertsPath path) {
+  if (path == ExpertsPath::kPerSlot || round != cpu::ActDType::kBF16 || k <= 0 ||
+      gate.batch > kMaxRoutedExperts || k > kMaxGroupedSlots) {
+    return false;
+  }
+  const bool affine = gate.spec.mode == QuantMode::kAffine ||
+                      up.spec.mode == QuantMode::kAffine || down.spec.mode == QuantMode::kAffine;
+  // Decode batches (T <= 8) keep the per-slot GEMV whatever the expert count.
+  const bool worth = T > 8 && T * k >= kGroupedMinSlotsPerExpert * gate.batch;
+  return (path == ExpertsPath::kGrouped || (worth && !affine)) &&
+         GroupedApplies(gate, up, down, std::min(T * k, kMaxGroupedSlots));
+}
+
 }  // namespace
+
+bool ExpertsTakeShared(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                       const DeviceQuantWeight& down, const SharedExpertWeights& shared,
+                       int64_t T, int64_t k, cpu::ActDType round, ExpertsPath path) {
+  if (shared.gate == nullptr || shared.up == nullptr || shared.down == nullptr || T <= 0 ||
+      k <= 0 || round != cpu::ActDType::kBF16 || T * (k + 1) > 65535 ||
+      UseGrouped(gate, up, down, T, k, round, path) || !SameSliceLayout(gate, *shared.gate) ||
+      !SameSliceLayout(up, *shared.up) || !SameSliceLayout(down, *shared.down)) {
+    return false;
+  }
+  // The alt problems exist on the decode GEMV only (formats whose one-row bf16 matmul runs
+  // on the tensor cores).
+  QMatmulArgs probe;
+  probe.x_dtype = DType::kBF16;
+  for (const DeviceQuantWeight* w : {&gate, &up, &down}) {
+    const absl::StatusOr<QmmPath> fam = ResolveQmmPath(*w, probe);
+    if (!fam.ok() || *fam != QmmPath::kTensorCore) return false;
+  }
+  return true;
+}
 
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
-                           cudaStream_t stream, ExpertsPath path, const uint16_t* x_bf16) {
+                           cudaStream_t stream, ExpertsPath path, const uint16_t* x_bf16,
+                           const SharedExpertWeights* shared) {
   const int64_t inter = gate.rows, hidden = down.rows;
   if (up.rows != inter || gate.cols != hidden || up.cols != hidden || down.cols != inter ||
       gate.batch != up.batch || gate.batch != down.batch) {
     return absl::InvalidArgumentError("experts: gate/up/down shapes do not match");
   }
   if (T <= 0) return absl::OkStatus();
-  const int64_t E = gate.batch;
-  bool grouped = false;
-  if (path != ExpertsPath::kPerSlot && round == cpu::ActDType::kBF16 && k > 0 &&
-      E <= kMaxRoutedExperts && k <= kMaxGroupedSlots) {
-    const bool affine = gate.spec.mode == QuantMode::kAffine ||
-                        up.spec.mode == QuantMode::kAffine || down.spec.mode == QuantMode::kAffine;
-    // Decode batches (T <= 8) keep the per-slot GEMV whatever the expert count.
-    const bool worth = T > 8 && T * k >= kGroupedMinSlotsPerExpert * E;
-    grouped = (path == ExpertsPath::kGrouped || (worth && !affine)) &&
-              GroupedApplies(gate, up, down, std::min(T * k, kMaxGroupedSlots));
+  if (shared != nullptr && !ExpertsTakeShared(gate, up, down, *shared, T, k, round, path)) {
+    return absl::InvalidArgumentError(
+        "experts: the shared expert rides along only on the per-slot launches with bf16 "
+        "activations, T * (k + 1) <= 65535, and matrices laid out as one expert slice");
   }
+  const bool grouped = UseGrouped(gate, up, down, T, k, round, path);
   if (path == ExpertsPath::kGrouped && !grouped) {
     return absl::InvalidArgumentError(
         "experts: the grouped GEMM needs bf16 activations, at most 512 experts and formats "
@@ -450,7 +482,10 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
   // Problems per launch are capped (65535): whole tokens per chunk.
   const int64_t tok_per_chunk = std::max<int64_t>(1, 65535 / k);
   for (int64_t t0 = 0; t0 < T; t0 += tok_per_chunk) {
-    const int64_t nt = std::min(tok_per_chunk, T - t0), np = nt * k;
+    // With the shared expert (one chunk: ExpertsTakeShared), its nt problems follow the
+    // routed ones.
+    const int64_t nt = std::min(tok_per_chunk, T - t0), nr = nt * k;
+    const int64_t alt = shared != nullptr ? nt : 0, np = nr + alt;
     RING_ASSIGN_OR_RETURN(StreamBuffer g, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
     RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
     // The GEMVs may become resident while the kernel before them drains (overlap 1: they
@@ -465,6 +500,12 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     a.x_problem_stride = hidden;
     a.x_problem_div = k;  // gate/up: a token's row serves its k slots
     a.y_problem_stride = inter;
+    if (alt > 0) {
+      a.alt_problems = alt;
+      a.alt[0] = shared->gate;
+      a.alt[1] = shared->up;
+      a.alt_x_row0 = 0;  // the shared expert of token j reads x row j
+    }
     const DeviceQuantWeight* gu[] = {&gate, &up};
     float* gu_out[] = {g.as<float>(), u.as<float>()};
     if (x_bf16 != nullptr && round == cpu::ActDType::kBF16) {
@@ -494,6 +535,11 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     d.x_problem_stride = inter;
     d.x_problem_div = 1;  // down: one row per slot
     d.y_problem_stride = hidden;
+    if (alt > 0) {
+      d.alt_problems = alt;
+      d.alt[0] = shared->down;
+      d.alt_x_row0 = nr;  // its SwiGLU rows follow the routed slots'
+    }
     d.y = y + t0 * k * hidden;
     if (round == cpu::ActDType::kBF16) {
       d.x = gb.data();

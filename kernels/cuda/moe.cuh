@@ -57,11 +57,30 @@ inline constexpr int64_t kGroupedMinSlotsPerExpert = 4;
 // y [T, k, hidden] (device). An id outside [0, E) gives a NaN row in y. x_bf16, when given
 // with bf16 activations, is x's bf16 copy (the bits ToBf16 gives) and the per-slot launches
 // read it instead of converting x again.
+//
+// shared: the shared expert's gate/up/down (one slice of gate/up/down each), run as T more
+// problems of the routed launches (QMatmulArgs::alt) where ExpertsTakeShared says so;
+// InvalidArgument elsewhere. Its outputs follow the routed ones: y [T, k + 1, hidden]
+// in the order [T * k routed rows][T shared rows]. One decode token's MoE block saves the
+// shared expert's three launches (gpu_gemv_bench --moe).
+struct SharedExpertWeights {
+  const DeviceQuantWeight* gate = nullptr;
+  const DeviceQuantWeight* up = nullptr;
+  const DeviceQuantWeight* down = nullptr;
+};
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
                            cudaStream_t stream, ExpertsPath path = ExpertsPath::kAuto,
-                           const uint16_t* x_bf16 = nullptr);
+                           const uint16_t* x_bf16 = nullptr,
+                           const SharedExpertWeights* shared = nullptr);
+// Whether ExpertsSwiGlu runs `shared` with the routed experts for these arguments: the
+// per-slot launches (not the grouped GEMM) with bf16 activations, all T * (k + 1) problems
+// in one launch, shared matrices laid out as one expert slice.
+bool ExpertsTakeShared(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                       const DeviceQuantWeight& down, const SharedExpertWeights& shared,
+                       int64_t T, int64_t k, cpu::ActDType round,
+                       ExpertsPath path = ExpertsPath::kAuto);
 absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                         int64_t k, int64_t hidden, cpu::CombineMode mode, cpu::ActDType round,
                         float* out, cudaStream_t stream);

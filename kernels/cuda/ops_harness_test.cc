@@ -2139,6 +2139,48 @@ TEST_F(GpuTest, MoeExpertsAndCombine) {
         Report("moe experts swiglu x-bf16", absl::StrFormat("T%d k%d of %dx%dx%d", T, k, E, inter, hidden),
                absl::StrCat(gate->Mode(), " ", ActName(t)), got2, ref, kTolEwBf16, hidden);
       }
+      // The shared expert as T more problems of the same launches (ExpertsTakeShared: bf16
+      // only); reference: the routed rows, then the shared MLP as one expert per token.
+      auto sg = MakeWeight(f.spec, f.dtype, 1, inter, hidden, ++seed);
+      auto su = MakeWeight(f.spec, f.dtype, 1, inter, hidden, ++seed);
+      auto sd = MakeWeight(f.spec, f.dtype, 1, hidden, inter, ++seed);
+      ASSERT_TRUE(sg && su && sd);
+      const SharedExpertWeights sh{&sg->dev.view, &su->dev.view, &sd->dev.view};
+      // Formats the decode GEMV runs (mxfp4, affine 4-bit) take it; fp32 activations and
+      // formats on the exact SIMT kernels (affine 8-bit) do not, and are refused if forced.
+      const bool takes = ExpertsTakeShared(gate->dev.view, up->dev.view, down->dev.view, sh, T, k, t);
+      EXPECT_EQ(takes, bf && f.spec.bits == 4) << gate->Mode() << " " << ActName(t);
+      if (!takes) {
+        DeviceBuffer dj = Zeros(ref.size() + T * hidden);
+        EXPECT_EQ(ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
+                                di.as<int32_t>(), k, t, dj.as<float>(), nullptr, ExpertsPath::kAuto,
+                                nullptr, &sh)
+                      .code(),
+                  absl::StatusCode::kInvalidArgument);
+      } else {
+        std::vector<float> sref(T * hidden);
+        const std::vector<int32_t> zeros(T, 0);
+        cpu::ExpertsSwiGlu(sg->host, su->host, sd->host, x.data(), T, zeros.data(), 1, t, sref.data());
+        std::vector<float> jref = ref;
+        jref.insert(jref.end(), sref.begin(), sref.end());
+        DeviceBuffer dj = Zeros(jref.size());
+        st = ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
+                           di.as<int32_t>(), k, t, dj.as<float>(), nullptr, ExpertsPath::kAuto,
+                           nullptr, &sh);
+        ASSERT_TRUE(st.ok()) << st;
+        Report("moe experts swiglu +shared", absl::StrFormat("T%d k%d+1 of %dx%dx%d", T, k, E, inter, hidden),
+               absl::StrCat(gate->Mode(), " ", ActName(t)), Dl(dj.as<float>(), jref.size()), jref,
+               kTolEwBf16, hidden);
+        // A shared expert of another shape does not ride along (and is refused if forced).
+        auto wrong = MakeWeight(f.spec, f.dtype, 1, 2 * inter, hidden, ++seed);
+        const SharedExpertWeights bad{&wrong->dev.view, &su->dev.view, &sd->dev.view};
+        EXPECT_FALSE(ExpertsTakeShared(gate->dev.view, up->dev.view, down->dev.view, bad, T, k, t));
+        EXPECT_EQ(ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
+                                di.as<int32_t>(), k, t, dj.as<float>(), nullptr, ExpertsPath::kAuto,
+                                nullptr, &bad)
+                      .code(),
+                  absl::StatusCode::kInvalidArgument);
+      }
       // Combine on the reference's expert outputs (both modes, with and without shared).
       const std::vector<float> w = RandomFloats(T * k, ++seed, 0.5f, false);
       const std::vector<float> shared = RandomFloats(T * hidden, ++seed, 1.f, bf);

@@ -975,6 +975,17 @@ absl::Status CheckPtr(const void* p, int64_t ld, int elem_bytes, const char* wha
   return absl::OkStatus();
 }
 
+// The alt weight of one part (QMatmulArgs::alt): one slice of `w`'s layout.
+absl::Status SetAlt(const DeviceQuantWeight& w, const DeviceQuantWeight* alt, GemvAlt* out) {
+  if (alt == nullptr || !SameSliceLayout(w, *alt)) {
+    return absl::InvalidArgumentError(
+        "alt weight: needs a batch-1 matrix with the format, scales and shape of one slice");
+  }
+  const WeightView v = MakeView(*alt);
+  *out = GemvAlt{v.w, v.scales, v.biases};
+  return absl::OkStatus();
+}
+
 // Shared argument checks; fills the kernel parameters. `k` is the contraction length.
 absl::StatusOr<QmmParams> MakeParams(const DeviceQuantWeight& w, const QMatmulArgs& a,
                                      int64_t k, int64_t n_out) {
@@ -1007,6 +1018,17 @@ absl::StatusOr<QmmParams> MakeParams(const DeviceQuantWeight& w, const QMatmulAr
   p.row_off = a.row_offsets;
   p.y_rows = a.y_rows;
   p.problems = a.problems;
+  p.alt_from = std::numeric_limits<int64_t>::max();
+  if (a.alt_problems != 0) {
+    if (a.alt_problems < 0 || a.alt_problems > a.problems || a.row_offsets != nullptr ||
+        a.alt_x_row0 < 0) {
+      return absl::InvalidArgumentError(
+          "alt problems: 0 < alt_problems <= problems, no grouped rows, alt_x_row0 >= 0");
+    }
+    p.alt_from = a.problems - a.alt_problems;
+    p.alt_x_row0 = a.alt_x_row0;
+    RING_RETURN_IF_ERROR(SetAlt(w, a.alt[0], &p.alt[0]));
+  }
   if (a.row_offsets != nullptr) {
     if (a.expert_ids != nullptr || a.batch_begin != 0 || (w.batch == 1 && a.problems != 1) ||
         (w.batch > 1 && a.problems > w.batch) || a.m > std::numeric_limits<int32_t>::max()) {
@@ -1207,6 +1229,9 @@ absl::Status LaunchT(const DeviceQuantWeight& w, const QmmParams& p, const QMatm
   const int64_t rows = p.w.rows;
   const int64_t problems = a.problems;
   if (fam == Family::kTcGemv) return LaunchGemv(w, p, problems, a.overlap, stream, describe);
+  if (a.alt_problems != 0) {
+    return absl::InvalidArgumentError("alt problems need the decode GEMV (m <= 8, bf16 x)");
+  }
   if (fam == Family::kTcGemm) {
     if constexpr (F::kBf16Exact) {
       RING_ASSIGN_OR_RETURN(const bool launched, LaunchGemm<F>(p, problems, stream, describe));
@@ -1287,6 +1312,16 @@ absl::StatusOr<OwnedDeviceWeight> UploadQuantWeight(const QuantWeight& w) {
   return o;
 }
 
+bool SameSliceLayout(const DeviceQuantWeight& stacked, const DeviceQuantWeight& single) {
+  return single.batch == 1 && single.rows == stacked.rows && single.cols == stacked.cols &&
+         single.spec.mode == stacked.spec.mode && single.spec.bits == stacked.spec.bits &&
+         single.spec.group_size == stacked.spec.group_size && single.dtype == stacked.dtype &&
+         single.scale_dtype == stacked.scale_dtype &&
+         single.global_scale == stacked.global_scale &&
+         (single.scales == nullptr) == (stacked.scales == nullptr) &&
+         (single.biases == nullptr) == (stacked.biases == nullptr);
+}
+
 absl::StatusOr<QmmPath> ResolveQmmPath(const DeviceQuantWeight& w, const QMatmulArgs& a) {
   QmmPath out = QmmPath::kSimt;
   RING_RETURN_IF_ERROR(WithFormat(w, [&](auto fmt) -> absl::Status {
@@ -1341,6 +1376,7 @@ absl::StatusOr<bool> LaunchGemvParts(absl::Span<const DeviceQuantWeight* const> 
       if (ys[i] == nullptr) return absl::InvalidArgumentError("y is null");
       const WeightView v = MakeView(*ws[i]);
       p.parts[i] = GemvPart{v.w, v.scales, v.biases, v.rows, ys[i], v.rows, 0};
+      if (a.alt_problems != 0) RING_RETURN_IF_ERROR(SetAlt(*ws[i], a.alt[i], &p.alt[i]));
     }
     launched = true;
     return LaunchGemv(w0, p, a.problems, a.overlap, stream, describe);
@@ -1357,6 +1393,9 @@ absl::Status QMatmulTMany(absl::Span<const DeviceQuantWeight* const> ws,
     return absl::InvalidArgumentError(
         absl::StrFormat("QMatmulTMany: %d weights, %d outputs", ws.size(), ys.size()));
   }
+  if (a.alt_problems != 0 && ws.size() > static_cast<size_t>(kMaxGemvParts)) {
+    return absl::InvalidArgumentError("alt problems: at most 4 weights a launch");
+  }
   for (size_t i0 = 0; i0 < ws.size(); i0 += kMaxGemvParts) {
     const size_t n = std::min<size_t>(kMaxGemvParts, ws.size() - i0);
     if (n > 1) {
@@ -1368,6 +1407,7 @@ absl::Status QMatmulTMany(absl::Span<const DeviceQuantWeight* const> ws,
       QMatmulArgs ai = a;
       ai.y = ys[i];
       ai.ldy = 0;
+      ai.alt[0] = a.alt[i];
       RING_RETURN_IF_ERROR(QMatmulT(*ws[i], ai, stream));
     }
   }

@@ -118,6 +118,15 @@ struct QMatmulArgs {
   // 2: as 1, but it streams its first weights before that wait (expert ids, x and y still
   //    after it): only valid when no kernel that may still be running writes the weight.
   int overlap = 0;
+  // MoE decode: the last `alt_problems` problems multiply by alt[i] for weight i of the
+  // launch (a single batch-1 matrix with the layout of one slice of that weight: MoE's
+  // shared expert) instead of an expert slice; problem p of them reads x row
+  // alt_x_row0 + (p - (problems - alt_problems)), at x + row * x_problem_stride, and writes
+  // y as any problem. Decode GEMV only (m <= 8, bf16 x on the tensor-core path); elsewhere
+  // InvalidArgument. Expert ids are read for the other problems only.
+  int64_t alt_problems = 0;
+  const DeviceQuantWeight* alt[4] = {};
+  int64_t alt_x_row0 = 0;
 };
 
 absl::Status QMatmulT(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStream_t stream);
@@ -146,6 +155,10 @@ absl::StatusOr<QmmPath> ResolveQmmPath(const DeviceQuantWeight& w, const QMatmul
 
 // One line naming the kernel and launch configuration QMatmulT would use (bench, logs).
 absl::StatusOr<std::string> DescribeQmm(const DeviceQuantWeight& w, const QMatmulArgs& a);
+
+// Whether `single` (batch 1) has the format, scale layout and shape of one slice of
+// `stacked`: what QMatmulArgs::alt needs.
+bool SameSliceLayout(const DeviceQuantWeight& stacked, const DeviceQuantWeight& single);
 
 // Embedding lookup: out[t, :] = dequant(W[ids[t], :]) for t < n, W a 2-D weight
 // [vocab, hidden]; out is F32 or BF16 [n, hidden]. Out-of-range ids give NaN rows.

@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   int64_t bx = blockIdx.x;
   const int part = p.nparts > 1 ? SelectGemvPart(p, &wv, &bx) : 0;
   int64_t b = 0;
-  const bool bad = !ProblemBatch(p, prob, &b);
+  const bool bad = !ProblemWeight(p, part, prob, &wv, &b);
   if (bad) b = 0;
   const int64_t row_base = (bx * tiles_pb + tl) * (16 * WR);
   const int nslices = static_cast<int>(wv.cols / SE);
@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   int64_t bx = blockIdx.x;
   const int part = p.nparts > 1 ? SelectGemvPart(p, &wv, &bx) : 0;
   int64_t b = 0;
-  const bool bad = !ProblemBatch(p, prob, &b);
+  const bool bad = !ProblemWeight(p, part, prob, &wv, &b);
   if (bad) b = 0;
   const int64_t row_base = (bx * tiles_pb + tl) * (16 * WR);
   const int nslices = static_cast<int>(wv.cols / SE);

@@ -46,6 +46,14 @@ struct GemvPart {
 };
 inline constexpr int kMaxGemvParts = 4;
 
+// A part's weight for the trailing problems of an expert launch (QMatmulArgs::alt): a
+// batch-1 matrix laid out as one expert slice.
+struct GemvAlt {
+  const uint32_t* w;
+  const void* scales;
+  const void* biases;
+};
+
 struct QmmParams {
   WeightView w;
   const void* x;
@@ -70,6 +78,10 @@ struct QmmParams {
   // Decode GEMV only: nparts > 1 weights on the same x (parts[0] repeats w, y and ldy).
   int nparts;
   GemvPart parts[kMaxGemvParts];
+  // Problems >= alt_from take part i's weight from alt[i] and read x row
+  // alt_x_row0 + (p - alt_from) (QMatmulArgs::alt_problems); INT64_MAX: none.
+  int64_t alt_from, alt_x_row0;
+  GemvAlt alt[kMaxGemvParts];
 };
 
 // ---- device helpers --------------------------------------------------------------------
@@ -213,7 +225,8 @@ __device__ __forceinline__ float LoadX1(const void* row, int x_bf16, int64_t k) 
                 : __ldg(static_cast<const float*>(row) + k);
 }
 __device__ __forceinline__ const void* XRow(const QmmParams& p, int64_t prob, int64_t tok) {
-  const int64_t off = (prob / p.x_pdiv) * p.x_pstride + tok * p.ldx;
+  const int64_t r = prob >= p.alt_from ? p.alt_x_row0 + (prob - p.alt_from) : prob / p.x_pdiv;
+  const int64_t off = r * p.x_pstride + tok * p.ldx;
   return p.x_bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(p.x) + off)
                   : static_cast<const void*>(static_cast<const float*>(p.x) + off);
 }
@@ -262,6 +275,22 @@ __device__ __forceinline__ int SelectGemvPart(const QmmParams& p, WeightView* w,
   w->rows = s.rows;
   *bx -= s.block_begin;
   return part;
+}
+// Problem `prob`'s weight for part `part`: the expert slice *b of *w (ProblemBatch), or for
+// the trailing alt problems the part's alt weight (slice 0). False on a bad expert id.
+__device__ __forceinline__ bool ProblemWeight(const QmmParams& p, int part, int64_t prob,
+                                              WeightView* w, int64_t* b) {
+  if (prob < p.alt_from) return ProblemBatch(p, prob, b);
+  GemvAlt s = p.alt[0];
+#pragma unroll
+  for (int i = 1; i < kMaxGemvParts; ++i) {
+    if (part == i) s = p.alt[i];
+  }
+  w->w = s.w;
+  w->scales = s.scales;
+  w->biases = s.biases;
+  *b = 0;
+  return true;
 }
 // Output and row stride of part `part` (p.y / p.ldy for a single-weight launch).
 __device__ __forceinline__ void GemvPartOutput(const QmmParams& p, int part, float** y,

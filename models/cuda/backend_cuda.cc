@@ -93,7 +93,9 @@ constexpr size_t kArenaMaxBlock = size_t{256} << 20;
 constexpr size_t kArenaMaxIdle = size_t{2} << 30;
 // Downloads up to this size go through the pinned staging buffer.
 constexpr size_t kMaxStaging = size_t{64} << 20;
-// Decode GEMVs of weights up to this size start under the previous kernel (PDL).
+// Decode GEMVs of weights up to this size start under the previous kernel (PDL). Raising
+// it to 64 or 128 MB (o_proj, the dense down and gate_up projections too) did not change
+// the GLM-5.2 slice's decode time beyond its run-to-run spread (session 18, run 3).
 constexpr int64_t kOverlapMaxBytes = int64_t{32} << 20;
 // Executable graphs kept; past this the cache is emptied at the next EndStep.
 constexpr size_t kMaxGraphs = 4096;
@@ -148,6 +150,16 @@ int64_t NowNs() {
 bool LayerMarksEnabledByEnv() {
   const char* v = std::getenv("RING_CUDA_LAYER_MARKS");
   return v != nullptr && std::strcmp(v, "0") != 0;
+}
+
+// RING_CUDA_SHARED_EXPERT=separate runs a MoE layer's shared expert in launches of its own
+// instead of with the routed experts (ExpertsSwiGluShared), for A/B measurements.
+bool SharedExpertFused() {
+  static const bool fused = [] {
+    const char* v = std::getenv("RING_CUDA_SHARED_EXPERT");
+    return v == nullptr || std::strcmp(v, "separate") != 0;
+  }();
+  return fused;
 }
 
 bool GraphsEnabledByEnv() {
@@ -603,6 +615,32 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
                                  cuda::ExpertsPath::kAuto, xb);
     });
+  }
+  absl::Status ExpertsSwiGluShared(const QuantWeight& gate, const QuantWeight& up,
+                                   const QuantWeight& down, const QuantWeight& shared_gate,
+                                   const QuantWeight& shared_up, const QuantWeight& shared_down,
+                                   const float* x, int64_t T, const int32_t* ids, int64_t k,
+                                   ActDType t, float* y) override {
+    RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
+    RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
+    RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(down));
+    cuda::SharedExpertWeights sh;
+    RING_ASSIGN_OR_RETURN(sh.gate, Weight(shared_gate));
+    RING_ASSIGN_OR_RETURN(sh.up, Weight(shared_up));
+    RING_ASSIGN_OR_RETURN(sh.down, Weight(shared_down));
+    if (!SharedExpertFused() || !cuda::ExpertsTakeShared(*g, *u, *d, sh, T, k, t)) {
+      return absl::UnimplementedError("routed and shared experts run separately here");
+    }
+    const int64_t span = T * g->cols;
+    const uint16_t* xb = conv_src_ == x && conv_elems_ >= span && t == ActDType::kBF16
+                             ? static_cast<const uint16_t*>(conv_bufs_.back())
+                             : nullptr;
+    KeepConversionPast({{y, T * (k + 1) * d->rows}});
+    return Submit(OpRecord('S').Add(g, u, d, sh.gate, sh.up, sh.down, x, T, ids, k, t, y, xb).Take(),
+                  [=, this] {
+                    return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
+                                               cuda::ExpertsPath::kAuto, xb, &sh);
+                  });
   }
   absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                           int64_t k, int64_t hidden, cpu::CombineMode mode, ActDType t,
