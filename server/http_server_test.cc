@@ -2,7 +2,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <boost/asio.hpp>
 
@@ -23,6 +26,10 @@ class HttpServerTest : public ::testing::Test {
     o.max_body_bytes = 1024;
     o.read_timeout = absl::Milliseconds(300);
     o.idle_timeout = absl::Milliseconds(600);
+    o.on_cut = [this](const std::string& why) {
+      std::lock_guard<std::mutex> l(cut_mu_);
+      cuts_.push_back(why);
+    };
     auto s = HttpServer::Start(o, [this](HttpRequest req, std::shared_ptr<HttpResponder> r) {
       if (req.path == "/echo") {
         r->Send(200, "text/plain", req.method + " " + req.body);
@@ -81,7 +88,14 @@ class HttpServerTest : public ::testing::Test {
     return out;
   }
 
+  std::vector<std::string> Cuts() {
+    std::lock_guard<std::mutex> l(cut_mu_);
+    return cuts_;
+  }
+
   static constexpr int kBigChunk = 64 << 10, kBigChunks = 64;
+  std::mutex cut_mu_;
+  std::vector<std::string> cuts_;  // Options::on_cut reports
   asio::io_context ioc_;
   std::unique_ptr<HttpServer> server_;
   std::atomic<bool> gone_{false};
@@ -133,6 +147,7 @@ TEST_F(HttpServerTest, ChunkedStream) {
   EXPECT_NE(a.find("data: 0"), std::string::npos);
   EXPECT_NE(a.find("data: 2"), std::string::npos);
   EXPECT_NE(a.find("0\r\n\r\n"), std::string::npos);
+  EXPECT_TRUE(Cuts().empty());  // a whole response is no cut
 }
 
 TEST_F(HttpServerTest, DisconnectRunsGoneCallback) {
@@ -144,6 +159,11 @@ TEST_F(HttpServerTest, DisconnectRunsGoneCallback) {
   }  // closes
   for (int i = 0; i < 200 && !gone_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(gone_.load());
+  // The cut is reported with its reason: the client's end of file.
+  const std::vector<std::string> cuts = Cuts();
+  ASSERT_EQ(cuts.size(), 1u);
+  EXPECT_NE(cuts[0].find("closed with its response in progress"), std::string::npos) << cuts[0];
+  EXPECT_NE(cuts[0].find("read: End of file"), std::string::npos) << cuts[0];
 }
 
 // Graceful stop: a handler that has ended its stream while the client is still reading
