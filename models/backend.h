@@ -203,17 +203,14 @@ class Backend {
                                      const int32_t* ids, int64_t k, ActDType t, float* y) = 0;
   // The routed experts (as ExpertsSwiGlu) and a shared expert, the SwiGLU MLP
   // shared_gate/up/down on x, in one op: y [T, k + 1, hidden] with the shared expert's T
-  // rows after the T * k routed ones (at y + T * k * hidden). Unimplemented, with nothing
-  // run, where a backend has no joint form for these arguments: the caller then runs the
-  // two itself.
-  virtual absl::Status ExpertsSwiGluShared(const QuantWeight& /*gate*/, const QuantWeight& /*up*/,
-                                           const QuantWeight& /*down*/,
-                                           const QuantWeight& /*shared_gate*/,
-                                           const QuantWeight& /*shared_up*/,
-                                           const QuantWeight& /*shared_down*/, const float* /*x*/,
-                                           int64_t /*T*/, const int32_t* /*ids*/, int64_t /*k*/,
-                                           ActDType /*t*/, float* /*y*/) {
-    return absl::UnimplementedError("no joint routed + shared experts op on this backend");
+  // rows after the T * k routed ones (at y + T * k * hidden). False, with nothing run, where
+  // a backend has no joint form for these arguments: the caller then runs the two itself.
+  virtual absl::StatusOr<bool> ExpertsSwiGluShared(
+      const QuantWeight& /*gate*/, const QuantWeight& /*up*/, const QuantWeight& /*down*/,
+      const QuantWeight& /*shared_gate*/, const QuantWeight& /*shared_up*/,
+      const QuantWeight& /*shared_down*/, const float* /*x*/, int64_t /*T*/,
+      const int32_t* /*ids*/, int64_t /*k*/, ActDType /*t*/, float* /*y*/) {
+    return false;
   }
   virtual absl::Status MoeCombine(const float* y, const float* w, const float* shared,
                                   int64_t T, int64_t k, int64_t hidden, cpu::CombineMode mode,

@@ -121,11 +121,12 @@ class ForwardingBackend : public Backend {
                              const int32_t* ids, int64_t k, ActDType t, float* y) override {
     return inner_->ExpertsSwiGlu(gate, up, down, x, T, ids, k, t, y);
   }
-  absl::Status ExpertsSwiGluShared(const QuantWeight& gate, const QuantWeight& up,
-                                   const QuantWeight& down, const QuantWeight& shared_gate,
-                                   const QuantWeight& shared_up, const QuantWeight& shared_down,
-                                   const float* x, int64_t T, const int32_t* ids, int64_t k,
-                                   ActDType t, float* y) override {
+  absl::StatusOr<bool> ExpertsSwiGluShared(const QuantWeight& gate, const QuantWeight& up,
+                                           const QuantWeight& down, const QuantWeight& shared_gate,
+                                           const QuantWeight& shared_up,
+                                           const QuantWeight& shared_down, const float* x,
+                                           int64_t T, const int32_t* ids, int64_t k, ActDType t,
+                                           float* y) override {
     return inner_->ExpertsSwiGluShared(gate, up, down, shared_gate, shared_up, shared_down, x, T,
                                        ids, k, t, y);
   }

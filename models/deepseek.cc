@@ -398,13 +398,13 @@ absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* 
   // y: the T * K routed rows, then the shared expert's T rows.
   RING_ASSIGN_OR_RETURN(Buffer y, b.AllocF(T * (K + (L.has_shared ? 1 : 0)) * hid));
   float* shared = L.has_shared ? y.f() + T * K * hid : nullptr;
-  absl::Status joint = absl::UnimplementedError("");
+  bool joint = false;
   if (L.has_shared) {
-    joint = b.ExpertsSwiGluShared(L.experts.gate, L.experts.up, L.experts.down, L.shared.gate,
-                                  L.shared.up, L.shared.down, x, T, ids.i(), K, t, y.f());
-    if (!joint.ok() && !absl::IsUnimplemented(joint)) return joint;
+    RING_ASSIGN_OR_RETURN(joint, b.ExpertsSwiGluShared(L.experts.gate, L.experts.up, L.experts.down,
+                                                       L.shared.gate, L.shared.up, L.shared.down, x,
+                                                       T, ids.i(), K, t, y.f()));
   }
-  if (!joint.ok()) {
+  if (!joint) {
     RING_RETURN_IF_ERROR(b.ExpertsSwiGlu(L.experts.gate, L.experts.up, L.experts.down, x, T,
                                          ids.i(), K, t, y.f()));
     // The shared expert after the routed ones (independent of them): router, routing and

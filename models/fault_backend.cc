@@ -133,11 +133,12 @@ class FaultBackend final : public ForwardingBackend {
     return inner().ExpertsSwiGlu(Sub(gate), Sub(up), Sub(down), x, T, ids, k, t, y);
   }
   // Separately (ExpertsSwiGlu and the MLP's ops), so that a weight's fault applies.
-  absl::Status ExpertsSwiGluShared(const QuantWeight&, const QuantWeight&, const QuantWeight&,
-                                   const QuantWeight&, const QuantWeight&, const QuantWeight&,
-                                   const float*, int64_t, const int32_t*, int64_t, ActDType,
-                                   float*) override {
-    return absl::UnimplementedError("fault backend: routed and shared experts run separately");
+  absl::StatusOr<bool> ExpertsSwiGluShared(const QuantWeight&, const QuantWeight&,
+                                           const QuantWeight&, const QuantWeight&,
+                                           const QuantWeight&, const QuantWeight&, const float*,
+                                           int64_t, const int32_t*, int64_t, ActDType,
+                                           float*) override {
+    return false;
   }
 
   // The two ops separately, so that RmsNorm's fault applies.

@@ -255,20 +255,25 @@ __device__ __forceinline__ void MmaBf16Zero(float (&c)[4], uint32_t a0, uint32_t
 }
 
 // ---- decode GEMV (qgemv_gemv.cu) -------------------------------------------------------------
+// arr[i] by static indices only, so that a parameter array stays in the constant bank.
+template <class T>
+__device__ __forceinline__ T StaticPick(const T (&arr)[kMaxGemvParts], int i) {
+  T s = arr[0];
+#pragma unroll
+  for (int j = 1; j < kMaxGemvParts; ++j) {
+    if (i == j) s = arr[j];
+  }
+  return s;
+}
 // The part of a multi-weight launch that block `bx` of grid x works on: sets *w's pointers
-// and rows to it and makes *bx relative to its first block; returns its index. Static
-// indices only, so the parameter array stays in the constant bank.
+// and rows to it and makes *bx relative to its first block; returns its index.
 __device__ __forceinline__ int SelectGemvPart(const QmmParams& p, WeightView* w, int64_t* bx) {
   int part = 0;
 #pragma unroll
   for (int i = 1; i < kMaxGemvParts; ++i) {
     if (i < p.nparts && *bx >= p.parts[i].block_begin) part = i;
   }
-  GemvPart s = p.parts[0];
-#pragma unroll
-  for (int i = 1; i < kMaxGemvParts; ++i) {
-    if (part == i) s = p.parts[i];
-  }
+  const GemvPart s = StaticPick(p.parts, part);
   w->w = s.w;
   w->scales = s.scales;
   w->biases = s.biases;
@@ -281,11 +286,7 @@ __device__ __forceinline__ int SelectGemvPart(const QmmParams& p, WeightView* w,
 __device__ __forceinline__ bool ProblemWeight(const QmmParams& p, int part, int64_t prob,
                                               WeightView* w, int64_t* b) {
   if (prob < p.alt_from) return ProblemBatch(p, prob, b);
-  GemvAlt s = p.alt[0];
-#pragma unroll
-  for (int i = 1; i < kMaxGemvParts; ++i) {
-    if (part == i) s = p.alt[i];
-  }
+  const GemvAlt s = StaticPick(p.alt, part);
   w->w = s.w;
   w->scales = s.scales;
   w->biases = s.biases;

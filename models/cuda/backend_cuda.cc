@@ -616,11 +616,12 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
                                  cuda::ExpertsPath::kAuto, xb);
     });
   }
-  absl::Status ExpertsSwiGluShared(const QuantWeight& gate, const QuantWeight& up,
-                                   const QuantWeight& down, const QuantWeight& shared_gate,
-                                   const QuantWeight& shared_up, const QuantWeight& shared_down,
-                                   const float* x, int64_t T, const int32_t* ids, int64_t k,
-                                   ActDType t, float* y) override {
+  absl::StatusOr<bool> ExpertsSwiGluShared(const QuantWeight& gate, const QuantWeight& up,
+                                           const QuantWeight& down, const QuantWeight& shared_gate,
+                                           const QuantWeight& shared_up,
+                                           const QuantWeight& shared_down, const float* x,
+                                           int64_t T, const int32_t* ids, int64_t k, ActDType t,
+                                           float* y) override {
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(down));
@@ -628,19 +629,19 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(sh.gate, Weight(shared_gate));
     RING_ASSIGN_OR_RETURN(sh.up, Weight(shared_up));
     RING_ASSIGN_OR_RETURN(sh.down, Weight(shared_down));
-    if (!SharedExpertFused() || !cuda::ExpertsTakeShared(*g, *u, *d, sh, T, k, t)) {
-      return absl::UnimplementedError("routed and shared experts run separately here");
-    }
+    if (!SharedExpertFused() || !cuda::ExpertsTakeShared(*g, *u, *d, sh, T, k, t)) return false;
     const int64_t span = T * g->cols;
     const uint16_t* xb = conv_src_ == x && conv_elems_ >= span && t == ActDType::kBF16
                              ? static_cast<const uint16_t*>(conv_bufs_.back())
                              : nullptr;
     KeepConversionPast({{y, T * (k + 1) * d->rows}});
-    return Submit(OpRecord('S').Add(g, u, d, sh.gate, sh.up, sh.down, x, T, ids, k, t, y, xb).Take(),
-                  [=, this] {
-                    return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
-                                               cuda::ExpertsPath::kAuto, xb, &sh);
-                  });
+    RING_RETURN_IF_ERROR(Submit(
+        OpRecord('S').Add(g, u, d, sh.gate, sh.up, sh.down, x, T, ids, k, t, y, xb).Take(),
+        [=, this] {
+          return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
+                                     cuda::ExpertsPath::kAuto, xb, &sh);
+        }));
+    return true;
   }
   absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                           int64_t k, int64_t hidden, cpu::CombineMode mode, ActDType t,
