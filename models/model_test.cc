@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,6 +14,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/status.h"
+#include "models/backend_decorator.h"
+#include "models/families.h"
+#include "models/layers.h"
 #include "models/synth.h"
 
 namespace ring {
@@ -364,6 +369,55 @@ TEST(BatchTest, CudaBatchedDecodeIsBitIdenticalToSteppingAlone) {
     CheckBatchMatchesAlone(TinyModel(f.arch, f.quant), d, false);
     if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// A backend with a joint routed + shared experts op (as the CUDA backend has), built from
+// the CPU backend's own ops in the order the layer program runs them apart: the layer
+// program's joint branch (y with the shared rows after the routed ones, the combine reading
+// them there) must give the logits of the separate one bit for bit.
+class JointExpertsBackend final : public internal::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  absl::StatusOr<bool> ExpertsSwiGluShared(const QuantWeight& gate, const QuantWeight& up,
+                                           const QuantWeight& down, const QuantWeight& shared_gate,
+                                           const QuantWeight& shared_up,
+                                           const QuantWeight& shared_down, const float* x,
+                                           int64_t T, const int32_t* ids, int64_t k,
+                                           cpu::ActDType t, float* y) override {
+    RING_RETURN_IF_ERROR(inner().ExpertsSwiGlu(gate, up, down, x, T, ids, k, t, y));
+    internal::Mlp mlp{shared_gate, shared_up, shared_down};
+    RING_RETURN_IF_ERROR(internal::RunMlp(*this, mlp, x, T, t, y + T * k * down.rows()));
+    ++calls;
+    return true;
+  }
+  int calls = 0;
+};
+
+TEST(MoeSharedExpert, JointOpMatchesSeparateLaunches) {
+  const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
+  RunSpec spec;
+  spec.prompt = Prompt(9);
+  spec.decode = {5, 17, 3};
+  absl::StatusOr<std::vector<float>> want = RunSteps(dir, spec);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  auto joint = std::make_shared<JointExpertsBackend>(internal::NewCpuBackend());
+  absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, LoadOptions{}, joint);
+  ASSERT_TRUE(st.ok()) << st.status();
+  std::unique_ptr<Sequence> seq = (*st)->NewSequence();
+  std::vector<float> got;
+  std::vector<std::vector<int32_t>> steps = {spec.prompt};
+  for (int32_t t : spec.decode) steps.push_back({t});
+  for (const auto& toks : steps) {
+    StageInput in;
+    in.tokens = toks;
+    absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
+    ASSERT_TRUE(out.ok()) << out.status();
+    got.insert(got.end(), out->logits.begin(), out->logits.end());
+  }
+  EXPECT_GT(joint->calls, 0) << "the tiny GLM model has no MoE layer with a shared expert";
+  ASSERT_EQ(got.size(), want->size());
+  EXPECT_EQ(std::memcmp(got.data(), want->data(), got.size() * sizeof(float)), 0);
 }
 
 TEST(IndexShare, SharedLayerAtStageStartNeedsTheCarry) {
