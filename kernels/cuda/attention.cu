@@ -1736,7 +1736,8 @@ namespace {
 // per head, the split attention and its combine, out = round(o_lat @ W_UV_h^T).
 absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                        const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                       int64_t Sk, size_t smem, const DeviceInfo& dev, cudaStream_t stream) {
+                       uint16_t* out_bf16, bool* wrote_bf16, int64_t Sk, size_t smem,
+                       const DeviceInfo& dev, cudaStream_t stream) {
   const int sm_count = dev.sm_count;
   const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
   const int64_t chunks = (Sk + kMlaChunk - 1) / kMlaChunk;
@@ -1823,14 +1824,24 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   oa.x = olat_bf16;
   oa.x_dtype = DType::kBF16;
   oa.round_bf16 = true;
+  // o_proj's input as a side copy, without a conversion launch, where the decode GEMV runs
+  // the unembedding (the only kernel with the side copy).
+  const absl::StatusOr<QmmPath> path = ResolveQmmPath(unembed_out, oa);
+  if (out_bf16 != nullptr && path.ok() && *path == QmmPath::kTensorCore) {
+    oa.y_bf16 = out_bf16;
+    *wrote_bf16 = true;
+  }
   return QMatmulT(unembed_out, oa, stream);
 }
 
 }  // namespace
 
-absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
-                          const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                          cudaStream_t stream) {
+namespace {
+
+// MlaAttention but for out_bf16: *wrote_bf16 tells whether the decode path wrote it.
+absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                             const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
+                             uint16_t* out_bf16, bool* wrote_bf16, cudaStream_t stream) {
   const int64_t T = a.T, H = a.H, nope = a.nope, rope = a.rope, vd = a.vd, kvl = a.kvl;
   const int64_t qd = nope + rope;
   const bool sparse = a.topk != nullptr;
@@ -1855,7 +1866,8 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
     if (kvl % 32 == 0 && kvl <= kMlaMaxKvl && rope % 4 == 0 && rope > 0 &&
         rope <= kMlaMaxRope && (nope + rope) % 8 == 0 && aligned &&
         static_cast<int64_t>(smem) <= (*dev)->smem_per_block_optin) {
-      return MlaDecode(a, embed_q, unembed_out, t, out, Sk, smem, **dev, stream);
+      return MlaDecode(a, embed_q, unembed_out, t, out, t == cpu::ActDType::kBF16 ? out_bf16 : nullptr,
+                       wrote_bf16, Sk, smem, **dev, stream);
     }
   }
   const float* lat = a.latent;
@@ -1995,6 +2007,19 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
   oa.x_problem_stride = kvl;
   oa.y_problem_stride = vd;
   return LinearT(unembed_out, oa, t, stream);
+}
+
+}  // namespace
+
+absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                          const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
+                          cudaStream_t stream, uint16_t* out_bf16) {
+  bool wrote = false;
+  RING_RETURN_IF_ERROR(MlaAttentionOut(a, embed_q, unembed_out, t, out, out_bf16, &wrote, stream));
+  if (out_bf16 != nullptr && !wrote && a.T > 0) {
+    RING_RETURN_IF_ERROR(ToBf16(out, a.T * a.H * a.vd, out_bf16, stream));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ring::cuda

@@ -83,9 +83,11 @@ absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* 
                        cudaStream_t stream, uint16_t* out_bf16 = nullptr);
 
 // cpu::MlaAttention: a's pointers (q, latent, k_pe, topk) are device memory.
+// out_bf16 (optional, bf16 activations): also the bf16 bits of out, for o_proj; decode
+// writes them from its last GEMV, other paths with a conversion launch.
 absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                           const DeviceQuantWeight& unembed_out, cpu::ActDType round, float* out,
-                          cudaStream_t stream);
+                          cudaStream_t stream, uint16_t* out_bf16 = nullptr);
 
 }  // namespace ring::cuda
 

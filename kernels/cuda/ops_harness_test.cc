@@ -52,6 +52,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -1722,6 +1723,63 @@ void ReportBf16Copy(const std::string& shape, cpu::ActDType t, const SplitRun& r
   ReportExact("attn split bf16 copy", shape, ActName(t), got, want);
 }
 
+// y_bf16: the decode GEMV's side copy is the bf16 encoding of every output it writes (a
+// next matmul's input), for single problems and for stacked problems with a row stride;
+// refused without round_bf16 and on the kernels that have no side copy.
+TEST_F(GpuTest, MatmulWritesBf16SideCopy) {
+  uint32_t seed = 950;
+  for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
+                              FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
+    for (int64_t m : {1, 2, 5}) {
+      for (int64_t problems : {1, 3}) {
+        auto w = MakeWeight(f.spec, f.dtype, problems, 96, 256, ++seed);
+        ASSERT_NE(w, nullptr);
+        const std::vector<float> x = RandomFloats(problems * m * 256, ++seed, 1.f, true);
+        const int64_t ystride = m * 96 + 32;  // a gap between problems stays untouched
+        absl::StatusOr<DeviceBuffer> dx = DeviceBuffer::FromVector(ToBf16Bits(x));
+        absl::StatusOr<DeviceBuffer> db =
+            DeviceBuffer::FromVector(std::vector<uint16_t>(problems * ystride, 0xabcd));
+        ASSERT_TRUE(dx.ok() && db.ok());
+        DeviceBuffer dy = Zeros(problems * ystride);
+        QMatmulArgs a;
+        a.x = dx->data();
+        a.x_dtype = DType::kBF16;
+        a.m = m;
+        a.y = dy.as<float>();
+        a.problems = problems;
+        a.x_problem_stride = m * 256;
+        a.y_problem_stride = ystride;
+        a.round_bf16 = true;
+        a.y_bf16 = db->as<uint16_t>();
+        const absl::Status st = QMatmulT(w->dev.view, a, nullptr);
+        ASSERT_TRUE(st.ok()) << st;
+        const std::vector<float> y = Dl(dy.as<float>(), problems * ystride);
+        const absl::StatusOr<std::vector<uint16_t>> b = db->ToVector<uint16_t>(problems * ystride);
+        ASSERT_TRUE(b.ok()) << b.status();
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < problems * ystride; ++i) {
+          const bool in = i % ystride < m * 96;
+          const uint16_t want = in ? static_cast<uint16_t>(std::bit_cast<uint32_t>(y[i]) >> 16) : 0xabcd;
+          wrong += (*b)[i] != want;
+        }
+        EXPECT_EQ(wrong, 0) << w->Mode() << " m" << m << " problems " << problems << " "
+                            << KernelOf(*w, a);
+      }
+    }
+  }
+  auto w = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, 1, 64, 256, 5);
+  DeviceBuffer dx = Zeros(16 * 256), dy = Zeros(16 * 64), db = Zeros(16 * 64);
+  QMatmulArgs a;
+  a.x = dx.data();
+  a.x_dtype = DType::kBF16;
+  a.y = dy.as<float>();
+  a.y_bf16 = reinterpret_cast<uint16_t*>(db.data());
+  EXPECT_EQ(QMatmulT(w->dev.view, a, nullptr).code(), absl::StatusCode::kInvalidArgument);  // no rounding
+  a.round_bf16 = true;
+  a.m = 16;  // the prefill GEMM: no side copy
+  EXPECT_EQ(QMatmulT(w->dev.view, a, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // The bf16 copies the elementwise ops write for the GEMMs after them: SwiGlu's out_bf16 and
 // ToBf16, on the 16-byte path (n % 4 == 0, aligned) and the scalar one (n odd, or the input
 // one float past an aligned address); every copy must be exactly the fp32 value's bf16 bits.
@@ -1927,6 +1985,21 @@ TEST_F(GpuTest, MlaAttention) {
         g.topk = K > 0 ? dt.as<int32_t>() : nullptr;
         absl::Status st = MlaAttention(g, embed_q->dev.view, unembed->dev.view, t, dout.as<float>(), nullptr);
         ASSERT_TRUE(st.ok()) << st;
+        if (t == cpu::ActDType::kBF16) {  // o_proj's bf16 input as a side copy: the same numbers
+          DeviceBuffer dout2 = Zeros(ref.size()), dbits = Zeros((ref.size() + 1) / 2);
+          st = MlaAttention(g, embed_q->dev.view, unembed->dev.view, t, dout2.as<float>(), nullptr,
+                            reinterpret_cast<uint16_t*>(dbits.data()));
+          ASSERT_TRUE(st.ok()) << st;
+          const std::vector<float> o2 = Dl(dout2.as<float>(), ref.size());
+          const absl::StatusOr<std::vector<uint16_t>> bits = dbits.ToVector<uint16_t>(ref.size());
+          ASSERT_TRUE(bits.ok()) << bits.status();
+          int64_t wrong = 0;
+          for (size_t i = 0; i < o2.size(); ++i) {
+            wrong += (*bits)[i] != static_cast<uint16_t>(std::bit_cast<uint32_t>(o2[i]) >> 16);
+          }
+          EXPECT_EQ(wrong, 0) << "T" << T << " K" << K;
+          EXPECT_EQ(std::memcmp(o2.data(), Dl(dout.as<float>(), ref.size()).data(), o2.size() * 4), 0);
+        }
         Report(absl::StrFormat("mla %s %s", T > 1 ? "expanded" : "absorbed", K > 0 ? "sparse" : "dense"),
                absl::StrFormat("T%d @%d K%d h%d", T, s.offset, K, H),
                absl::StrCat(embed_q->Mode(), " ", ActName(t)), Dl(dout.as<float>(), ref.size()),

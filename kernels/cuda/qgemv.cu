@@ -1015,6 +1015,10 @@ absl::StatusOr<QmmParams> MakeParams(const DeviceQuantWeight& w, const QMatmulAr
   p.x_pdiv = a.x_problem_div;
   p.y_pstride = a.y_problem_stride;
   p.round_bf16 = a.round_bf16;
+  p.y_bf16 = a.y_bf16;
+  if (a.y_bf16 != nullptr && !a.round_bf16) {
+    return absl::InvalidArgumentError("y_bf16 needs round_bf16");
+  }
   p.row_off = a.row_offsets;
   p.y_rows = a.y_rows;
   p.problems = a.problems;
@@ -1229,8 +1233,8 @@ absl::Status LaunchT(const DeviceQuantWeight& w, const QmmParams& p, const QMatm
   const int64_t rows = p.w.rows;
   const int64_t problems = a.problems;
   if (fam == Family::kTcGemv) return LaunchGemv(w, p, problems, a.overlap, stream, describe);
-  if (a.alt_problems != 0) {
-    return absl::InvalidArgumentError("alt problems need the decode GEMV (m <= 8, bf16 x)");
+  if (a.alt_problems != 0 || a.y_bf16 != nullptr) {
+    return absl::InvalidArgumentError("alt problems and y_bf16 need the decode GEMV (m <= 8, bf16 x)");
   }
   if (fam == Family::kTcGemm) {
     if constexpr (F::kBf16Exact) {
@@ -1362,6 +1366,7 @@ absl::StatusOr<bool> LaunchGemvParts(absl::Span<const DeviceQuantWeight* const> 
     if (!SameGemvLayout(w0, *w)) return false;
   }
   if (a.row_offsets != nullptr) return false;
+  if (a.y_bf16 != nullptr) return absl::InvalidArgumentError("y_bf16: one weight a launch");
   bool launched = false;
   RING_RETURN_IF_ERROR(WithFormat(w0, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);

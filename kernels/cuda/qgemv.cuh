@@ -111,6 +111,10 @@ struct QMatmulArgs {
   const int32_t* row_offsets = nullptr;  // device memory, [problems + 1]
   const int32_t* y_rows = nullptr;       // device memory, [m]
   bool round_bf16 = false;
+  // With round_bf16 on the decode GEMV: also write each output's bf16 bits at the same
+  // element offset from y_bf16 as from y (the input of a next matmul, which then needs no
+  // conversion launch). One weight a launch; elsewhere InvalidArgument.
+  uint16_t* y_bf16 = nullptr;
   QmmPath path = QmmPath::kAuto;  // force a family (tests, bench)
   // Programmatic dependent launch for the decode GEMV (sm_90+; ignored elsewhere). 0: off.
   // 1: the kernel may become resident while the previous kernel in the stream still runs

@@ -212,13 +212,19 @@ __device__ __forceinline__ void StoreRowTokens(const float (&acc)[WR][4], const 
   int64_t ldy = 0;
   GemvPartOutput(p, part, &yp, &ldy);
   float* ybase = yp + prob * p.y_pstride;
+  uint16_t* bbase = p.y_bf16 != nullptr ? p.y_bf16 + prob * p.y_pstride : nullptr;
 #pragma unroll
   for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t row = row_base + wr * 16 + g + (i >= 2 ? 8 : 0);
       const int64_t tok = tok0 + (i & 1);
-      if (row < rows && tok < p.m) ybase[tok * ldy + row] = FinishOutput(acc[wr][i], bad, p.round_bf16);
+      if (row < rows && tok < p.m) {
+        const float v = FinishOutput(acc[wr][i], bad, p.round_bf16);
+        ybase[tok * ldy + row] = v;
+        // v is a bf16 number (round_bf16): its high half is its bf16 encoding.
+        if (bbase != nullptr) bbase[tok * ldy + row] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+      }
     }
   }
 }

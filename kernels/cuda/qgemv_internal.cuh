@@ -65,6 +65,7 @@ struct QmmParams {
   int64_t batch_begin;
   int64_t x_pstride, x_pdiv, y_pstride;
   int round_bf16;
+  uint16_t* y_bf16;  // QMatmulArgs::y_bf16 (decode GEMV, one part)
   // Grouped rows (QMatmulArgs::row_offsets); null otherwise. `problems` is their count.
   const int32_t* row_off;
   const int32_t* y_rows;

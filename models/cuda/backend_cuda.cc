@@ -572,7 +572,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* eq, Weight(embed_q));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* uo, Weight(unembed_out));
     RING_RETURN_IF_ERROR(Unrecorded());
-    return cuda::MlaAttention(a, *eq, *uo, t, out, stream_);
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.T * a.H * a.vd, t));
+    return cuda::MlaAttention(a, *eq, *uo, t, out, stream_, xb);
   }
   absl::Status IndexerTopK(const cpu::IndexerArgs& a, ActDType t, int32_t* topk) override {
     RING_RETURN_IF_ERROR(Unrecorded());
