@@ -10,11 +10,15 @@ bytes, argmax_only). Per decode step group (after the long / the short prompt; t
 two steps of each left out, they capture graphs): GPU span of a step (first record start
 to last record end), busy time (union of kernels, copies, memsets), idle time inside the
 span (gaps between kernels), the gap between steps (host), and a per-kernel table.
+With the runtime-API records of RING_KERNEL_TRACE_API=1 in the trace: how much of the idle
+time the host caused (the GPU idle while the call that queued the next work had not yet
+returned) and the host's CUDA calls per step by function.
 With --marks (the run had RING_CUDA_LAYER_MARKS=1): per-layer times (from one layer mark to
 the next; the head until the step's end) and the 78-layer GLM-5.2 extrapolation next to
 its roofline: 3 dense layers with a full indexer, 18 MoE layers with a full indexer, 57
 MoE layers sharing one (shared spec section 1.6), plus embedding and head.
 """
+import bisect
 import re
 import subprocess
 import sys
@@ -68,18 +72,70 @@ def union(intervals):
     return tot
 
 
+def host_caused_idle(steps, corr, api_end):
+    """(idle the host caused, all idle) summed over steps, ns.
+
+    A gap before a record counts as the host's up to the time the call that queued the record
+    returned: until then the GPU could not have had it."""
+    host = total = 0
+    for s in steps:
+        end = None
+        for r in sorted(s, key=lambda r: r[1]):
+            if end is not None and r[1] > end:
+                gap = r[1] - end
+                total += gap
+                ready = api_end.get(corr.get(r))
+                if ready is not None:
+                    host += min(gap, max(0, ready - end))
+            end = r[2] if end is None else max(end, r[2])
+    return host, total
+
+
+def host_calls(steps, corr, api):
+    """{function: [ns, count]} of the host's runtime calls of these steps: those between the
+    return of the call that queued a step's first record and the return of the one that
+    queued its last (the step's final copy; the synchronising wait after it included)."""
+    by_corr = {c: (st, e) for st, e, c, _ in api}
+    out = defaultdict(lambda: [0, 0])
+    starts = [st for st, _, _, _ in api]
+    for s in steps:
+        first = by_corr.get(corr.get(s[0]))
+        last = by_corr.get(corr.get(s[-1]))
+        if first is None or last is None:
+            continue
+        lo = bisect.bisect_left(starts, first[0])
+        hi = bisect.bisect_right(starts, last[0])
+        for st, e, _, f in api[lo:hi + 1]:  # + the wait that follows the final copy
+            out[f][0] += e - st
+            out[f][1] += 1
+    return out
+
+
 def main():
     bench, trace = sys.argv[1], sys.argv[2]
     marks = "--marks" in sys.argv
     info = parse_bench(bench)
-    recs = []
+    recs, api = [], []
+    corr = {}  # record -> correlation id of the host call that queued it
     for line in open(trace):
-        p = line.rstrip("\n").split(" ", 6)
+        p = line.rstrip("\n").split(" ")
         if p[0] == "K":
-            recs.append(("K", int(p[1]), int(p[2]), p[6], p[4]))
+            # Older traces have no correlation field before the name.
+            new = len(p) >= 8 and p[6].isdigit()
+            r = ("K", int(p[1]), int(p[2]), " ".join(p[7 if new else 6:]), p[4])
+            if new:
+                corr[r] = int(p[6])
+            recs.append(r)
         elif p[0] in "CS":
-            recs.append((p[0], int(p[1]), int(p[2]), int(p[3]), int(p[4])))
+            r = (p[0], int(p[1]), int(p[2]), int(p[3]), int(p[4]))
+            if len(p) >= 6:
+                corr[r] = int(p[5])
+            recs.append(r)
+        elif p[0] == "R":
+            api.append((int(p[1]), int(p[2]), int(p[3]), p[4]))
     recs.sort(key=lambda r: r[1])
+    api.sort()
+    api_end = {c: e for _, e, c, _ in api}
     # Step ends: the hidden-row download (copy kind 2 = device to host) of hidden_size floats.
     hid_bytes = 6144 * 4
     steps, cur = [], []
@@ -113,6 +169,14 @@ def main():
         print(f"\n== {gname}: {n} steps; per step: GPU span {span:.3f} ms, busy {busy:.3f} ms, "
               f"idle inside the span {span - busy:.3f} ms ({100 * (span - busy) / span:.0f}%), "
               f"kernels {nk:.0f} ({ktime:.3f} ms), gap before the step (host) {gap:.3f} ms")
+        if api:
+            host_idle, idle_all = host_caused_idle(g, corr, api_end)
+            print(f"   idle the host caused (next work's call returned after the GPU went idle): "
+                  f"{host_idle / n / 1e6:.3f} ms of {idle_all / n / 1e6:.3f} ms per step")
+            calls = host_calls(g, corr, api)
+            print("   host CUDA calls per step: " + ", ".join(
+                f"{f} {cnt / n:.1f}x {ns / n / 1e3:.1f} us" for f, (ns, cnt) in
+                sorted(calls.items(), key=lambda kv: -kv[1][0])[:12]))
         per = defaultdict(lambda: [0.0, 0])
         for s in g:
             for r in s:

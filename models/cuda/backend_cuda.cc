@@ -54,6 +54,7 @@
 #include <functional>
 #include <initializer_list>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -162,6 +163,14 @@ bool SharedExpertFused() {
   return fused;
 }
 
+// RING_CUDA_GRAPH_MIN_OPS=N (default 2): a run of fewer replayable ops is launched directly
+// rather than as a graph (A/B: a graph launch costs more host time than a kernel launch).
+size_t GraphMinOpsByEnv() {
+  const char* v = std::getenv("RING_CUDA_GRAPH_MIN_OPS");
+  const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+  return n >= 2 ? static_cast<size_t>(n) : 2;
+}
+
 bool GraphsEnabledByEnv() {
   const char* v = std::getenv("RING_CUDA_GRAPHS");
   return v == nullptr || std::strcmp(v, "0") != 0;
@@ -172,6 +181,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   explicit CudaBackend(int ordinal)
       : ordinal_(ordinal),
         graphs_enabled_(GraphsEnabledByEnv()),
+        graph_min_ops_(GraphMinOpsByEnv()),
         stats_on_(StatsEnabledByEnv()),
         marks_on_(LayerMarksEnabledByEnv()) {}
   ~CudaBackend() override {
@@ -184,6 +194,14 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
           name(), stats_.steps, stats_.step_ns / n / 1e6, stats_.wait_ns / n / 1e6,
           stats_.direct / n, stats_.direct_ns / n / 1e6, stats_.graphed / n,
           stats_.launches / n, stats_.graph_ns / n / 1e6, stats_.captures);
+      // Why ops were not replayed: records unlike both earlier steps' (by op letter), and
+      // the segments captured (op letters; '2' marks an op equal only to the record of two
+      // steps back).
+      std::string unstable, captured;
+      for (const auto& [op, cnt] : stats_.unstable) absl::StrAppend(&unstable, " ", op, " x", cnt);
+      for (const auto& [sig, cnt] : stats_.captured) absl::StrAppend(&captured, " [", sig, "] x", cnt);
+      std::cerr << "ring: " << name() << ": ops run directly as their arguments changed:"
+                << unstable << "; segments captured:" << captured << "\n";
     }
     if (stream_ == nullptr) return;
     cudaSetDevice(ordinal_);
@@ -725,6 +743,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     // Against the last two steps: buffers handed out in alternating order still match.
     const bool stable = (i < prev_.size() && prev_[i] == record) ||
                         (i < prev2_.size() && prev2_[i] == record);
+    if (!stable && stats_on_) ++stats_.unstable[record.substr(0, 1)];
     cur_.push_back(std::move(record));
     if (!stable) {
       RING_RETURN_IF_ERROR(Flush());
@@ -761,7 +780,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     if (held_.empty()) return absl::OkStatus();
     std::vector<HeldOp> ops = std::move(held_);
     held_.clear();
-    if (ops.size() < 2) {
+    if (ops.size() < graph_min_ops_) {
       for (HeldOp& op : ops) RING_RETURN_IF_ERROR(RunDirect(op.work));
       return absl::OkStatus();
     }
@@ -785,6 +804,15 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       }
       it = graphs_.emplace(std::move(key), *std::move(exec)).first;
       ++stats_.captures;
+      if (stats_on_) {
+        std::string sig;
+        for (const HeldOp& op : ops) {
+          const std::string& r = cur_[op.index];
+          sig += r.substr(0, 1);
+          if (!(op.index < prev_.size() && prev_[op.index] == r)) sig += '2';
+        }
+        ++stats_.captured[sig];
+      }
     }
     ++stats_.launches;
     stats_.graphed += static_cast<int64_t>(ops.size());
@@ -921,6 +949,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
 
   // Step state, touched only by the thread running the step.
   bool graphs_enabled_;
+  const size_t graph_min_ops_;
   bool in_step_ = false;
   std::vector<std::string> prev2_, prev_, cur_;  // op records of the last two steps and this one
   std::vector<HeldOp> held_;
@@ -943,6 +972,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     // Host time inside the direct ops' launch calls and inside graph launches (captures
     // excluded): with step_ns - wait_ns, where a step's host time goes.
     double step_ns = 0, wait_ns = 0, direct_ns = 0, graph_ns = 0;
+    std::map<std::string, int64_t> unstable, captured;
   } stats_;
 };
 
