@@ -96,40 +96,65 @@ __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64
 
 // RouteSigmoidKernel for n_group == 1, one block per row and a thread per expert. Expert e
 // is chosen when fewer than k experts beat it (a higher selection score, or an equal one at a
-// lower index): the set TopKSmall takes, found by every thread comparing its score with all
-// E in shared memory at once, instead of k rounds of a warp arg-max (one warp's chain of
-// ~200 dependent instructions a round: 11 us for GLM-5.2's 8 of 256 experts on the H200).
-// The chosen ids are placed in ascending order by a ballot and thread 0 forms the weights
-// with WriteSigmoidRoute, as the one-thread kernel does, so ids and weights are
-// bit-identical to it.
+// lower index): the set TopKSmall takes. Found in two rounds instead of every thread
+// comparing its score with all E (E^2 comparisons on one SM: most of the kernel's ~5.7 us for
+// GLM-5.2's 8 of 256 experts on the H200): first each expert's rank among its own warp's 32
+// (shuffles), and only those ranked below k there become candidates; then each candidate's
+// rank among the candidates. That finds the same set: an expert of the top k has fewer than k
+// experts beating it anywhere, so also in its warp, and every expert that beats it is itself
+// in the top k (the order is total), so a candidate of the top k is beaten by fewer than k
+// candidates and any other candidate by all k of them. The chosen ids are placed in ascending
+// order by a ballot and thread 0 forms the weights with WriteSigmoidRoute, as the one-thread
+// kernel does, so ids and weights are bit-identical to it.
 __global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
     RouteSigmoidRankKernel(const float* logits, const float* bias, int64_t T,
                            cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
-  PdlBegin();
-  __shared__ float s_sh[kMaxRoutedExperts], sel_sh[kMaxRoutedExperts];
+  __shared__ float s_sh[kMaxRoutedExperts], cand_sel[kMaxRoutedExperts];
+  __shared__ int32_t cand_id[kMaxRoutedExperts];
   __shared__ int32_t ids_sh[kMaxK];
   __shared__ int warp_count[kMaxRoutedExperts / 32];
   const int64_t row = blockIdx.x;
   const int E = static_cast<int>(r.E), K = static_cast<int>(r.k);
-  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+  const int e = threadIdx.x, lane = e & 31, warp = e >> 5, nwarps = blockDim.x >> 5;
+  const float b = e < E ? bias[e] : 0.f;  // a weight: read before waiting for the logits
+  PdlBegin();
   float sel = 0.f;
   if (e < E) {
-    const float sv = 1.f / (1.f + expf(-logits[row * E + e]));
-    sel = sv + bias[e];
+    const float sv = 1.f / (1.f + expf(-LoadProduced(logits + row * E + e)));
+    sel = sv + b;
     s_sh[e] = sv;
-    sel_sh[e] = sel;
+  }
+  // Experts e beats: v > sel, or v == sel at a lower index.
+  const auto beats = [](float v, int j, float sv, int i) { return v > sv || (v == sv && j < i); };
+  int local = 0;
+#pragma unroll 8
+  for (int j = 0; j < 32; ++j) {
+    const float v = __shfl_sync(0xffffffffu, sel, j);
+    const int ej = warp * 32 + j;
+    local += ej < E && beats(v, ej, sel, e) ? 1 : 0;
+  }
+  const bool cand = e < E && local < K;
+  const unsigned cballot = __ballot_sync(0xffffffffu, cand);
+  if (lane == 0) warp_count[warp] = __popc(cballot);
+  __syncthreads();
+  int ncand = 0, at = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    at += w < warp ? warp_count[w] : 0;
+    ncand += warp_count[w];
+  }
+  if (cand) {
+    at += __popc(cballot & ((1u << lane) - 1));
+    cand_sel[at] = sel;
+    cand_id[at] = e;
   }
   __syncthreads();
   int rank = 0;
-  if (e < E) {
-#pragma unroll 8
-    for (int j = 0; j < E; ++j) {
-      const float v = sel_sh[j];
-      rank += (v > sel || (v == sel && j < e)) ? 1 : 0;
-    }
+  if (cand) {
+    for (int c = 0; c < ncand; ++c) rank += beats(cand_sel[c], cand_id[c], sel, e) ? 1 : 0;
   }
-  const bool chosen = e < E && rank < K;
+  const bool chosen = cand && rank < K;
   const unsigned ballot = __ballot_sync(0xffffffffu, chosen);
+  __syncthreads();  // every thread has read warp_count
   if (lane == 0) warp_count[warp] = __popc(ballot);
   __syncthreads();
   if (chosen) {

@@ -2100,8 +2100,11 @@ TEST_F(GpuTest, MoeRouting) {
     bool norm;
     float scale;
   };
+  // n_group 1 runs the two-round rank kernel: E not a multiple of a warp, and k above a
+  // warp's 32 (every expert a candidate).
   for (D d : {D{16, 4, 4, 2, true, 2.5f}, D{256, 8, 1, 1, true, 2.5f}, D{256, 8, 8, 4, true, 2.5f},
-              D{8, 2, 1, 1, false, 1.f}, D{64, 6, 8, 3, true, 16.f}, D{512, 8, 1, 1, true, 2.5f}}) {
+              D{8, 2, 1, 1, false, 1.f}, D{64, 6, 8, 3, true, 16.f}, D{512, 8, 1, 1, true, 2.5f},
+              D{100, 6, 1, 1, true, 1.f}, D{96, 40, 1, 1, false, 1.f}}) {
     const int64_t T = 37;
     const std::vector<float> logits = RandomFloats(T * d.E, 1400 + d.E, 2.f, true);
     const std::vector<float> bias = RandomFloats(d.E, 1401, 0.3f, false);
@@ -2117,11 +2120,17 @@ TEST_F(GpuTest, MoeRouting) {
            kTolRouteWeights);
   }
   // Ties: equal scores everywhere but a few experts, so the k-th place is a tie that the
-  // lowest index wins (across lanes of the warp kernel), at T = 1 and 5.
-  for (int64_t T : {int64_t{1}, int64_t{5}}) {
+  // lowest index wins (across lanes and warps), at T = 1 and 5; at T = 3 seven leaders sit
+  // in one warp and the 8th place is a tie of three experts in three other warps.
+  for (int64_t T : {int64_t{1}, int64_t{5}, int64_t{3}}) {
     const int64_t E = 256, k = 8;
     std::vector<float> logits(T * E, 0.25f), bias(E, 0.f);
     for (int64_t t = 0; t < T; ++t) {
+      if (T == 3) {
+        for (int64_t e = 96; e < 128; e += 5) logits[t * E + e] = 1.5f;  // 7 leaders in warp 3
+        for (int64_t e : {int64_t{250}, int64_t{40 + t}, int64_t{130}}) logits[t * E + e] = 1.f;
+        continue;
+      }
       for (int64_t e : {int64_t{200}, int64_t{37}, int64_t{255}, int64_t{64 + t}}) logits[t * E + e] = 1.5f;
     }
     cpu::SigmoidRouting r{E, k, 1, 1, true, 2.5f};
