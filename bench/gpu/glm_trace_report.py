@@ -72,8 +72,9 @@ def union(intervals):
     return tot
 
 
-def host_caused_idle(steps, corr, api_end):
-    """(idle the host caused, all idle) summed over steps, ns.
+def host_caused_idle(steps, corr, api_end, before=None):
+    """(idle the host caused, all idle) summed over steps, ns; `before` (a dict), if given,
+    gets the host's share per name of the record that ended each gap.
 
     A gap before a record counts as the host's up to the time the call that queued the record
     returned: until then the GPU could not have had it."""
@@ -86,7 +87,10 @@ def host_caused_idle(steps, corr, api_end):
                 total += gap
                 ready = api_end.get(corr.get(r))
                 if ready is not None:
-                    host += min(gap, max(0, ready - end))
+                    h = min(gap, max(0, ready - end))
+                    host += h
+                    if before is not None:
+                        before[r[3] if r[0] == "K" else {"C": "[memcpy]", "S": "[memset]"}[r[0]]] += h
             end = r[2] if end is None else max(end, r[2])
     return host, total
 
@@ -170,9 +174,12 @@ def main():
               f"idle inside the span {span - busy:.3f} ms ({100 * (span - busy) / span:.0f}%), "
               f"kernels {nk:.0f} ({ktime:.3f} ms), gap before the step (host) {gap:.3f} ms")
         if api:
-            host_idle, idle_all = host_caused_idle(g, corr, api_end)
+            before = defaultdict(float)
+            host_idle, idle_all = host_caused_idle(g, corr, api_end, before)
             print(f"   idle the host caused (next work's call returned after the GPU went idle): "
-                  f"{host_idle / n / 1e6:.3f} ms of {idle_all / n / 1e6:.3f} ms per step")
+                  f"{host_idle / n / 1e6:.3f} ms of {idle_all / n / 1e6:.3f} ms per step; before: " +
+                  ", ".join(f"{short.get(k, k)} {v / n / 1e3:.1f} us" for k, v in
+                            sorted(before.items(), key=lambda kv: -kv[1])[:8]))
             calls = host_calls(g, corr, api)
             print("   host CUDA calls per step: " + ", ".join(
                 f"{f} {cnt / n:.1f}x {ns / n / 1e3:.1f} us" for f, (ns, cnt) in
