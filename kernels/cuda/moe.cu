@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
     sel = sv + b;
     s_sh[e] = sv;
   }
-  // Experts e beats: v > sel, or v == sel at a lower index.
+  // Whether expert j with score v beats expert i with score sv (a total order).
   const auto beats = [](float v, int j, float sv, int i) { return v > sv || (v == sv && j < i); };
   int local = 0;
 #pragma unroll 8
