@@ -19,3 +19,12 @@ if(TARGET ringctl)
                    ${CMAKE_BINARY_DIR}/gpu_verify cuda:0)
   set_tests_properties(gpu_verify PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS "gpu")
 endif()
+
+# The GLM slice trace report's idle attribution (bench/gpu/glm_trace_report.py), on
+# hand-made traces: runs without a GPU.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME glm_trace_report
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/bench/gpu/glm_trace_report_test.py)
+  set_tests_properties(glm_trace_report PROPERTIES TIMEOUT 60 LABELS "python")
+endif()
