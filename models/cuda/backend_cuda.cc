@@ -623,12 +623,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(down));
-    // The bf16 copy of x the router's Linear made (or the norm wrote) feeds the experts'
-    // gate/up GEMV: one conversion launch fewer.
-    const int64_t span = T * g->cols;
-    const uint16_t* xb = conv_src_ == x && conv_elems_ >= span && t == ActDType::kBF16
-                             ? static_cast<const uint16_t*>(conv_bufs_.back())
-                             : nullptr;
+    const uint16_t* xb = HeldBf16Copy(x, T * g->cols, t);
     KeepConversionPast({{y, T * k * d->rows}});
     return Submit(OpRecord('E').Add(g, u, d, x, T, ids, k, t, y, xb).Take(), [=, this] {
       return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
@@ -649,10 +644,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(sh.up, Weight(shared_up));
     RING_ASSIGN_OR_RETURN(sh.down, Weight(shared_down));
     if (!SharedExpertFused() || !cuda::ExpertsTakeShared(*g, *u, *d, sh, T, k, t)) return false;
-    const int64_t span = T * g->cols;
-    const uint16_t* xb = conv_src_ == x && conv_elems_ >= span && t == ActDType::kBF16
-                             ? static_cast<const uint16_t*>(conv_bufs_.back())
-                             : nullptr;
+    const uint16_t* xb = HeldBf16Copy(x, T * g->cols, t);
     KeepConversionPast({{y, T * (k + 1) * d->rows}});
     RING_RETURN_IF_ERROR(Submit(
         OpRecord('S').Add(g, u, d, sh.gate, sh.up, sh.down, x, T, ids, k, t, y, xb).Take(),
@@ -692,6 +684,14 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     Work work;
   };
 
+  // The bf16 copy of x[0, span) that an earlier op made (the router's Linear, or the norm
+  // that wrote x), if there is one: the experts' gate/up GEMV reads it, one conversion launch
+  // fewer. Null when there is none (the experts then convert x themselves).
+  const uint16_t* HeldBf16Copy(const float* x, int64_t span, ActDType t) const {
+    return conv_src_ == x && conv_elems_ >= span && t == ActDType::kBF16
+               ? static_cast<const uint16_t*>(conv_bufs_.back())
+               : nullptr;
+  }
   // An op that may be held back and replayed from a graph (file comment).
   // The bf16 copy of x[0, span) that the tensor-core matmuls read: the previous Linear's
   // when it converted the same x (*reuse), else a fresh buffer the op converts into.
