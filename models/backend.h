@@ -141,15 +141,30 @@ class Backend {
                             int64_t head_dim, int64_t stride, int64_t offset, ActDType t) = 0;
   // Per-head RmsNorm of q [tokens, q_heads, head_dim] and k [tokens, k_heads, head_dim]
   // (dense rows), then the RoPE of the table on both at positions offset.., in place: exactly
-  // the four calls below (a backend may run them as one kernel).
+  // the four calls below (a backend may run them as one kernel). With `kv` set, the step's
+  // cache write goes with it: k is only read, its normed and rotated rows go to kv->k_rows,
+  // and kv->v's rows ([tokens, k_heads, head_dim]) are copied to kv->v_rows (the cache rows
+  // at offset.., dense). A backend can then record the op by the position alone.
+  struct KvRows {
+    const float* v = nullptr;
+    float* k_rows = nullptr;
+    float* v_rows = nullptr;
+  };
   virtual absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
                                     const TensorView& q_norm, float* k, int64_t k_heads,
                                     const TensorView& k_norm, int64_t tokens, int64_t head_dim,
-                                    float eps, int64_t offset, ActDType t) {
-    absl::Status s = RmsNorm(q, tokens * q_heads, head_dim, q_norm, eps, t, q);
+                                    float eps, int64_t offset, ActDType t, const KvRows* kv) {
+    const int64_t kw = k_heads * head_dim;
+    absl::Status s;
+    if (kv != nullptr) {
+      s = Copy2D(k, kw, kv->k_rows, kw, tokens, kw);
+      if (s.ok()) s = Copy2D(kv->v, kw, kv->v_rows, kw, tokens, kw);
+      k = kv->k_rows;
+    }
+    if (s.ok()) s = RmsNorm(q, tokens * q_heads, head_dim, q_norm, eps, t, q);
     if (s.ok()) s = RmsNorm(k, tokens * k_heads, head_dim, k_norm, eps, t, k);
     if (s.ok()) s = Rope(r, q, tokens, q_heads, head_dim, q_heads * head_dim, offset, t);
-    if (s.ok()) s = Rope(r, k, tokens, k_heads, head_dim, k_heads * head_dim, offset, t);
+    if (s.ok()) s = Rope(r, k, tokens, k_heads, head_dim, kw, offset, t);
     return s;
   }
   // MLA's per-step K/V write (models/deepseek.cc): from ckv = [latent_raw | k_pe_raw]

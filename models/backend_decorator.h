@@ -72,9 +72,9 @@ class ForwardingBackend : public Backend {
   absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
                             const TensorView& q_norm, float* k, int64_t k_heads,
                             const TensorView& k_norm, int64_t tokens, int64_t head_dim, float eps,
-                            int64_t offset, ActDType t) override {
+                            int64_t offset, ActDType t, const KvRows* kv) override {
     return inner_->HeadNormRope(r, q, q_heads, q_norm, k, k_heads, k_norm, tokens, head_dim, eps,
-                                offset, t);
+                                offset, t, kv);
   }
   absl::Status MlaKvRope(const RopeTable& r, const float* ckv, int64_t T, int64_t kvl, int64_t rope,
                          const TensorView& kv_norm, float eps, float* latent, float* k_pe, float* q,

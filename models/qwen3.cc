@@ -150,34 +150,23 @@ absl::Status QwenStage::Attention(int64_t layer, const std::vector<Segment>& seg
     return static_cast<QwenSequence&>(*s.seq).caches[l];
   };
 
-  // k and v of this step: with one sequence straight into its cache rows, with several into
-  // scratch rows that each sequence's cache then takes its share of.
+  // k and v of this step into scratch rows; HeadNormRope writes each sequence's share to its
+  // cache rows, so that every op but the cache write and the attention reads and writes the
+  // same buffers at every position (a backend can replay the step from a graph).
   RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * H * d));
-  Buffer kv;
-  float* k;
-  float* v;
-  if (segs.size() == 1) {
-    k = cache_of(segs[0]).k.row(segs[0].seq->position_);
-    v = cache_of(segs[0]).v.row(segs[0].seq->position_);
-  } else {
-    RING_ASSIGN_OR_RETURN(kv, b.AllocF(2 * T * kvw));
-    k = kv.f();
-    v = kv.f() + T * kvw;
-  }
+  RING_ASSIGN_OR_RETURN(Buffer kv, b.AllocF(2 * T * kvw));
+  float* k = kv.f();
+  float* v = kv.f() + T * kvw;
   RING_RETURN_IF_ERROR(
       b.LinearMany({&L.q_proj, &L.k_proj, &L.v_proj}, xn, T, t, {q.f(), k, v}));
   RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * d));
   for (const Segment& s : segs) {
     KvCache& cache = cache_of(s);
     const int64_t offset = s.seq->position_;
-    float* ks = cache.k.row(offset);
-    if (segs.size() > 1) {
-      RING_RETURN_IF_ERROR(b.Copy2D(k + s.row0 * kvw, kvw, ks, kvw, s.rows, kvw));
-      RING_RETURN_IF_ERROR(b.Copy2D(v + s.row0 * kvw, kvw, cache.v.row(offset), kvw, s.rows, kvw));
-    }
     float* qs = q.f() + s.row0 * H * d;
-    RING_RETURN_IF_ERROR(b.HeadNormRope(rope_, qs, H, L.q_norm, ks, KV, L.k_norm, s.rows, d, eps,
-                                        offset, t));
+    const Backend::KvRows rows{v + s.row0 * kvw, cache.k.row(offset), cache.v.row(offset)};
+    RING_RETURN_IF_ERROR(b.HeadNormRope(rope_, qs, H, L.q_norm, k + s.row0 * kvw, KV, L.k_norm,
+                                        s.rows, d, eps, offset, t, &rows));
     cpu::AttentionArgs args{qs, H * d, cache.k.row(0), kvw, cache.v.row(0), kvw,
                             s.rows, offset + s.rows, H, KV, d, d,
                             1.f / std::sqrt(static_cast<float>(d)), nullptr,

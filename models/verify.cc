@@ -278,13 +278,22 @@ class LockstepBackend final : public Backend {
   absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
                             const TensorView& q_norm, float* k, int64_t k_heads,
                             const TensorView& k_norm, int64_t tokens, int64_t head_dim, float eps,
-                            int64_t offset, ActDType t) override {
+                            int64_t offset, ActDType t, const KvRows* kv) override {
     rec_->act = t;
     const int64_t nq = tokens * q_heads * head_dim, nk = tokens * k_heads * head_dim;
-    return Op("HeadNormRope", absl::StrCat(tokens, "x", q_heads, "+", k_heads, "x", head_dim),
-              {F(q, nq), F(k, nk)}, {F(q, nq), F(k, nk)}, [&](Backend& b, const Mapper& mp) {
+    const std::string shape = absl::StrCat(tokens, "x", q_heads, "+", k_heads, "x", head_dim);
+    if (kv == nullptr) {
+      return Op("HeadNormRope", shape, {F(q, nq), F(k, nk)}, {F(q, nq), F(k, nk)},
+                [&](Backend& b, const Mapper& mp) {
+                  return b.HeadNormRope(r, M(mp, q), q_heads, q_norm, M(mp, k), k_heads, k_norm,
+                                        tokens, head_dim, eps, offset, t, nullptr);
+                });
+    }
+    return Op("HeadNormRope", shape, {F(q, nq), F(k, nk), F(kv->v, nk)},
+              {F(q, nq), F(kv->k_rows, nk), F(kv->v_rows, nk)}, [&](Backend& b, const Mapper& mp) {
+                const KvRows mkv{M(mp, kv->v), M(mp, kv->k_rows), M(mp, kv->v_rows)};
                 return b.HeadNormRope(r, M(mp, q), q_heads, q_norm, M(mp, k), k_heads, k_norm,
-                                      tokens, head_dim, eps, offset, t);
+                                      tokens, head_dim, eps, offset, t, &mkv);
               });
   }
   // One op, as the device runs it (CUDA: one kernel for the key norm, both RoPEs, the scale).

@@ -260,8 +260,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
+  const int64_t S = p.pos_at != nullptr ? LoadProduced(p.pos_at) + p.L : p.S;
   const int64_t jbeg = blockIdx.y * split_keys;
-  const int64_t jend = min(p.causal_offset >= 0 ? min(p.S, p.causal_offset + i + 1) : p.S,
+  const int64_t jend = min(p.causal_offset >= 0 ? min(S, p.causal_offset + i + 1) : S,
                            jbeg + split_keys);
   const float* mask = p.add_mask != nullptr ? p.add_mask + (h * p.L + i) * p.S : nullptr;
   const float* kbase = p.k + kh * p.k_head + lane * V;
@@ -1601,6 +1602,11 @@ AttentionKeySplit AttentionVecKeySplit(const AttentionParams& p, int sm_count) {
   return split;
 }
 
+bool AttentionTakesDevicePos(const AttentionParams& p) {
+  return p.L == 1 && p.add_mask == nullptr && p.causal_offset < 0 && p.rope == 0 &&
+         p.dk == p.dv && (p.dk == 64 || p.dk == 128 || p.dk == 256) && AttentionVec(p);
+}
+
 bool AttentionTakesPe(const AttentionParams& p, cpu::ActDType round) {
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   return p.rope > 0 && dev.ok() && MmaTakes(p, round, **dev);
@@ -1611,6 +1617,11 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
     return absl::InvalidArgumentError("attention: null operand");
   }
   if (p.L <= 0 || p.S <= 0) return absl::OkStatus();
+  if (p.pos_at != nullptr && !AttentionTakesDevicePos(p)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "attention: a key count on the device needs one query row without masks and dk = dv "
+        "in {64, 128, 256} (got L %d, dk %d, dv %d)", p.L, p.dk, p.dv));
+  }
   if (p.hq <= 0 || p.hkv <= 0 || p.hq % p.hkv != 0 || p.dk <= 0 || p.dv <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "attention: heads %d / kv heads %d / dk %d / dv %d inconsistent", p.hq, p.hkv, p.dk, p.dv));
@@ -1704,8 +1715,9 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
   return absl::OkStatus();
 }
 
-absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* out,
-                       cudaStream_t stream, uint16_t* out_bf16) {
+namespace {
+
+AttentionParams ParamsOf(const cpu::AttentionArgs& a) {
   AttentionParams p;
   p.q = a.q;
   p.q_tok = a.q_stride;
@@ -1725,6 +1737,19 @@ absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* 
   p.scale = a.scale;
   p.add_mask = a.add_mask;
   p.causal_offset = a.causal_offset;
+  return p;
+}
+
+}  // namespace
+
+bool AttentionTakesDevicePos(const cpu::AttentionArgs& a) {
+  return AttentionTakesDevicePos(ParamsOf(a));
+}
+
+absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* out,
+                       cudaStream_t stream, uint16_t* out_bf16, const int32_t* pos_at) {
+  AttentionParams p = ParamsOf(a);
+  p.pos_at = pos_at;
   p.out = out;
   p.out_bf16 = out_bf16;
   return Attention(p, round, stream);

@@ -54,6 +54,11 @@ struct AttentionParams {
   const float* k_pe = nullptr;  // [S, rope]: one head for all
   int64_t rope = 0;
   const uint8_t* allowed = nullptr;  // [L, S]
+  // Decode with the key count on the device (AttentionTakesDevicePos says where): the rows
+  // see keys [0, *pos_at + L), read by the kernel, so that a launch captured into a graph
+  // stays valid as the cache grows; S is then an upper bound on that count and fixes the
+  // grid and the key split (AttentionVecKeySplit) alone.
+  const int32_t* pos_at = nullptr;
 };
 inline constexpr int64_t kMaxAttentionDv = 1024;
 absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream_t stream);
@@ -61,6 +66,10 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
 // tensor-core prefill kernel for bf16 activations, rope 64, dk 128 or 192. Attention fails
 // with InvalidArgument for rope scores it would not take.
 bool AttentionTakesPe(const AttentionParams& p, cpu::ActDType round);
+// Whether Attention takes p with p.pos_at set: one query row (L == 1), no mask or causal
+// offset or rope scores, dk = dv in {64, 128, 256} with 16-byte aligned K/V rows (the
+// batched-key decode kernel). Attention refuses pos_at elsewhere (InvalidArgument).
+bool AttentionTakesDevicePos(const AttentionParams& p);
 
 // How Attention splits the keys of each (query, head) row over blocks on the batched-key
 // decode kernel (dk = dv in {64, 128, 256}, 16-byte aligned K/V rows, fewer than 16 queries):
@@ -78,9 +87,11 @@ AttentionKeySplit AttentionVecKeySplit(const AttentionParams& p, int sm_count);
 
 // cpu::Attention's argument layout (heads contiguous inside a token row).
 // out_bf16 (optional): also the bf16 bits of out (exact when round is bf16), for a matmul
-// that reads out next.
+// that reads out next. pos_at (optional): AttentionParams::pos_at, a.S the upper bound.
 absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* out,
-                       cudaStream_t stream, uint16_t* out_bf16 = nullptr);
+                       cudaStream_t stream, uint16_t* out_bf16 = nullptr,
+                       const int32_t* pos_at = nullptr);
+bool AttentionTakesDevicePos(const cpu::AttentionArgs& a);
 
 // cpu::MlaAttention: a's pointers (q, latent, k_pe, topk) are device memory.
 // out_bf16 (optional, bf16 activations): also the bf16 bits of out, for o_proj; decode

@@ -231,17 +231,34 @@ constexpr int kHeadNormRopeWarps = 4;
 __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
     HeadNormRopeKernel(float* q, int64_t q_rows, int64_t q_heads, const float* qw, float* k,
                        int64_t k_rows, int64_t k_heads, const float* kw, int d, float eps,
-                       float pre_scale, const float* inv_freq, int64_t offset, cpu::ActDType rt) {
+                       float pre_scale, const float* inv_freq, int64_t offset,
+                       const int32_t* pos_at, float* k_cache, const float* vin, float* v_cache,
+                       cpu::ActDType rt) {
   PdlBegin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kHeadNormRopeWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= q_rows + k_rows) return;
+  const int64_t v_rows = vin != nullptr ? k_rows : 0;
+  if (row >= q_rows + k_rows + v_rows) return;
+  const int64_t pos0 = pos_at != nullptr ? LoadProduced(pos_at) : offset;
+  const int nj = d / 32;
+  if (row >= q_rows + k_rows) {  // a v row into its cache row
+    const int64_t r = row - q_rows - k_rows;
+    const float* src = vin + r * d;
+    float* dst = v_cache + (pos0 * k_heads + r) * d;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < nj) dst[lane + 32 * j] = LoadProduced(src + lane + 32 * j);
+    }
+    return;
+  }
   const bool is_q = row < q_rows;
   const int64_t r = is_q ? row : row - q_rows;
-  float* x = (is_q ? q : k) + r * d;
+  const float* x = (is_q ? q : k) + r * d;
+  float* y = is_q || k_cache == nullptr ? (is_q ? q : k) + r * d
+                                        : k_cache + (pos0 * k_heads + r) * d;
   const float* w = is_q ? qw : kw;
   const int64_t tok = r / (is_q ? q_heads : k_heads);
-  const int nj = d / 32;
+  const int64_t pos = pos0 + tok;
   float v[4];
   float ss = 0.f;
 #pragma unroll
@@ -269,9 +286,9 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
     if (j < hj) {
       const int i = lane + 32 * j;
       float ya, yb;
-      RotatePair(v[j], v[j + hj], offset + tok, inv_freq[i], rt, &ya, &yb);
-      x[i] = ya;
-      x[i + d / 2] = yb;
+      RotatePair(v[j], v[j + hj], pos, inv_freq[i], rt, &ya, &yb);
+      y[i] = ya;
+      y[i + d / 2] = yb;
     }
   }
 }
@@ -560,7 +577,8 @@ absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim
 absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float* k,
                           int64_t k_heads, const float* k_norm, int64_t tokens, int64_t head_dim,
                           float eps, float pre_scale, const float* inv_freq, int64_t offset,
-                          cpu::ActDType round, cudaStream_t stream) {
+                          cpu::ActDType round, cudaStream_t stream, const int32_t* pos_at,
+                          float* k_cache, const float* v, float* v_cache) {
   if (!HeadNormRopeSupports(head_dim)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("head norm + rope: head_dim %d is not 64 or 128", head_dim));
@@ -568,13 +586,17 @@ absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float*
   if (q == nullptr || k == nullptr || inv_freq == nullptr) {
     return absl::InvalidArgumentError("head norm + rope: null operand");
   }
-  const int64_t rows = tokens * (q_heads + k_heads);
+  if ((k_cache == nullptr) != (v_cache == nullptr) || (v != nullptr) != (v_cache != nullptr)) {
+    return absl::InvalidArgumentError("head norm + rope: k_cache, v and v_cache go together");
+  }
+  const int64_t rows = tokens * (q_heads + k_heads + (v != nullptr ? k_heads : 0));
   if (rows <= 0) return absl::OkStatus();
   const int64_t blocks = (rows + kHeadNormRopeWarps - 1) / kHeadNormRopeWarps;
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("head norm + rope: too many rows");
   RING_LAUNCH_PDL(HeadNormRopeKernel, static_cast<unsigned>(blocks), kHeadNormRopeWarps * 32, 0,
                   stream, q, tokens * q_heads, q_heads, q_norm, k, tokens * k_heads, k_heads,
-                  k_norm, static_cast<int>(head_dim), eps, pre_scale, inv_freq, offset, round);
+                  k_norm, static_cast<int>(head_dim), eps, pre_scale, inv_freq, offset, pos_at,
+                  k_cache, v, v_cache, round);
   return absl::OkStatus();
 }
 

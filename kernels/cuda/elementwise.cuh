@@ -61,11 +61,19 @@ absl::Status Rope(DevMutArray x, int64_t tokens, int64_t heads, int64_t head_dim
 // RmsNorm(k), [ScaleRound(pre_scale)], Rope(q), Rope(k) above with fp32 storage: q
 // [tokens, q_heads, head_dim] and k [tokens, k_heads, head_dim] dense, in place; the RoPE is
 // half-split over the whole head (dims == head_dim); norm weights fp32 (null: none).
+// Positions are pos + t, pos = *pos_at when pos_at is set (read on the device, so that a
+// captured launch stays valid as the position moves), else offset.
+// The step's cache write in the same launch (k_cache, v, v_cache all set, or none): the
+// normed, rotated k rows go to rows pos.. of k_cache instead of back to k (k is only read),
+// and v's rows ([tokens, k_heads, head_dim]) are copied to the same rows of v_cache; both
+// caches are [*, k_heads * head_dim] dense, given by their row 0.
 inline bool HeadNormRopeSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float* k,
                           int64_t k_heads, const float* k_norm, int64_t tokens, int64_t head_dim,
                           float eps, float pre_scale, const float* inv_freq, int64_t offset,
-                          cpu::ActDType round, cudaStream_t stream);
+                          cpu::ActDType round, cudaStream_t stream,
+                          const int32_t* pos_at = nullptr, float* k_cache = nullptr,
+                          const float* v = nullptr, float* v_cache = nullptr);
 
 // MLA's per-step K/V write and RoPE (models/deepseek.cc) in one launch, exactly (bitwise)
 // as the calls it replaces with fp32 storage: Copy2D of ckv's latent and rope parts

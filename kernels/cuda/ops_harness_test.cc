@@ -1276,6 +1276,37 @@ TEST_F(GpuTest, HeadNormRope) {
                                                 s.d, s.offset, s.pre);
       Report("head_norm_rope q", shape, ActName(t), gq, reference(q, s.H, qw), EwTol(t));
       Report("head_norm_rope k", shape, ActName(t), gk, reference(k, s.KV, kw), EwTol(t));
+
+      // With the step's cache write, the position read on the device (and from the host):
+      // q as in place, k's result in cache rows offset.. of k_cache, v copied to v_cache,
+      // k itself and every other cache row untouched.
+      const int64_t kvw = s.KV * s.d, rows = s.offset + s.T + 2;
+      const std::vector<float> v = RandomFloats(s.T * kvw, 305, 3.f, bf);
+      const std::vector<float> kc0 = RandomFloats(rows * kvw, 306, 1.f, bf);
+      const std::vector<float> vc0 = RandomFloats(rows * kvw, 307, 1.f, bf);
+      const std::vector<int32_t> pos = {static_cast<int32_t>(s.offset)};
+      absl::StatusOr<DeviceBuffer> dpos = DeviceBuffer::FromVector(pos);
+      ASSERT_TRUE(dpos.ok());
+      for (bool on_device : {true, false}) {
+        DevVec cq = Upload(q, DType::kF32), ck = Upload(k, DType::kF32), cv = Upload(v, DType::kF32);
+        DevVec kc = Upload(kc0, DType::kF32), vc = Upload(vc0, DType::kF32);
+        ASSERT_TRUE(HeadNormRope(cq.buf.as<float>(), s.H, dqw.buf.as<float>(), ck.buf.as<float>(),
+                                 s.KV, dkw.buf.as<float>(), s.T, s.d, eps, s.pre,
+                                 dinv->as<float>(), on_device ? 0 : s.offset, t, nullptr,
+                                 on_device ? dpos->as<int32_t>() : nullptr, kc.buf.as<float>(),
+                                 cv.buf.as<float>(), vc.buf.as<float>())
+                        .ok());
+        const std::string how = on_device ? "position on the device" : "position from the host";
+        const std::vector<float> cq_out = Download(cq, q.size());
+        EXPECT_EQ(0, std::memcmp(cq_out.data(), gq.data(), gq.size() * 4)) << "q, " << how;
+        EXPECT_EQ(Download(ck, k.size()), k) << "k was written, " << how;
+        std::vector<float> want_k = kc0, want_v = vc0;
+        std::copy(gk.begin(), gk.end(), want_k.begin() + s.offset * kvw);
+        std::copy(v.begin(), v.end(), want_v.begin() + s.offset * kvw);
+        const std::vector<float> got_k = Download(kc, kc0.size()), got_v = Download(vc, vc0.size());
+        EXPECT_EQ(0, std::memcmp(got_k.data(), want_k.data(), want_k.size() * 4)) << "k cache, " << how;
+        EXPECT_EQ(0, std::memcmp(got_v.data(), want_v.data(), want_v.size() * 4)) << "v cache, " << how;
+      }
     }
   }
 }
@@ -1898,6 +1929,87 @@ TEST_F(GpuTest, AttentionGqaSplitKeysDeterministic) {
              AttnTol(t));
     }
   }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// Decode with the key count on the device (AttentionParams::pos_at, what a decode step
+// replayed from a CUDA graph runs): a = cpu::AttentionArgs of one row over S keys, S in the
+// call only the upper bound fixing the grid. Against the CPU reference at several counts
+// under one bound (single pass and split), and one graph captured at the first count and
+// replayed at the others equal bit for bit to direct launches with the same bound.
+TEST_F(GpuTest, AttentionGqaDevicePos) {
+  struct C {
+    int64_t bound, hq, hkv, d;
+    std::vector<int64_t> counts;
+  };
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const C& c : {C{256, 16, 8, 128, {1, 100, 256}}, C{4096, 16, 8, 128, {300, 2049, 4096}},
+                     C{8192, 8, 2, 64, {5000, 8192, 4097}}, C{2048, 8, 4, 256, {1500, 17}}}) {
+    AttentionParams shape;
+    shape.L = 1;
+    shape.S = c.bound;
+    shape.hq = c.hq;
+    const int64_t splits = AttentionVecKeySplit(shape, dev_->sm_count).splits;
+    for (cpu::ActDType t : kActs) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const std::vector<float> q = RandomFloats(c.hq * c.d, 2101, 1.f, bf);
+      const std::vector<float> k = RandomFloats(c.bound * c.hkv * c.d, 2102, 1.f, bf);
+      const std::vector<float> v = RandomFloats(c.bound * c.hkv * c.d, 2103, 1.f, bf);
+      DeviceBuffer dq = UpF(q), dk = UpF(k), dv = UpF(v), dpos = Zeros(1);
+      DeviceBuffer direct = Zeros(c.hq * c.d), replay = Zeros(c.hq * c.d);
+      cpu::AttentionArgs a{q.data(), c.hq * c.d, k.data(), c.hkv * c.d, v.data(), c.hkv * c.d,
+                           1, c.bound, c.hq, c.hkv, c.d, c.d,
+                           1.f / std::sqrt(static_cast<float>(c.d)), nullptr, -1};
+      cpu::AttentionArgs g = a;
+      g.q = dq.as<float>();
+      g.k = dk.as<float>();
+      g.v = dv.as<float>();
+      auto set_count = [&](int64_t n) {
+        const int32_t pos = static_cast<int32_t>(n - 1);
+        EXPECT_EQ(cudaMemcpy(dpos.data(), &pos, 4, cudaMemcpyHostToDevice), cudaSuccess);
+      };
+      cudaGraphExec_t exec = nullptr;
+      for (int64_t n : c.counts) {
+        set_count(n);
+        const std::string shape_s =
+            absl::StrFormat("keys %d of %d h%d/%d d%d x%d", n, c.bound, c.hq, c.hkv, c.d, splits);
+        const absl::Status st = Attention(g, t, direct.as<float>(), nullptr, nullptr,
+                                          dpos.as<int32_t>());
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        cpu::AttentionArgs r = a;
+        r.S = n;
+        std::vector<float> ref(c.hq * c.d);
+        cpu::Attention(r, t, ref.data());
+        const std::vector<float> got = Dl(direct.as<float>(), ref.size());
+        Report("attention device pos", shape_s, ActName(t), got, ref, AttnTol(t));
+        if (exec == nullptr) {
+          cudaGraph_t graph = nullptr;
+          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          const absl::Status cs = Attention(g, t, replay.as<float>(), stream, nullptr,
+                                            dpos.as<int32_t>());
+          EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+          ASSERT_TRUE(cs.ok()) << cs;
+          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+          cudaGraphDestroy(graph);
+        }
+        EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        const std::vector<float> rep = Dl(replay.as<float>(), ref.size());
+        EXPECT_EQ(0, std::memcmp(rep.data(), got.data(), got.size() * 4))
+            << shape_s << " " << ActName(t) << ": the graph replayed at this count differs";
+      }
+      cudaGraphExecDestroy(exec);
+    }
+  }
+  // Refused where the kernel cannot take it: a mask, two rows.
+  DeviceBuffer one = Zeros(16 * 128 * 4);
+  cpu::AttentionArgs bad{one.as<float>(), 128, one.as<float>(), 128, one.as<float>(), 128,
+                         2, 16, 1, 1, 128, 128, 1.f, nullptr, 14};
+  EXPECT_EQ(Attention(bad, cpu::ActDType::kF32, one.as<float>(), nullptr, nullptr,
+                      one.as<int32_t>()).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 

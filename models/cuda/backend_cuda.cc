@@ -20,9 +20,16 @@
 //     once into a CUDA graph keyed by the run's records and replayed whenever the same run
 //     comes again. Equal records mean the same kernels on the same buffers, so a replay does
 //     exactly what launching the ops would; scratch a kernel allocates internally while
-//     captured belongs to the graph. In decode this leaves per layer one graph (the o_proj,
-//     MLP and norms, ending with the next layer's q projection) and a few position-dependent
-//     launches. RING_CUDA_GRAPHS=0 in the environment launches every op directly.
+//     captured belongs to the graph. RING_CUDA_GRAPHS=0 in the environment launches every op
+//     directly.
+//   * Positions on the device. An op that takes the sequence position can read it from a
+//     device slot (PosSlot: one int per distinct position of the step, copied up once before
+//     the first op that reads it) and is then recorded by the slot, not the value: Qwen3's
+//     q/k norm + RoPE with its cache write (HeadNormRope with KvRows) and GQA decode
+//     attention (grid sized to a power of two of keys). A Qwen3 decode step is then one
+//     graph from the first layer's norm to the logits. The other position-dependent ops
+//     (MLA's cache write and attention, the DSA indexer, plain RoPE, a host copy) are still
+//     launched directly and split the runs: per GLM layer one graph and a few launches.
 //   * bf16 activations. A Linear converts its fp32 input to bf16 for the tensor-core
 //     kernels into one backend buffer, unless the buffer already holds it: a Linear reading
 //     the same input right after another (q/k/v, gate/up), or the output of the op just
@@ -100,6 +107,9 @@ constexpr size_t kMaxStaging = size_t{64} << 20;
 constexpr int64_t kOverlapMaxBytes = int64_t{32} << 20;
 // Executable graphs kept; past this the cache is emptied at the next EndStep.
 constexpr size_t kMaxGraphs = 4096;
+// Distinct sequence positions a step can hand its kernels on the device (one per sequence
+// of a batched step).
+constexpr int kPosSlots = 64;
 
 // Size class of an arena request: 256-byte granules up to 4 KiB, then eight classes per
 // power of two (at most 1/8 wasted).
@@ -170,6 +180,17 @@ size_t GraphMinOpsByEnv() {
   const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
   return n >= 2 ? static_cast<size_t>(n) : 2;
 }
+// A held-back run is queued once it holds this many ops, so that the GPU starts on a long run
+// while the host records the rest: a Qwen3-0.6B decode step held whole (243 ops, one graph)
+// waited for the host to record all of it; runs of 32 were the fastest of 8, 16, 32, 64 and
+// unlimited (H200, session 20). RING_CUDA_GRAPH_MAX_OPS=N overrides (0: no limit).
+constexpr size_t kGraphMaxOps = 32;
+size_t GraphMaxOpsByEnv() {
+  const char* v = std::getenv("RING_CUDA_GRAPH_MAX_OPS");
+  if (v == nullptr) return kGraphMaxOps;
+  const long n = std::strtol(v, nullptr, 10);
+  return n >= 2 ? static_cast<size_t>(n) : 0;
+}
 
 bool GraphsEnabledByEnv() {
   const char* v = std::getenv("RING_CUDA_GRAPHS");
@@ -182,6 +203,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       : ordinal_(ordinal),
         graphs_enabled_(GraphsEnabledByEnv()),
         graph_min_ops_(GraphMinOpsByEnv()),
+        graph_max_ops_(GraphMaxOpsByEnv()),
         stats_on_(StatsEnabledByEnv()),
         marks_on_(LayerMarksEnabledByEnv()) {}
   ~CudaBackend() override {
@@ -219,6 +241,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     if (mark_ != nullptr) cudaFreeAsync(mark_, stream_);
     cudaStreamSynchronize(stream_);
     if (staging_ != nullptr) cudaFreeHost(staging_);
+    if (dpos_ != nullptr) cudaFree(dpos_);
+    if (hpos_ != nullptr) cudaFreeHost(hpos_);
     cudaStreamDestroy(stream_);
   }
 
@@ -244,6 +268,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     uint64_t keep = UINT64_MAX;
     RING_CUDA_RETURN_IF_ERROR(
         cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    RING_CUDA_RETURN_IF_ERROR(cudaMalloc(&dpos_, kPosSlots * sizeof(int32_t)));
+    RING_CUDA_RETURN_IF_ERROR(cudaMallocHost(&hpos_, kPosSlots * sizeof(int32_t)));
     return absl::OkStatus();
   }
 
@@ -252,6 +278,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   absl::Status BeginStep() override {
     RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     in_step_ = true;
+    npos_ = pos_sent_ = 0;
     step_t0_ = NowNs();
     cur_.clear();
     conv_src_ = nullptr;
@@ -521,19 +548,41 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   absl::Status HeadNormRope(const RopeTable& r, float* q, int64_t q_heads,
                             const TensorView& q_norm, float* k, int64_t k_heads,
                             const TensorView& k_norm, int64_t tokens, int64_t head_dim, float eps,
-                            int64_t offset, ActDType t) override {
+                            int64_t offset, ActDType t, const KvRows* kv) override {
     auto it = ropes_.find(&r);
     if (r.traditional || r.dims != head_dim || !cuda::HeadNormRopeSupports(head_dim) ||
         it == ropes_.end()) {
       return Backend::HeadNormRope(r, q, q_heads, q_norm, k, k_heads, k_norm, tokens, head_dim,
-                                   eps, offset, t);
+                                   eps, offset, t, kv);
     }
     RING_ASSIGN_OR_RETURN(const DevArray qw, Tensor(q_norm));
     RING_ASSIGN_OR_RETURN(const DevArray kw, Tensor(k_norm));
-    RING_RETURN_IF_ERROR(Unrecorded());  // the position changes every step
-    return cuda::HeadNormRope(q, q_heads, static_cast<const float*>(qw.data), k, k_heads,
-                              static_cast<const float*>(kw.data), tokens, head_dim, eps,
-                              r.pre_scale, it->second.as<float>(), offset, t, stream_);
+    const auto* qwp = static_cast<const float*>(qw.data);
+    const auto* kwp = static_cast<const float*>(kw.data);
+    const float* inv = it->second.as<float>();
+    // With the cache write: the cache rows by their row 0, the position by its device slot
+    // (null: the host's value), so that the record is the same at every position.
+    const int32_t* pos_at = kv != nullptr ? PosSlot(offset) : nullptr;
+    const int64_t row0 = kv != nullptr ? offset * k_heads * head_dim : 0;
+    float* kc = kv != nullptr ? kv->k_rows - row0 : nullptr;
+    float* vc = kv != nullptr ? kv->v_rows - row0 : nullptr;
+    const float* v = kv != nullptr ? kv->v : nullptr;
+    const int64_t host_pos = pos_at != nullptr ? 0 : offset;
+    const float pre = r.pre_scale;
+    auto work = [=, this] {
+      return cuda::HeadNormRope(q, q_heads, qwp, k, k_heads, kwp, tokens, head_dim, eps, pre,
+                                inv, host_pos, t, stream_, pos_at, kc, v, vc);
+    };
+    if (pos_at == nullptr) {
+      RING_RETURN_IF_ERROR(Unrecorded());  // the position changes every step
+      return work();
+    }
+    conv_src_ = nullptr;
+    return Submit(OpRecord('H')
+                      .Add(q, q_heads, qwp, k, k_heads, kwp, tokens, head_dim, eps, pre, inv,
+                           pos_at, kc, v, vc, t)
+                      .Take(),
+                  work);
   }
   absl::Status MlaKvRope(const RopeTable& r, const float* ckv, int64_t T, int64_t kvl, int64_t rope,
                          const TensorView& kv_norm, float eps, float* latent, float* k_pe, float* q,
@@ -579,11 +628,25 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return Submit(OpRecord('s').Add(x, n, s, t).Take(),
                   [=, this] { return cuda::ScaleRound(Out(x), n, s, t, stream_); });
   }
-  // Attention, MLA attention and the indexer read this step's cache length: not recorded.
+  // Attention reads this step's cache length: a decode row takes it from its position's
+  // device slot, with the grid sized for the next power of two of keys (at least 256), so
+  // its record changes only when the cache crosses one; other calls are not recorded. MLA
+  // attention and the indexer are not recorded either.
   absl::Status Attention(const cpu::AttentionArgs& a, ActDType t, float* out) override {
-    RING_RETURN_IF_ERROR(Unrecorded());
+    const int32_t* pos_at = cuda::AttentionTakesDevicePos(a) ? PosSlot(a.S - a.L) : nullptr;
+    if (pos_at == nullptr) {
+      RING_RETURN_IF_ERROR(Unrecorded());
+      RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.L * a.hq * a.dv, t));
+      return cuda::Attention(a, t, out, stream_, xb);
+    }
     RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.L * a.hq * a.dv, t));
-    return cuda::Attention(a, t, out, stream_, xb);
+    cpu::AttentionArgs g = a;
+    g.S = std::max<int64_t>(256, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(a.S))));
+    return Submit(OpRecord('a')
+                      .Add(g.q, g.q_stride, g.k, g.k_stride, g.v, g.v_stride, g.L, g.S, g.hq,
+                           g.hkv, g.dk, g.dv, g.scale, pos_at, t, out, xb)
+                      .Take(),
+                  [=, this] { return cuda::Attention(g, t, out, stream_, xb, pos_at); });
   }
   absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
                             const QuantWeight& unembed_out, ActDType t, float* out) override {
@@ -727,6 +790,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   }
   // work() of an op launched directly, timed for RING_CUDA_STEP_STATS.
   absl::Status RunDirect(const Work& work) {
+    RING_RETURN_IF_ERROR(SendPositions());
     ++stats_.direct;
     if (!stats_on_) return work();
     const int64_t t0 = NowNs();
@@ -750,6 +814,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return RunDirect(work);
     }
     held_.push_back({i, std::move(work)});
+    if (graph_max_ops_ > 0 && held_.size() >= graph_max_ops_) return Flush();
     return absl::OkStatus();
   }
   // Before an op that is launched directly (never part of a graph).
@@ -775,9 +840,34 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     KeepConversionPast(writes);
     return absl::OkStatus();
   }
+  // A device copy of `pos` for this step's kernels, or null (outside a step, or past
+  // kPosSlots distinct positions in one): the op then launches with the host value, unrecorded.
+  // Slots go to positions in order of first use, so a step of the same ops gets the same
+  // slots; their values reach the device (SendPositions) before any op that reads them runs.
+  const int32_t* PosSlot(int64_t pos) {
+    if (!in_step_ || dpos_ == nullptr || pos < 0 || pos > INT32_MAX) return nullptr;
+    for (int i = 0; i < npos_; ++i) {
+      if (hpos_[i] == pos) return dpos_ + i;
+    }
+    if (npos_ == kPosSlots) return nullptr;
+    hpos_[npos_] = static_cast<int32_t>(pos);
+    return dpos_ + npos_++;
+  }
+  // Queues the copy of the slots assigned since the last one. The pinned values are never
+  // rewritten while a copy may still read them: a step only appends, and EndStep waits for
+  // the stream before the next step starts over.
+  absl::Status SendPositions() {
+    if (pos_sent_ == npos_) return absl::OkStatus();
+    RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dpos_ + pos_sent_, hpos_ + pos_sent_,
+                                              (npos_ - pos_sent_) * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream_));
+    pos_sent_ = npos_;
+    return absl::OkStatus();
+  }
   // Queues the held-back ops: a replay of the graph of this run, else its capture.
   absl::Status Flush() {
     if (held_.empty()) return absl::OkStatus();
+    RING_RETURN_IF_ERROR(SendPositions());
     std::vector<HeldOp> ops = std::move(held_);
     held_.clear();
     if (ops.size() < graph_min_ops_) {
@@ -950,6 +1040,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   // Step state, touched only by the thread running the step.
   bool graphs_enabled_;
   const size_t graph_min_ops_;
+  const size_t graph_max_ops_;
   bool in_step_ = false;
   std::vector<std::string> prev2_, prev_, cur_;  // op records of the last two steps and this one
   std::vector<HeldOp> held_;
@@ -960,6 +1051,11 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   int64_t conv_elems_ = 0;
   void* staging_ = nullptr;  // pinned, for Download
   size_t staging_bytes_ = 0;
+  // Positions of this step's ops on the device (PosSlot): kPosSlots ints, and their pinned
+  // host values; npos_ assigned, pos_sent_ of them queued to the device.
+  int32_t* dpos_ = nullptr;
+  int32_t* hpos_ = nullptr;
+  int npos_ = 0, pos_sent_ = 0;
 
   // RING_CUDA_STEP_STATS.
   const bool stats_on_;
