@@ -186,12 +186,18 @@ class Backend {
   // The DSA indexer's per-step preparation for one sequence (models/deepseek.cc): its keys
   // k = LayerNorm(k) ([T, d]), q's ([T, heads, d]) and k's RoPE at positions offset.., and,
   // when w is not null, w = round(w * wscale) ([n_w], the head weights). Exactly these calls
-  // (a backend may run them as one kernel).
+  // (a backend may run them as one kernel). With k_rows set (the key cache's rows at
+  // offset..) the keys are only read and their normed, rotated rows go there.
   virtual absl::Status IndexerNormRope(const RopeTable& r, float* q, int64_t T, int64_t heads, int64_t d,
                                        float* k, const TensorView& norm_w, const TensorView& norm_b,
                                        float eps, int64_t offset, float* w, int64_t n_w, float wscale,
-                                       ActDType t) {
-    absl::Status s = LayerNorm(k, T, d, norm_w, norm_b, eps, t, k);
+                                       ActDType t, float* k_rows) {
+    absl::Status s;
+    if (k_rows != nullptr) {
+      s = Copy2D(k, d, k_rows, d, T, d);
+      k = k_rows;
+    }
+    if (s.ok()) s = LayerNorm(k, T, d, norm_w, norm_b, eps, t, k);
     if (s.ok()) s = Rope(r, q, T, heads, d, heads * d, offset, t);
     if (s.ok()) s = Rope(r, k, T, 1, d, d, offset, t);
     if (s.ok() && w != nullptr) s = ScaleRound(w, n_w, wscale, t);

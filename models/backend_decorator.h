@@ -83,8 +83,10 @@ class ForwardingBackend : public Backend {
   }
   absl::Status IndexerNormRope(const RopeTable& r, float* q, int64_t T, int64_t heads, int64_t d, float* k,
                                const TensorView& norm_w, const TensorView& norm_b, float eps, int64_t offset,
-                               float* w, int64_t n_w, float wscale, ActDType t) override {
-    return inner_->IndexerNormRope(r, q, T, heads, d, k, norm_w, norm_b, eps, offset, w, n_w, wscale, t);
+                               float* w, int64_t n_w, float wscale, ActDType t,
+                               float* k_rows) override {
+    return inner_->IndexerNormRope(r, q, T, heads, d, k, norm_w, norm_b, eps, offset, w, n_w, wscale, t,
+                                   k_rows);
   }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {

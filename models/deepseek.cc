@@ -89,15 +89,14 @@ class MlaStage : public LayeredStage {
     return static_cast<MlaSequence&>(*s.seq).caches[layer - range().begin];
   }
   // A full indexer's projections of the layer input x, made in the same call as the
-  // attention's (Backend::LinearMany): this step's keys k = wk(x) (with one sequence straight
-  // in its cache rows, with several in scratch rows each cache takes its share of) and the
-  // head weights w = weights_proj(x).
+  // attention's (Backend::LinearMany): this step's keys k = wk(x), in scratch rows that each
+  // sequence's cache then takes its share of (RunIndexer), so that the projections write the
+  // same buffers at every position (a backend can replay them from a graph), and the head
+  // weights w = weights_proj(x).
   struct IndexerInputs {
-    Buffer scratch, w;
-    float* k = nullptr;
+    Buffer k, w;
   };
-  absl::StatusOr<IndexerInputs> PrepareIndexer(int64_t layer, const std::vector<Segment>& segs,
-                                               int64_t T) const;
+  absl::StatusOr<IndexerInputs> PrepareIndexer(int64_t T) const;
   // Runs the indexer of a full layer and sets each segment's carry: dense when its context is
   // short enough that the layer stays dense, else [rows, index_topk] selected positions.
   absl::Status RunIndexer(const MlaLayer& L, int64_t layer, const std::vector<Segment>& segs,
@@ -224,17 +223,11 @@ absl::Status MlaStage::ReserveCaches(SequenceState& seq_base, int64_t rows) cons
   return absl::OkStatus();
 }
 
-absl::StatusOr<MlaStage::IndexerInputs> MlaStage::PrepareIndexer(
-    int64_t layer, const std::vector<Segment>& segs, int64_t T) const {
+absl::StatusOr<MlaStage::IndexerInputs> MlaStage::PrepareIndexer(int64_t T) const {
   Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   IndexerInputs in;
-  if (segs.size() == 1) {
-    in.k = CacheOf(layer, segs[0]).index_k.row(segs[0].seq->position_);
-  } else {
-    RING_ASSIGN_OR_RETURN(in.scratch, b.AllocF(T * c.index_head_dim));
-    in.k = in.scratch.f();
-  }
+  RING_ASSIGN_OR_RETURN(in.k, b.AllocF(T * c.index_head_dim));
   RING_ASSIGN_OR_RETURN(in.w, b.AllocF(T * c.index_n_heads));
   return in;
 }
@@ -247,7 +240,7 @@ absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
   const auto t = ctx_.act;
   const int64_t ih = c.index_n_heads, id = c.index_head_dim;
   RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * ih * id));
-  float* k = in.k;
+  float* k = in.k.f();
   RING_RETURN_IF_ERROR(b.Linear(L.wq_b, qr, T, t, q.f()));
   bool any_sparse = false;
   for (const Segment& s : segs) any_sparse = any_sparse || s.seq->position_ + s.rows > c.index_topk;
@@ -258,9 +251,10 @@ absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
   // weights' scale in one call (one launch on CUDA).
   const bool one = segs.size() == 1;
   if (one) {
+    const int64_t offset = segs[0].seq->position_;
     RING_RETURN_IF_ERROR(b.IndexerNormRope(index_rope_, q.f(), T, ih, id, k, L.k_norm_w, L.k_norm_b, 1e-5f,
-                                           segs[0].seq->position_, any_sparse ? w.f() : nullptr, T * ih, wscale,
-                                           t));
+                                           offset, any_sparse ? w.f() : nullptr, T * ih, wscale, t,
+                                           CacheOf(layer, segs[0]).index_k.row(offset)));
   } else {
     RING_RETURN_IF_ERROR(b.LayerNorm(k, T, id, L.k_norm_w, L.k_norm_b, 1e-5f, t, k));
   }
@@ -332,9 +326,9 @@ absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs
   const bool own_indexer = L.indexer && !L.indexer_shared;
   IndexerInputs ix;
   if (own_indexer) {
-    RING_ASSIGN_OR_RETURN(ix, PrepareIndexer(layer, segs, T));
+    RING_ASSIGN_OR_RETURN(ix, PrepareIndexer(T));
     ws.insert(ws.end(), {&L.wk, &L.weights_proj});
-    ys.insert(ys.end(), {ix.k, ix.w.f()});
+    ys.insert(ys.end(), {ix.k.f(), ix.w.f()});
   }
   RING_RETURN_IF_ERROR(b.LinearMany(ws, x, T, t, ys));
   if (L.q_lora) {

@@ -299,14 +299,20 @@ class LockstepBackend final : public Backend {
   // One op, as the device runs it (CUDA: one kernel for the key norm, both RoPEs, the scale).
   absl::Status IndexerNormRope(const RopeTable& r, float* q, int64_t T, int64_t heads, int64_t d, float* k,
                                const TensorView& norm_w, const TensorView& norm_b, float eps, int64_t offset,
-                               float* w, int64_t n_w, float wscale, ActDType t) override {
+                               float* w, int64_t n_w, float wscale, ActDType t,
+                               float* k_rows) override {
     rec_->act = t;
     const int64_t nq = T * heads * d, nk = T * d;
-    std::vector<Region> io = {F(q, nq), F(k, nk)};
-    if (w != nullptr) io.push_back(F(w, n_w));
-    return Op("IndexerNormRope", absl::StrCat(T, "x", heads, "x", d), io, io, [&](Backend& b, const Mapper& mp) {
+    std::vector<Region> in = {F(q, nq), F(k, nk)};
+    std::vector<Region> out = {F(q, nq), F(k_rows != nullptr ? k_rows : k, nk)};
+    if (w != nullptr) {
+      in.push_back(F(w, n_w));
+      out.push_back(F(w, n_w));
+    }
+    return Op("IndexerNormRope", absl::StrCat(T, "x", heads, "x", d), in, out, [&](Backend& b, const Mapper& mp) {
       return b.IndexerNormRope(r, M(mp, q), T, heads, d, M(mp, k), norm_w, norm_b, eps, offset,
-                               w != nullptr ? M(mp, w) : nullptr, n_w, wscale, t);
+                               w != nullptr ? M(mp, w) : nullptr, n_w, wscale, t,
+                               k_rows != nullptr ? M(mp, k_rows) : nullptr);
     });
   }
   // One op, as the device runs it (CUDA: one kernel for the copies, the norm and both RoPEs).

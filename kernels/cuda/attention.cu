@@ -1023,7 +1023,16 @@ struct MlaDecodeParams {
   int chunks_per_split = 1;
   float scale = 1.f;
   float* part = nullptr;
+  // The key count on the device (*pos_at + 1, MlaAttention's pos_at): S (and, dense, Sk) is
+  // then the grid's bound, replaced by the count once the kernel has waited (MlaDeviceCount).
+  const int32_t* pos_at = nullptr;
 };
+// With p.pos_at set: the cache length the kernel reads on the device, in place of the bound.
+__device__ __forceinline__ void MlaDeviceCount(MlaDecodeParams& p) {
+  if (p.pos_at == nullptr) return;
+  p.S = LoadProduced(p.pos_at) + 1;
+  if (p.topk == nullptr) p.Sk = p.S;
+}
 
 // Shared memory of MlaDecodeKernel, in floats: the chunk's latent rows [chunk][kvl + 4]
 // (rows 16-byte aligned; the +4 keeps a quarter-warp's 16-byte reads of 8 rows on distinct
@@ -1092,6 +1101,7 @@ __device__ __forceinline__ void MlaIssueChunk(const MlaDecodeParams& p, const Ml
 // double-buffers its chunks: 24 against 28 us per layer at 2k keys).
 __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParams p, cpu::ActDType rt) {
   PdlBegin();
+  MlaDeviceCount(p);
   extern __shared__ __align__(16) float sm[];
   const int kvl = p.kvl, rope = p.rope;
   const MlaSmem L = MlaLayout(kvl, rope);
@@ -1307,7 +1317,7 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
   const int lq = lane >> 3, lr = lane & 7;
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMlaMmaHeads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.chunks_per_split * kMlaChunk;
-  const int64_t last = min(p.Sk, first + static_cast<int64_t>(p.chunks_per_split) * kMlaChunk);
+  int64_t last = min(p.Sk, first + static_cast<int64_t>(p.chunks_per_split) * kMlaChunk);
   // Copies: kCopyT threads a key row, thread (cr, cc) takes rows cr + kCopyRows * pass and
   // in them the 16-byte pieces cc + kCopyT * k of the latent and of the rope key, so that
   // every copy is a row base plus a compile-time offset. The thread converts the same pieces
@@ -1335,6 +1345,10 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
     }
   };
   PdlBegin();
+  if (p.pos_at != nullptr) {
+    MlaDeviceCount(p);
+    last = min(p.Sk, first + static_cast<int64_t>(p.chunks_per_split) * kMlaChunk);
+  }
   // Row indices run ahead of their use (top-k loads would otherwise stall the chunk they
   // serve): the copy rows of the next chunk and the mask of this one are loaded a chunk early.
   int nrow[kPasses];
@@ -1762,7 +1776,7 @@ namespace {
 absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                        const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
                        uint16_t* out_bf16, bool* wrote_bf16, int64_t Sk, size_t smem,
-                       const DeviceInfo& dev, cudaStream_t stream) {
+                       const DeviceInfo& dev, cudaStream_t stream, const int32_t* pos_at) {
   const int sm_count = dev.sm_count;
   const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
   const int64_t chunks = (Sk + kMlaChunk - 1) / kMlaChunk;
@@ -1818,6 +1832,7 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   p.chunks_per_split = static_cast<int>(per_split);
   p.scale = a.scale;
   p.part = olat + H * kvl;
+  p.pos_at = pos_at;
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks));
   if (mma) {
     constexpr auto kKernel = MlaDecodeMmaKernel<512, 64>;
@@ -1864,9 +1879,20 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
 namespace {
 
 // MlaAttention but for out_bf16: *wrote_bf16 tells whether the decode path wrote it.
+// Whether a decode row (T == 1) runs on the split decode kernels (MlaDecode).
+bool MlaDecodeTakes(const cpu::MlaAttentionArgs& a, const DeviceInfo& dev) {
+  const bool aligned = reinterpret_cast<uintptr_t>(a.latent) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.k_pe) % 16 == 0;
+  const size_t smem = MlaDecodeSmem(static_cast<int>(a.kvl), static_cast<int>(a.rope));
+  return a.T == 1 && a.kvl % 32 == 0 && a.kvl <= kMlaMaxKvl && a.rope % 4 == 0 && a.rope > 0 &&
+         a.rope <= kMlaMaxRope && (a.nope + a.rope) % 8 == 0 && aligned &&
+         static_cast<int64_t>(smem) <= dev.smem_per_block_optin;
+}
+
 absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                              const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                             uint16_t* out_bf16, bool* wrote_bf16, cudaStream_t stream) {
+                             uint16_t* out_bf16, bool* wrote_bf16, cudaStream_t stream,
+                             const int32_t* pos_at) {
   const int64_t T = a.T, H = a.H, nope = a.nope, rope = a.rope, vd = a.vd, kvl = a.kvl;
   const int64_t qd = nope + rope;
   const bool sparse = a.topk != nullptr;
@@ -1885,15 +1911,15 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
   if (T == 1) {
     absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
     if (!dev.ok()) return dev.status();
-    const bool aligned = reinterpret_cast<uintptr_t>(a.latent) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(a.k_pe) % 16 == 0;
-    const size_t smem = MlaDecodeSmem(static_cast<int>(kvl), static_cast<int>(rope));
-    if (kvl % 32 == 0 && kvl <= kMlaMaxKvl && rope % 4 == 0 && rope > 0 &&
-        rope <= kMlaMaxRope && (nope + rope) % 8 == 0 && aligned &&
-        static_cast<int64_t>(smem) <= (*dev)->smem_per_block_optin) {
+    if (MlaDecodeTakes(a, **dev)) {
+      const size_t smem = MlaDecodeSmem(static_cast<int>(kvl), static_cast<int>(rope));
       return MlaDecode(a, embed_q, unembed_out, t, out, t == cpu::ActDType::kBF16 ? out_bf16 : nullptr,
-                       wrote_bf16, Sk, smem, **dev, stream);
+                       wrote_bf16, Sk, smem, **dev, stream, pos_at);
     }
+  }
+  if (pos_at != nullptr) {
+    return absl::InvalidArgumentError(
+        "mla attention: a key count on the device needs the decode kernels (one query row)");
   }
   const float* lat = a.latent;
   const float* pe = a.k_pe;
@@ -2036,11 +2062,17 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
 
 }  // namespace
 
+bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a) {
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  return dev.ok() && MlaDecodeTakes(a, **dev);
+}
+
 absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                           const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                          cudaStream_t stream, uint16_t* out_bf16) {
+                          cudaStream_t stream, uint16_t* out_bf16, const int32_t* pos_at) {
   bool wrote = false;
-  RING_RETURN_IF_ERROR(MlaAttentionOut(a, embed_q, unembed_out, t, out, out_bf16, &wrote, stream));
+  RING_RETURN_IF_ERROR(
+      MlaAttentionOut(a, embed_q, unembed_out, t, out, out_bf16, &wrote, stream, pos_at));
   if (out_bf16 != nullptr && !wrote && a.T > 0) {
     RING_RETURN_IF_ERROR(ToBf16(out, a.T * a.H * a.vd, out_bf16, stream));
   }

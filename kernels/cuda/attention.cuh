@@ -96,9 +96,16 @@ bool AttentionTakesDevicePos(const cpu::AttentionArgs& a);
 // cpu::MlaAttention: a's pointers (q, latent, k_pe, topk) are device memory.
 // out_bf16 (optional, bf16 activations): also the bf16 bits of out, for o_proj; decode
 // writes them from its last GEMV, other paths with a conversion launch.
+// pos_at (optional; MlaAttentionTakesDevicePos says where): the decode row's key count is
+// *pos_at + 1, read on the device, so that a launch captured into a graph stays valid as the
+// cache grows; a.S (and a.offset = a.S - 1) is then an upper bound that sizes the grid (dense)
+// and the top-k indices' range check uses the count.
 absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                           const DeviceQuantWeight& unembed_out, cpu::ActDType round, float* out,
-                          cudaStream_t stream, uint16_t* out_bf16 = nullptr);
+                          cudaStream_t stream, uint16_t* out_bf16 = nullptr,
+                          const int32_t* pos_at = nullptr);
+// One query row on the split decode kernels (the latent width, rope and alignment they take).
+bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a);
 
 }  // namespace ring::cuda
 

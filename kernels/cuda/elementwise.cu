@@ -316,13 +316,16 @@ __device__ __forceinline__ void RopePairAt(const float* src, float* dst, int64_t
 __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, int64_t rope, DevArray w,
                                 float eps, float* latent, float* k_pe, float* q, int64_t q_heads,
                                 int64_t qd, float pre_scale, int traditional, const float* inv_freq,
-                                int64_t offset, cpu::ActDType rt) {
+                                int64_t offset, const int32_t* pos_at, cpu::ActDType rt) {
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t ld = kvl + rope;
+  // With the position on the device, latent and k_pe are the caches' row 0.
+  const int64_t pos0 = pos_at != nullptr ? LoadProduced(pos_at) : offset;
+  const int64_t row0 = pos_at != nullptr ? pos0 : 0;
   if (blockIdx.x < tokens) {
     RmsNormRow(DevArray{ckv, DType::kF32}, static_cast<int64_t>(blockIdx.x) * ld, kvl, w, eps, rt,
-               DevMutArray{latent, DType::kF32}, static_cast<int64_t>(blockIdx.x) * kvl, nullptr,
+               DevMutArray{latent, DType::kF32}, (row0 + blockIdx.x) * kvl, nullptr,
                DevArray{nullptr, DType::kF32}, DevMutArray{nullptr, DType::kF32}, scratch);
     return;
   }
@@ -340,9 +343,9 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
     src = dst;
   } else {
     src = ckv + tok * ld + kvl;
-    dst = k_pe + tok * rope;
+    dst = k_pe + (row0 + tok) * rope;
   }
-  RopePairAt(src, dst, i, half, traditional, pre_scale, offset + tok, inv_freq[i], rt);
+  RopePairAt(src, dst, i, half, traditional, pre_scale, pos0 + tok, inv_freq[i], rt);
 }
 
 // IndexerNormRope: blocks [0, tokens) LayerNorm one key row each (LayerNormRow, with the
@@ -350,19 +353,22 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
 // pair of q's heads, then one per weight element to scale.
 __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, int64_t d, float* k, DevArray nw,
                                       DevArray nb, float eps, int64_t dims, float pre_scale, int traditional,
-                                      const float* inv_freq, int64_t offset, float* w, int64_t n_w, float wscale,
-                                      cpu::ActDType rt) {
+                                      const float* inv_freq, int64_t offset, const int32_t* pos_at,
+                                      float* k_cache, float* w, int64_t n_w, float wscale, cpu::ActDType rt) {
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t half = dims / 2;
+  const int64_t pos0 = pos_at != nullptr ? LoadProduced(pos_at) : offset;
   auto rotate = [&](float* x, int64_t i, int64_t tok) {
-    RopePairAt(x, x, i, half, traditional, pre_scale, offset + tok, inv_freq[i], rt);
+    RopePairAt(x, x, i, half, traditional, pre_scale, pos0 + tok, inv_freq[i], rt);
   };
   if (blockIdx.x < tokens) {
     const int64_t row = blockIdx.x;
-    LayerNormRow(DevArray{k, DType::kF32}, row * d, d, nw, nb, eps, rt, DevMutArray{k, DType::kF32}, scratch);
+    float* out = k_cache != nullptr ? k_cache + (pos0 + row) * d : k + row * d;
+    LayerNormRow(DevArray{k + row * d, DType::kF32}, 0, d, nw, nb, eps, rt, DevMutArray{out, DType::kF32},
+                 scratch);
     __syncthreads();  // the row's normed values, written by the block's threads
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) rotate(k + row * d, i, row);
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) rotate(out, i, row);
     return;
   }
   const int64_t idx = static_cast<int64_t>(blockIdx.x - tokens) * blockDim.x + threadIdx.x;
@@ -603,7 +609,7 @@ absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float*
 absl::Status MlaKvRope(const float* ckv, int64_t tokens, int64_t kvl, int64_t rope, DevArray norm,
                        float eps, float* latent, float* k_pe, float* q, int64_t q_heads, int64_t qd,
                        float pre_scale, bool traditional, const float* inv_freq, int64_t offset,
-                       cpu::ActDType round, cudaStream_t stream) {
+                       cpu::ActDType round, cudaStream_t stream, const int32_t* pos_at) {
   RING_EW_CHECK(CheckAct(norm, "norm", /*optional=*/true));
   if (ckv == nullptr || latent == nullptr || k_pe == nullptr || q == nullptr || inv_freq == nullptr) {
     return absl::InvalidArgumentError("MLA k/v write + rope: null operand");
@@ -619,14 +625,15 @@ absl::Status MlaKvRope(const float* ckv, int64_t tokens, int64_t kvl, int64_t ro
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("MLA k/v write + rope: too many tokens");
   RING_LAUNCH_PDL(MlaKvRopeKernel, static_cast<unsigned>(blocks), threads, 0, stream, ckv, tokens, kvl,
                   rope, norm, eps, latent, k_pe, q, q_heads, qd, pre_scale, traditional ? 1 : 0,
-                  inv_freq, offset, round);
+                  inv_freq, offset, pos_at, round);
   return absl::OkStatus();
 }
 
 absl::Status IndexerNormRope(float* q, int64_t tokens, int64_t heads, int64_t d, float* k, DevArray norm_w,
                              DevArray norm_b, float eps, int64_t dims, float pre_scale, bool traditional,
                              const float* inv_freq, int64_t offset, float* w, int64_t n_w, float wscale,
-                             cpu::ActDType round, cudaStream_t stream) {
+                             cpu::ActDType round, cudaStream_t stream, const int32_t* pos_at,
+                             float* k_cache) {
   RING_EW_CHECK(CheckAct(norm_w, "norm weight", /*optional=*/true));
   RING_EW_CHECK(CheckAct(norm_b, "norm bias", /*optional=*/true));
   if (q == nullptr || k == nullptr || inv_freq == nullptr || (w == nullptr && n_w > 0)) {
@@ -642,8 +649,8 @@ absl::Status IndexerNormRope(float* q, int64_t tokens, int64_t heads, int64_t d,
   const int64_t blocks = tokens + (rest + threads - 1) / threads;
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("indexer norm + rope: too many tokens");
   RING_LAUNCH_PDL(IndexerNormRopeKernel, static_cast<unsigned>(blocks), threads, 0, stream, q, tokens, heads, d,
-                  k, norm_w, norm_b, eps, dims, pre_scale, traditional ? 1 : 0, inv_freq, offset, w, n_w, wscale,
-                  round);
+                  k, norm_w, norm_b, eps, dims, pre_scale, traditional ? 1 : 0, inv_freq, offset, pos_at,
+                  k_cache, w, n_w, wscale, round);
   return absl::OkStatus();
 }
 

@@ -81,19 +81,25 @@ absl::Status HeadNormRope(float* q, int64_t q_heads, const float* q_norm, float*
 // RmsNorm(latent) with `norm`, then [ScaleRound(pre_scale),] Rope of q's rope slice (the last
 // `rope` features of each of q_heads heads of [tokens, q_heads, qd]) and of k_pe, at
 // positions offset + t. The RoPE covers the whole slice (dims == rope).
+// pos_at (optional): the position read on the device (as HeadNormRope's); latent and k_pe are
+// then the caches' row 0 and rows *pos_at.. are written.
 absl::Status MlaKvRope(const float* ckv, int64_t tokens, int64_t kvl, int64_t rope, DevArray norm,
                        float eps, float* latent, float* k_pe, float* q, int64_t q_heads, int64_t qd,
                        float pre_scale, bool traditional, const float* inv_freq, int64_t offset,
-                       cpu::ActDType round, cudaStream_t stream);
+                       cpu::ActDType round, cudaStream_t stream, const int32_t* pos_at = nullptr);
 
 // The DSA indexer's per-step preparation (models/deepseek.cc, one sequence) in one launch,
 // exactly (bitwise) as LayerNorm(k), [ScaleRound(pre_scale),] Rope(q), Rope(k) and, when
 // n_w > 0, ScaleRound(w, wscale) with fp32 storage: k [tokens, d] normed in place, the RoPE
 // over the first `dims` features of each of q's heads ([tokens, heads, d]) and of k.
+// pos_at (optional): the position read on the device (as HeadNormRope's). k_cache
+// (optional): the key cache's row 0 ([*, d]); the normed, rotated keys then go to its rows
+// pos.. and k is only read.
 absl::Status IndexerNormRope(float* q, int64_t tokens, int64_t heads, int64_t d, float* k, DevArray norm_w,
                              DevArray norm_b, float eps, int64_t dims, float pre_scale, bool traditional,
                              const float* inv_freq, int64_t offset, float* w, int64_t n_w, float wscale,
-                             cpu::ActDType round, cudaStream_t stream);
+                             cpu::ActDType round, cudaStream_t stream, const int32_t* pos_at = nullptr,
+                             float* k_cache = nullptr);
 
 // cpu::SwiGlu: out = round(round(silu(gate)) * up), sigmoid rounding as the reference.
 // out_bf16 (optional) as RmsNorm's.

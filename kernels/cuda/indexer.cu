@@ -134,8 +134,11 @@ __host__ __device__ inline size_t IndexerDecodeSmem(int64_t heads, int64_t dim) 
 }
 
 __global__ void __launch_bounds__(kDecodeWarps * 32)
-    IndexerScoresDecodeKernel(cpu::IndexerArgs a, cpu::ActDType rt, float* scores) {
+    IndexerScoresDecodeKernel(cpu::IndexerArgs a, cpu::ActDType rt, const int32_t* pos_at,
+                              float* scores) {
   PdlBegin();
+  // With the position on the device, a.S is the grid's bound and the row has *pos_at + 1 keys.
+  if (pos_at != nullptr) a.S = LoadProduced(pos_at) + 1;
   extern __shared__ __align__(16) float dsm[];
   const int heads = static_cast<int>(a.heads), dim = static_cast<int>(a.dim);
   const int ks = dim + 1;
@@ -144,6 +147,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   float* terms = kr + kDecodeKeys * ks;         // [heads][33]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kDecodeKeys;
+  if (j0 >= a.S) return;
   const int nk = static_cast<int>(min(static_cast<int64_t>(kDecodeKeys), a.S - j0));
   constexpr int kThreads = kDecodeWarps * 32;
   // Query and key rows, 16 bytes a load (dim % 4 == 0, rows 16-byte aligned), a thread's
@@ -233,8 +237,11 @@ __device__ int2 BlockExclusiveScan2(int2 v, int2* sh /* [32] */) {
 // its (larger, equal) counts places them, element j landing at (larger keys before j) +
 // min(equal keys before j, need).
 __global__ void __launch_bounds__(kTopKThreads)
-    TopKRowsKernel(const float* scores, int64_t n, int64_t k, int64_t cap, int32_t* out) {
+    TopKRowsKernel(const float* scores, int64_t n, int64_t k, int64_t cap, const int32_t* pos_at,
+                   int32_t* out) {
   PdlBegin();
+  // With the position on the device (one row): n is the bound, the row has *pos_at + 1 keys.
+  if (pos_at != nullptr) n = LoadProduced(pos_at) + 1;
   __shared__ unsigned hist[2][256];
   __shared__ uint32_t s_prefix, s_or, s_and;
   __shared__ int64_t s_need;
@@ -335,14 +342,18 @@ __global__ void __launch_bounds__(kTopKThreads)
 }  // namespace
 
 absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, int32_t* out,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const int32_t* pos_at) {
   if (rows <= 0) return absl::OkStatus();
   if (scores == nullptr || out == nullptr) return absl::InvalidArgumentError("topk: null pointer");
   if (k <= 0 || k > n) {
     return absl::InvalidArgumentError(absl::StrFormat("topk: k = %d of n = %d", k, n));
   }
   if (rows > 0x7fffffff || n > 0x7fffffff) return absl::InvalidArgumentError("topk: too large");
-  // The row's keys in shared memory when they fit beside the kernel's static ~4 KB.
+  if (pos_at != nullptr && rows != 1) {
+    return absl::InvalidArgumentError("topk: a length on the device takes one row");
+  }
+  // The row's keys in shared memory when they fit beside the kernel's static ~4 KB (n is the
+  // bound when the length is on the device): the kernel caches rows up to smem / 4 keys.
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
   const int64_t cap = std::max<int64_t>(0, ((*dev)->smem_per_block_optin - 8 * 1024) / 4);
@@ -352,12 +363,21 @@ absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, i
         TopKRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   RING_LAUNCH_PDL(TopKRowsKernel, static_cast<unsigned>(rows), kTopKThreads, smem, stream, scores,
-                  n, k, cap, out);
+                  n, k, static_cast<int64_t>(smem / 4), pos_at, out);
   return absl::OkStatus();
 }
 
+bool IndexerTakesDevicePos(const cpu::IndexerArgs& a) {
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  const bool aligned = reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.keys) % 16 == 0;
+  return dev.ok() && a.T == 1 && a.dim % 4 == 0 && aligned &&
+         static_cast<int64_t>(IndexerDecodeSmem(a.heads, a.dim)) <= (*dev)->smem_per_block_optin &&
+         a.S / kDecodeKeys < 0x7fffffff;
+}
+
 absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const int32_t* pos_at) {
   if (a.T <= 0) return absl::OkStatus();
   if (a.q == nullptr || a.keys == nullptr || a.w == nullptr || topk == nullptr) {
     return absl::InvalidArgumentError("indexer: null pointer");
@@ -368,6 +388,11 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
         a.offset, a.K, a.heads, a.dim));
   }
   if (a.T > 65535) return absl::InvalidArgumentError("indexer: more than 65535 query rows");
+  if (pos_at != nullptr && !IndexerTakesDevicePos(a)) {
+    return absl::InvalidArgumentError(
+        "indexer: a length on the device takes one query row with dim % 4 == 0, 16-byte "
+        "aligned queries and keys, and the decode kernel's shared memory");
+  }
   const size_t smem = a.heads * a.dim * sizeof(float);
   if (smem > 48 * 1024) {
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresKernel,
@@ -376,24 +401,17 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
   }
   RING_ASSIGN_OR_RETURN(StreamBuffer scores,
                         StreamBuffer::Allocate(a.T * a.S * sizeof(float), stream));
-  if (a.T == 1) {
+  if (IndexerTakesDevicePos(a)) {
     const size_t dsmem = IndexerDecodeSmem(a.heads, a.dim);
-    absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
-    if (!dev.ok()) return dev.status();
-    const bool aligned = reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(a.keys) % 16 == 0;
-    if (a.dim % 4 == 0 && aligned && static_cast<int64_t>(dsmem) <= (*dev)->smem_per_block_optin &&
-        a.S / kDecodeKeys < 0x7fffffff) {
-      if (dsmem > 48 * 1024) {
-        RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresDecodeKernel,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(dsmem)));
-      }
-      RING_LAUNCH_PDL(IndexerScoresDecodeKernel,
-                      static_cast<unsigned>((a.S + kDecodeKeys - 1) / kDecodeKeys),
-                      kDecodeWarps * 32, dsmem, stream, a, round, scores.as<float>());
-      return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream);
+    if (dsmem > 48 * 1024) {
+      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresDecodeKernel,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(dsmem)));
     }
+    RING_LAUNCH_PDL(IndexerScoresDecodeKernel,
+                    static_cast<unsigned>((a.S + kDecodeKeys - 1) / kDecodeKeys),
+                    kDecodeWarps * 32, dsmem, stream, a, round, pos_at, scores.as<float>());
+    return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream, pos_at);
   }
   const int kpb = a.T == 1 ? kKeysPerBlockDecode : kKeysPerBlock;
   const dim3 grid(static_cast<unsigned>((a.S + kpb - 1) / kpb), static_cast<unsigned>(a.T));

@@ -24,12 +24,20 @@
 
 namespace ring::cuda {
 
+// pos_at (optional, one row): the row holds *pos_at + 1 scores, read on the device; n is
+// then an upper bound that sizes the launch.
 absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, int32_t* out,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const int32_t* pos_at = nullptr);
 
 // cpu::IndexerTopK; a's pointers and `topk` [T, K] are device memory.
+// pos_at (optional; IndexerTakesDevicePos says where): the decode row's key count is
+// *pos_at + 1, read on the device, so that a launch captured into a graph stays valid as the
+// cache grows; a.S (and a.offset = a.S - 1) is then an upper bound that sizes the grid.
 absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const int32_t* pos_at = nullptr);
+// One query row on the lane-per-key decode kernel: dim % 4 == 0, 16-byte aligned q and keys,
+// its shared memory within the device's limit.
+bool IndexerTakesDevicePos(const cpu::IndexerArgs& a);
 
 }  // namespace ring::cuda
 

@@ -1389,6 +1389,28 @@ TEST_F(GpuTest, MlaKvRope) {
       Report("mla_kv_rope latent", shape, ActName(t), gl, rl, EwTol(t));
       Report("mla_kv_rope k_pe", shape, ActName(t), gk, rk, EwTol(t));
       Report("mla_kv_rope q", shape, ActName(t), gq, rq, EwTol(t));
+
+      // The position on the device: latent and k_pe given by the caches' row 0, rows offset..
+      // written bit for bit as above, every other row untouched.
+      const int64_t rows = s.offset + s.T + 2;
+      const std::vector<float> lc0 = RandomFloats(rows * s.kvl, 314, 1.f, bf);
+      const std::vector<float> kc0 = RandomFloats(rows * s.rope, 315, 1.f, bf);
+      const std::vector<int32_t> pos = {static_cast<int32_t>(s.offset)};
+      absl::StatusOr<DeviceBuffer> dpos = DeviceBuffer::FromVector(pos);
+      ASSERT_TRUE(dpos.ok());
+      DevVec lc = Upload(lc0, DType::kF32), kc = Upload(kc0, DType::kF32), pq = Upload(q, DType::kF32);
+      ASSERT_TRUE(MlaKvRope(dckv.buf.as<float>(), s.T, s.kvl, s.rope, dw.in(), eps, lc.buf.as<float>(),
+                            kc.buf.as<float>(), pq.buf.as<float>(), s.H, s.qd, s.pre, s.traditional,
+                            dinv->as<float>(), 0, t, nullptr, dpos->as<int32_t>())
+                      .ok());
+      std::vector<float> want_l = lc0, want_k = kc0;
+      std::copy(gl.begin(), gl.end(), want_l.begin() + s.offset * s.kvl);
+      std::copy(gk.begin(), gk.end(), want_k.begin() + s.offset * s.rope);
+      const std::vector<float> got_l = Download(lc, lc0.size()), got_k = Download(kc, kc0.size());
+      const std::vector<float> got_q = Download(pq, q.size());
+      EXPECT_EQ(0, std::memcmp(got_l.data(), want_l.data(), want_l.size() * 4)) << "latent cache, " << shape;
+      EXPECT_EQ(0, std::memcmp(got_k.data(), want_k.data(), want_k.size() * 4)) << "k_pe cache, " << shape;
+      EXPECT_EQ(0, std::memcmp(got_q.data(), gq.data(), gq.size() * 4)) << "q, position on the device, " << shape;
     }
   }
 }
@@ -1468,6 +1490,33 @@ TEST_F(GpuTest, IndexerNormRope) {
       Report("indexer_norm_rope q", shape, ActName(t), gq, rq, EwTol(t));
       Report("indexer_norm_rope k", shape, ActName(t), gk, rk, EwTol(t));
       Report("indexer_norm_rope w", shape, ActName(t), gwo, rw, kTolExact);
+
+      // Into the key cache (rows offset.. of a cache given by its row 0), the position on the
+      // device and from the host: the same bits, k only read, every other row untouched.
+      const int64_t rows = s.offset + s.T + 2;
+      const std::vector<float> kc0 = RandomFloats(rows * s.d, 326, 1.f, bf);
+      const std::vector<int32_t> pos = {static_cast<int32_t>(s.offset)};
+      absl::StatusOr<DeviceBuffer> dpos = DeviceBuffer::FromVector(pos);
+      ASSERT_TRUE(dpos.ok());
+      std::vector<float> want = kc0;
+      std::copy(gk.begin(), gk.end(), want.begin() + s.offset * s.d);
+      for (bool on_device : {true, false}) {
+        DevVec cq = Upload(q, DType::kF32), ck = Upload(k, DType::kF32), cw = Upload(w, DType::kF32);
+        DevVec kc = Upload(kc0, DType::kF32);
+        ASSERT_TRUE(IndexerNormRope(cq.buf.as<float>(), s.T, s.H, s.d, ck.buf.as<float>(), dgw.in(), dgb.in(),
+                                    eps, s.dims, s.pre, s.traditional, dinv->as<float>(),
+                                    on_device ? 0 : s.offset, s.scale_w ? cw.buf.as<float>() : nullptr,
+                                    s.scale_w ? nw : 0, wscale, t, nullptr,
+                                    on_device ? dpos->as<int32_t>() : nullptr, kc.buf.as<float>())
+                        .ok());
+        const std::string how = shape + (on_device ? ", position on the device" : ", position from the host");
+        const std::vector<float> got = Download(kc, kc0.size()), got_q = Download(cq, q.size());
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "key cache, " << how;
+        EXPECT_EQ(0, std::memcmp(got_q.data(), gq.data(), gq.size() * 4)) << "q, " << how;
+        EXPECT_EQ(Download(ck, k.size()), k) << "k was written, " << how;
+        const std::vector<float> got_w = Download(cw, w.size());
+        EXPECT_EQ(0, std::memcmp(got_w.data(), gwo.data(), gwo.size() * 4)) << "w, " << how;
+      }
     }
   }
 }
@@ -2122,6 +2171,100 @@ TEST_F(GpuTest, MlaAttention) {
   }
 }
 
+// Absorbed decode with the key count on the device (what a graph-replayed step runs), at
+// GLM-5.2's dims: dense and sparse rows at several counts under one bound against the CPU,
+// and a graph captured at the first count and replayed at the others equal to direct launches.
+TEST_F(GpuTest, MlaAttentionDevicePos) {
+  const int64_t H = 64, nope = 192, rope = 64, vd = 256, kvl = 512;
+  uint32_t seed = 1700;
+  auto embed_q = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, H, kvl, nope, ++seed);
+  auto unembed = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, H, vd, kvl, ++seed);
+  ASSERT_TRUE(embed_q && unembed);
+  struct S {
+    int64_t bound, K;
+    std::vector<int64_t> counts;
+  };
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const S& s : {S{2048, 0, {300, 2048, 17}}, S{4096, 2048, {2101, 4096, 3000}}}) {
+    for (cpu::ActDType t : kActs) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const std::vector<float> q = RandomFloats(H * (nope + rope), ++seed, 1.f, bf);
+      const std::vector<float> lat = RandomFloats(s.bound * kvl, ++seed, 1.f, bf);
+      const std::vector<float> kpe = RandomFloats(s.bound * rope, ++seed, 1.f, bf);
+      DeviceBuffer dq = UpF(q), dl = UpF(lat), dp = UpF(kpe), dpos = Zeros(1);
+      DeviceBuffer dt = Zeros(std::max<int64_t>(s.K, 1));
+      DeviceBuffer direct = Zeros(H * vd), replay = Zeros(H * vd);
+      cpu::MlaAttentionArgs a;
+      a.q = q.data();
+      a.latent = lat.data();
+      a.k_pe = kpe.data();
+      a.T = 1;
+      a.K = s.K;
+      a.H = H;
+      a.nope = nope;
+      a.rope = rope;
+      a.vd = vd;
+      a.kvl = kvl;
+      a.scale = 1.f / std::sqrt(static_cast<float>(nope + rope));
+      cpu::MlaAttentionArgs g = a;
+      g.q = dq.as<float>();
+      g.latent = dl.as<float>();
+      g.k_pe = dp.as<float>();
+      g.topk = s.K > 0 ? dt.as<int32_t>() : nullptr;
+      g.S = s.bound;
+      g.offset = s.bound - 1;
+      ASSERT_TRUE(MlaAttentionTakesDevicePos(g));
+      cudaGraphExec_t exec = nullptr;
+      for (int64_t n : s.counts) {
+        const int32_t pos = static_cast<int32_t>(n - 1);
+        ASSERT_EQ(cudaMemcpy(dpos.data(), &pos, 4, cudaMemcpyHostToDevice), cudaSuccess);
+        std::vector<int32_t> topk;
+        if (s.K > 0) {
+          std::mt19937 rng(seed + n);
+          std::uniform_real_distribution<float> u(0.f, 1.f);
+          std::vector<float> sc(n);
+          for (float& v : sc) v = u(rng);
+          topk = cpu::TopKIndices(sc.data(), n, s.K);
+          ASSERT_EQ(cudaMemcpy(dt.data(), topk.data(), topk.size() * 4, cudaMemcpyHostToDevice),
+                    cudaSuccess);
+        }
+        cpu::MlaAttentionArgs r = a;
+        r.S = n;
+        r.offset = n - 1;
+        r.topk = s.K > 0 ? topk.data() : nullptr;
+        std::vector<float> ref(H * vd);
+        cpu::MlaAttention(r, embed_q->host, unembed->host, t, ref.data());
+        const absl::Status st = MlaAttention(g, embed_q->dev.view, unembed->dev.view, t,
+                                             direct.as<float>(), nullptr, nullptr, dpos.as<int32_t>());
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::string shape = absl::StrFormat("keys %d of %d K%d h%d", n, s.bound, s.K, H);
+        const std::vector<float> got = Dl(direct.as<float>(), ref.size());
+        Report(absl::StrFormat("mla absorbed %s device pos", s.K > 0 ? "sparse" : "dense"), shape,
+               absl::StrCat(embed_q->Mode(), " ", ActName(t)), got, ref, AttnTol(t) * kMlaFactor);
+        if (exec == nullptr) {
+          cudaGraph_t graph = nullptr;
+          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          const absl::Status cs = MlaAttention(g, embed_q->dev.view, unembed->dev.view, t,
+                                               replay.as<float>(), stream, nullptr, dpos.as<int32_t>());
+          EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+          ASSERT_TRUE(cs.ok()) << cs;
+          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+          cudaGraphDestroy(graph);
+        }
+        EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        const std::vector<float> rep = Dl(replay.as<float>(), ref.size());
+        EXPECT_EQ(0, std::memcmp(rep.data(), got.data(), got.size() * 4))
+            << shape << " " << ActName(t) << ": the graph replayed at this count differs";
+      }
+      cudaGraphExecDestroy(exec);
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 // Top-k selection: random values with many ties (few levels), +-0, -inf tails; must be the
 // exact set cpu::TopKIndices returns.
 TEST_F(GpuTest, TopKRows) {
@@ -2203,6 +2346,76 @@ TEST_F(GpuTest, IndexerTopK) {
                   ActName(t), DlI(dout->as<int32_t>(), ref.size()), ref);
     }
   }
+}
+
+// The decode row with the key count on the device (what a graph-replayed step runs): ids
+// exactly the CPU's at several counts under one bound, and a graph captured at the first
+// count and replayed at the others equal to them.
+TEST_F(GpuTest, IndexerTopKDevicePos) {
+  struct S {
+    int64_t bound, heads, dim, K;
+    std::vector<int64_t> counts;
+  };
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const S& s : {S{4096, 32, 128, 2048, {2049, 2101, 4096, 3001}},
+                     S{1024, 40, 320, 64, {700, 65, 1024}}}) {
+    for (cpu::ActDType t : kActs) {
+      std::mt19937 rng(1310 + s.bound);
+      std::uniform_int_distribution<int> u(-8, 8);
+      std::vector<float> q(s.heads * s.dim), k(s.bound * s.dim);
+      for (float& v : q) v = u(rng) / 4.f;
+      for (float& v : k) v = u(rng) / 4.f;
+      const std::vector<float> w = RandomFloats(s.heads, 1311, 0.1f, true);
+      DeviceBuffer dq = UpF(q), dk = UpF(k), dw = UpF(w), dpos = Zeros(1);
+      DeviceBuffer direct = Zeros(s.K), replay = Zeros(s.K);
+      cpu::IndexerArgs a;
+      a.q = q.data();
+      a.keys = k.data();
+      a.w = w.data();
+      a.T = 1;
+      a.heads = s.heads;
+      a.dim = s.dim;
+      a.K = s.K;
+      cpu::IndexerArgs g = a;
+      g.q = dq.as<float>();
+      g.keys = dk.as<float>();
+      g.w = dw.as<float>();
+      g.S = s.bound;
+      g.offset = s.bound - 1;
+      ASSERT_TRUE(IndexerTakesDevicePos(g));
+      cudaGraphExec_t exec = nullptr;
+      for (int64_t n : s.counts) {
+        const int32_t pos = static_cast<int32_t>(n - 1);
+        ASSERT_EQ(cudaMemcpy(dpos.data(), &pos, 4, cudaMemcpyHostToDevice), cudaSuccess);
+        cpu::IndexerArgs r = a;
+        r.S = n;
+        r.offset = n - 1;
+        std::vector<int32_t> ref(s.K);
+        cpu::IndexerTopK(r, t, ref.data());
+        const absl::Status st = IndexerTopK(g, t, direct.as<int32_t>(), nullptr, dpos.as<int32_t>());
+        ASSERT_TRUE(st.ok()) << st;
+        const std::string shape =
+            absl::StrFormat("keys %d of %d h%d d%d K%d", n, s.bound, s.heads, s.dim, s.K);
+        const std::vector<int32_t> got = DlI(direct.as<int32_t>(), ref.size());
+        ReportExact("indexer topk device pos", shape, ActName(t), got, ref);
+        if (exec == nullptr) {
+          cudaGraph_t graph = nullptr;
+          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          const absl::Status cs = IndexerTopK(g, t, replay.as<int32_t>(), stream, dpos.as<int32_t>());
+          EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+          ASSERT_TRUE(cs.ok()) << cs;
+          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+          cudaGraphDestroy(graph);
+        }
+        EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        EXPECT_EQ(DlI(replay.as<int32_t>(), ref.size()), got) << shape << ": the graph replay differs";
+      }
+      cudaGraphExecDestroy(exec);
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST_F(GpuTest, MoeRouting) {

@@ -15,8 +15,7 @@
 //   * Op graphs. Each op call of a step gets a record of its exact arguments (pointers,
 //     sizes, scalars, weights). An op whose record equals the record of the op at the same
 //     index of one of the last two steps is "stable" and is held back; the next op that is not
-//     stable (a KV-cache write, RoPE at this position, attention over this step's length,
-//     a host copy) first flushes the held-back run. A run of two or more ops is captured
+//     stable (a host copy, an op whose arguments changed) first flushes the held-back run. A run of two or more ops is captured
 //     once into a CUDA graph keyed by the run's records and replayed whenever the same run
 //     comes again. Equal records mean the same kernels on the same buffers, so a replay does
 //     exactly what launching the ops would; scratch a kernel allocates internally while
@@ -25,11 +24,15 @@
 //   * Positions on the device. An op that takes the sequence position can read it from a
 //     device slot (PosSlot: one int per distinct position of the step, copied up once before
 //     the first op that reads it) and is then recorded by the slot, not the value: Qwen3's
-//     q/k norm + RoPE with its cache write (HeadNormRope with KvRows) and GQA decode
-//     attention (grid sized to a power of two of keys). A Qwen3 decode step is then one
-//     graph from the first layer's norm to the logits. The other position-dependent ops
-//     (MLA's cache write and attention, the DSA indexer, plain RoPE, a host copy) are still
-//     launched directly and split the runs: per GLM layer one graph and a few launches.
+//     q/k norm + RoPE with its cache write (HeadNormRope with KvRows), MLA's cache write and
+//     RoPEs (MlaKvRope), the DSA indexer's key norm + RoPE with its cache write
+//     (IndexerNormRope) and its scores + top-k, and decode attention, GQA and MLA (grids
+//     sized for StepBound keys, a power of two). A decode step of either family is then one
+//     run of recorded ops from the first layer's norm to the logits; only the embedding, the
+//     host copies and plain RoPE (several sequences' indexer) are launched directly.
+//   * Run lengths. A held-back run is queued (a graph launch) once it holds 4 ops, the next
+//     at 8, then 16, then 32 at most (RING_CUDA_GRAPH_FIRST_OPS, RING_CUDA_GRAPH_MAX_OPS), so
+//     that the GPU starts soon after the step does while the host records the rest.
 //   * bf16 activations. A Linear converts its fp32 input to bf16 for the tensor-core
 //     kernels into one backend buffer, unless the buffer already holds it: a Linear reading
 //     the same input right after another (q/k/v, gate/up), or the output of the op just
@@ -111,6 +114,12 @@ constexpr size_t kMaxGraphs = 4096;
 // of a batched step).
 constexpr int kPosSlots = 64;
 
+// The key count a launch that reads the cache length on the device is sized for: the next
+// power of two of `keys`, at least 256 (the blocks past the real count find no key).
+int64_t StepBound(int64_t keys) {
+  return std::max<int64_t>(256, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(keys))));
+}
+
 // Size class of an arena request: 256-byte granules up to 4 KiB, then eight classes per
 // power of two (at most 1/8 wasted).
 size_t ArenaClass(size_t n) {
@@ -191,6 +200,18 @@ size_t GraphMaxOpsByEnv() {
   const long n = std::strtol(v, nullptr, 10);
   return n >= 2 ? static_cast<size_t>(n) : 0;
 }
+// The first held-back run of a step is queued at this many ops, each later one at twice the
+// previous cap (up to the maximum above), so that the GPU starts soon after the step does:
+// GLM-5.2 slice decode at 2k context 0.837-0.839 ms/step, against 0.874-0.882 with every run
+// up to 32 and 0.870 without graphs (H200, session 20; 2 and 8 in between).
+// RING_CUDA_GRAPH_FIRST_OPS=N overrides (0: every run up to the maximum).
+constexpr size_t kGraphFirstOps = 4;
+size_t GraphFirstOpsByEnv() {
+  const char* v = std::getenv("RING_CUDA_GRAPH_FIRST_OPS");
+  if (v == nullptr) return kGraphFirstOps;
+  const long n = std::strtol(v, nullptr, 10);
+  return n >= 2 ? static_cast<size_t>(n) : 0;
+}
 
 bool GraphsEnabledByEnv() {
   const char* v = std::getenv("RING_CUDA_GRAPHS");
@@ -204,6 +225,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
         graphs_enabled_(GraphsEnabledByEnv()),
         graph_min_ops_(GraphMinOpsByEnv()),
         graph_max_ops_(GraphMaxOpsByEnv()),
+        graph_first_ops_(GraphFirstOpsByEnv()),
         stats_on_(StatsEnabledByEnv()),
         marks_on_(LayerMarksEnabledByEnv()) {}
   ~CudaBackend() override {
@@ -279,6 +301,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     in_step_ = true;
     npos_ = pos_sent_ = 0;
+    run_cap_ = graph_first_ops_ == 0 ? graph_max_ops_
+               : graph_max_ops_ == 0 ? graph_first_ops_
+                                     : std::min(graph_first_ops_, graph_max_ops_);
     step_t0_ = NowNs();
     cur_.clear();
     conv_src_ = nullptr;
@@ -592,24 +617,62 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return Backend::MlaKvRope(r, ckv, T, kvl, rope, kv_norm, eps, latent, k_pe, q, H, qd, offset, t);
     }
     RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(kv_norm));
-    // The cache rows and the position change every step. The q latent's conversion (q_b
-    // read it) stays: the indexer's wq_b reads it next.
-    RING_RETURN_IF_ERROR(UnrecordedWriting({{latent, T * kvl}, {k_pe, T * rope}, {q, T * H * qd}}));
-    return cuda::MlaKvRope(ckv, T, kvl, rope, dw, eps, latent, k_pe, q, H, qd, r.pre_scale, r.traditional,
-                           it->second.as<float>(), offset, t, stream_);
+    // The cache rows by their row 0 and the position by its device slot (null: the host's
+    // value, the rows as given), so that the record is the same at every position.
+    const int32_t* pos_at = PosSlot(offset);
+    float* lat = pos_at != nullptr ? latent - offset * kvl : latent;
+    float* kpe = pos_at != nullptr ? k_pe - offset * rope : k_pe;
+    const float pre = r.pre_scale;
+    const bool trad = r.traditional;
+    const float* inv = it->second.as<float>();
+    auto work = [=, this] {
+      return cuda::MlaKvRope(ckv, T, kvl, rope, dw, eps, lat, kpe, q, H, qd, pre, trad, inv, offset, t,
+                             stream_, pos_at);
+    };
+    // The q latent's conversion (q_b read it) stays: the indexer's wq_b reads it next.
+    if (pos_at == nullptr) {
+      RING_RETURN_IF_ERROR(UnrecordedWriting({{latent, T * kvl}, {k_pe, T * rope}, {q, T * H * qd}}));
+      return work();
+    }
+    KeepConversionPast({{latent, T * kvl}, {k_pe, T * rope}, {q, T * H * qd}});
+    return Submit(OpRecord('K')
+                      .Add(ckv, T, kvl, rope, dw.data, eps, lat, kpe, q, H, qd, pre, trad, inv, pos_at, t)
+                      .Take(),
+                  work);
   }
   absl::Status IndexerNormRope(const RopeTable& r, float* q, int64_t T, int64_t heads, int64_t d, float* k,
                                const TensorView& norm_w, const TensorView& norm_b, float eps, int64_t offset,
-                               float* w, int64_t n_w, float wscale, ActDType t) override {
+                               float* w, int64_t n_w, float wscale, ActDType t, float* k_rows) override {
     auto it = ropes_.find(&r);
     if (r.dims > d || it == ropes_.end()) {
-      return Backend::IndexerNormRope(r, q, T, heads, d, k, norm_w, norm_b, eps, offset, w, n_w, wscale, t);
+      return Backend::IndexerNormRope(r, q, T, heads, d, k, norm_w, norm_b, eps, offset, w, n_w, wscale, t,
+                                      k_rows);
     }
     RING_ASSIGN_OR_RETURN(const DevArray dw, Tensor(norm_w));
     RING_ASSIGN_OR_RETURN(const DevArray db, Tensor(norm_b));
-    RING_RETURN_IF_ERROR(Unrecorded());  // the cache row and the position change every step
-    return cuda::IndexerNormRope(q, T, heads, d, k, dw, db, eps, r.dims, r.pre_scale, r.traditional,
-                                 it->second.as<float>(), offset, w, w != nullptr ? n_w : 0, wscale, t, stream_);
+    // With the cache write: the key cache by its row 0 and the position by its device slot.
+    const int32_t* pos_at = k_rows != nullptr ? PosSlot(offset) : nullptr;
+    float* kc = k_rows != nullptr ? k_rows - offset * d : nullptr;
+    const int64_t host_pos = pos_at != nullptr ? 0 : offset;
+    const int64_t dims = r.dims;
+    const float pre = r.pre_scale;
+    const bool trad = r.traditional;
+    const float* inv = it->second.as<float>();
+    const int64_t nw = w != nullptr ? n_w : 0;
+    auto work = [=, this] {
+      return cuda::IndexerNormRope(q, T, heads, d, k, dw, db, eps, dims, pre, trad, inv, host_pos, w, nw,
+                                   wscale, t, stream_, pos_at, kc);
+    };
+    if (pos_at == nullptr) {
+      RING_RETURN_IF_ERROR(Unrecorded());  // the cache row and the position change every step
+      return work();
+    }
+    conv_src_ = nullptr;
+    return Submit(OpRecord('I')
+                      .Add(q, T, heads, d, k, dw.data, db.data, eps, dims, pre, trad, inv, pos_at, kc, w,
+                           nw, wscale, t)
+                      .Take(),
+                  work);
   }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
@@ -628,10 +691,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return Submit(OpRecord('s').Add(x, n, s, t).Take(),
                   [=, this] { return cuda::ScaleRound(Out(x), n, s, t, stream_); });
   }
-  // Attention reads this step's cache length: a decode row takes it from its position's
-  // device slot, with the grid sized for the next power of two of keys (at least 256), so
-  // its record changes only when the cache crosses one; other calls are not recorded. MLA
-  // attention and the indexer are not recorded either.
+  // Attention, MLA attention and the indexer read this step's cache length: a decode row
+  // takes it from its position's device slot, with the grid sized for StepBound keys, so its
+  // record changes only when the cache crosses a power of two; other calls are not recorded.
   absl::Status Attention(const cpu::AttentionArgs& a, ActDType t, float* out) override {
     const int32_t* pos_at = cuda::AttentionTakesDevicePos(a) ? PosSlot(a.S - a.L) : nullptr;
     if (pos_at == nullptr) {
@@ -641,7 +703,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     }
     RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.L * a.hq * a.dv, t));
     cpu::AttentionArgs g = a;
-    g.S = std::max<int64_t>(256, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(a.S))));
+    g.S = StepBound(a.S);
     return Submit(OpRecord('a')
                       .Add(g.q, g.q_stride, g.k, g.k_stride, g.v, g.v_stride, g.L, g.S, g.hq,
                            g.hkv, g.dk, g.dv, g.scale, pos_at, t, out, xb)
@@ -652,13 +714,37 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
                             const QuantWeight& unembed_out, ActDType t, float* out) override {
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* eq, Weight(embed_q));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* uo, Weight(unembed_out));
-    RING_RETURN_IF_ERROR(Unrecorded());
+    const int32_t* pos_at =
+        cuda::MlaAttentionTakesDevicePos(a) ? PosSlot(a.S - a.T) : nullptr;
+    if (pos_at == nullptr) {
+      RING_RETURN_IF_ERROR(Unrecorded());
+      RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.T * a.H * a.vd, t));
+      return cuda::MlaAttention(a, *eq, *uo, t, out, stream_, xb);
+    }
     RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.T * a.H * a.vd, t));
-    return cuda::MlaAttention(a, *eq, *uo, t, out, stream_, xb);
+    cpu::MlaAttentionArgs g = a;
+    g.S = StepBound(a.S);
+    g.offset = g.S - g.T;
+    return Submit(OpRecord('m')
+                      .Add(g.q, g.latent, g.k_pe, g.topk, g.T, g.S, g.K, g.H, g.nope, g.rope,
+                           g.vd, g.kvl, g.scale, eq, uo, pos_at, t, out, xb)
+                      .Take(),
+                  [=, this] { return cuda::MlaAttention(g, *eq, *uo, t, out, stream_, xb, pos_at); });
   }
   absl::Status IndexerTopK(const cpu::IndexerArgs& a, ActDType t, int32_t* topk) override {
-    RING_RETURN_IF_ERROR(Unrecorded());
-    return cuda::IndexerTopK(a, t, topk, stream_);
+    const int32_t* pos_at = cuda::IndexerTakesDevicePos(a) ? PosSlot(a.S - a.T) : nullptr;
+    if (pos_at == nullptr) {
+      RING_RETURN_IF_ERROR(Unrecorded());
+      return cuda::IndexerTopK(a, t, topk, stream_);
+    }
+    conv_src_ = nullptr;
+    cpu::IndexerArgs g = a;
+    g.S = StepBound(a.S);
+    g.offset = g.S - g.T;
+    return Submit(OpRecord('X')
+                      .Add(g.q, g.keys, g.w, g.T, g.S, g.heads, g.dim, g.K, pos_at, t, topk)
+                      .Take(),
+                  [=, this] { return cuda::IndexerTopK(g, t, topk, stream_, pos_at); });
   }
   absl::Status RouteSigmoid(const float* logits, const TensorView& bias, int64_t T,
                             const cpu::SigmoidRouting& r, int32_t* ids, float* weights) override {
@@ -814,7 +900,10 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return RunDirect(work);
     }
     held_.push_back({i, std::move(work)});
-    if (graph_max_ops_ > 0 && held_.size() >= graph_max_ops_) return Flush();
+    if (run_cap_ > 0 && held_.size() >= run_cap_) {
+      run_cap_ = std::min(2 * run_cap_, graph_max_ops_ > 0 ? graph_max_ops_ : 2 * run_cap_);
+      return Flush();
+    }
     return absl::OkStatus();
   }
   // Before an op that is launched directly (never part of a graph).
@@ -1041,6 +1130,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   bool graphs_enabled_;
   const size_t graph_min_ops_;
   const size_t graph_max_ops_;
+  const size_t graph_first_ops_;
+  size_t run_cap_ = 0;  // ops at which this step's held-back run is queued (0: no cap)
   bool in_step_ = false;
   std::vector<std::string> prev2_, prev_, cur_;  // op records of the last two steps and this one
   std::vector<HeldOp> held_;
