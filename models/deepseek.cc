@@ -247,8 +247,8 @@ absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
   // w = round(weights_proj(x) * heads^-0.5 * dim^-0.5), for the scores and top-k below.
   Buffer& w = in.w;
   const float wscale = static_cast<float>(1.0 / std::sqrt(double(ih)) / std::sqrt(double(id)));
-  // One sequence (its keys are in its cache rows already): the key norm, both RoPEs and the
-  // weights' scale in one call (one launch on CUDA).
+  // One sequence: the key norm into its cache rows, both RoPEs and the weights' scale in one
+  // call (one launch on CUDA).
   const bool one = segs.size() == 1;
   if (one) {
     const int64_t offset = segs[0].seq->position_;

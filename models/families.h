@@ -84,8 +84,9 @@ class LayeredStage : public Stage {
   };
   virtual BlockNorms Norms(int64_t layer) const = 0;
   // out[rows, hidden] = the layer's attention on the normed input x, each segment over its
-  // own sequence's cache. Projections run on all rows at once; with one segment, the step's
-  // keys go straight into its cache rows (no scratch copy).
+  // own sequence's cache. Projections run on all rows at once into scratch rows, which each
+  // sequence's cache rows then take (with one segment inside the op that norms or rotates
+  // them), so that the projections write the same buffers at every position.
   virtual absl::Status Attention(int64_t layer, const std::vector<Segment>& segs,
                                  const float* x, int64_t rows, float* out) const = 0;
   // out[rows, hidden] = the layer's MLP or MoE on the normed input x (rows independent).

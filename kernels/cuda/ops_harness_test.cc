@@ -57,6 +57,7 @@
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -1573,6 +1574,31 @@ DeviceBuffer Zeros(size_t floats) {
   }
   return b.ok() ? *std::move(b) : DeviceBuffer();
 }
+// `launch` (work queued on `stream`) captured into an executable CUDA graph, as the backend
+// replays decode steps; null (and a test failure) when capture or instantiation fails.
+cudaGraphExec_t CaptureGraph(cudaStream_t stream, const std::function<absl::Status()>& launch) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = launch();
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_TRUE(st.ok()) << st;
+  cudaGraphExec_t exec = nullptr;
+  if (graph != nullptr) {
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);
+  }
+  if (!st.ok() && exec != nullptr) {
+    cudaGraphExecDestroy(exec);
+    exec = nullptr;
+  }
+  return exec;
+}
+// Launches `exec` on `stream` and waits for it.
+void ReplayGraph(cudaGraphExec_t exec, cudaStream_t stream) {
+  ASSERT_NE(exec, nullptr) << "no graph to replay";
+  EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+}
 // Exact comparison of integer results, reported as a table row (NMSE of the mismatch count).
 void ReportExact(const std::string& op, const std::string& shape, const std::string& mode,
                  const std::vector<int32_t>& got, const std::vector<int32_t>& ref) {
@@ -1769,21 +1795,13 @@ SplitRun RunSplitAttention(const SplitCase& s, cpu::ActDType t, const DeviceInfo
     // Captured into a CUDA graph as the backend does, and the graph launched twice. The
     // stream does not wait for the legacy stream's zeroing of the outputs: synchronize.
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const absl::Status st = Attention(g, t, dout.as<float>(), stream, dbf.as<uint16_t>());
-    cudaGraph_t graph = nullptr;
-    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    EXPECT_TRUE(st.ok()) << st;
-    cudaGraphExec_t exec = nullptr;
-    if (graph != nullptr && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
-      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraphExec_t exec = CaptureGraph(
+        stream, [&] { return Attention(g, t, dout.as<float>(), stream, dbf.as<uint16_t>()); });
+    if (exec != nullptr) {
+      ReplayGraph(exec, stream);
+      ReplayGraph(exec, stream);
       cudaGraphExecDestroy(exec);
-    } else {
-      ADD_FAILURE() << "graph capture of the split attention failed";
     }
-    if (graph != nullptr) cudaGraphDestroy(graph);
   }
   r.out = Dl(dout.as<float>(), r.ref.size());
   absl::StatusOr<std::vector<uint16_t>> bits = dbf.ToVector<uint16_t>(r.ref.size());
@@ -2034,22 +2052,16 @@ TEST_F(GpuTest, AttentionGqaDevicePos) {
         const std::vector<float> got = Dl(direct.as<float>(), ref.size());
         Report("attention device pos", shape_s, ActName(t), got, ref, AttnTol(t));
         if (exec == nullptr) {
-          cudaGraph_t graph = nullptr;
-          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          const absl::Status cs = Attention(g, t, replay.as<float>(), stream, nullptr,
-                                            dpos.as<int32_t>());
-          EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-          ASSERT_TRUE(cs.ok()) << cs;
-          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-          cudaGraphDestroy(graph);
+          exec = CaptureGraph(stream, [&] {
+            return Attention(g, t, replay.as<float>(), stream, nullptr, dpos.as<int32_t>());
+          });
         }
-        EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        ReplayGraph(exec, stream);
         const std::vector<float> rep = Dl(replay.as<float>(), ref.size());
         EXPECT_EQ(0, std::memcmp(rep.data(), got.data(), got.size() * 4))
             << shape_s << " " << ActName(t) << ": the graph replayed at this count differs";
       }
-      cudaGraphExecDestroy(exec);
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
   }
   // Refused where the kernel cannot take it: a mask, two rows.
@@ -2244,22 +2256,17 @@ TEST_F(GpuTest, MlaAttentionDevicePos) {
         Report(absl::StrFormat("mla absorbed %s device pos", s.K > 0 ? "sparse" : "dense"), shape,
                absl::StrCat(embed_q->Mode(), " ", ActName(t)), got, ref, AttnTol(t) * kMlaFactor);
         if (exec == nullptr) {
-          cudaGraph_t graph = nullptr;
-          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          const absl::Status cs = MlaAttention(g, embed_q->dev.view, unembed->dev.view, t,
-                                               replay.as<float>(), stream, nullptr, dpos.as<int32_t>());
-          EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-          ASSERT_TRUE(cs.ok()) << cs;
-          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-          cudaGraphDestroy(graph);
+          exec = CaptureGraph(stream, [&] {
+            return MlaAttention(g, embed_q->dev.view, unembed->dev.view, t, replay.as<float>(),
+                                stream, nullptr, dpos.as<int32_t>());
+          });
         }
-        EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        ReplayGraph(exec, stream);
         const std::vector<float> rep = Dl(replay.as<float>(), ref.size());
         EXPECT_EQ(0, std::memcmp(rep.data(), got.data(), got.size() * 4))
             << shape << " " << ActName(t) << ": the graph replayed at this count differs";
       }
-      cudaGraphExecDestroy(exec);
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
   }
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
@@ -2400,19 +2407,14 @@ TEST_F(GpuTest, IndexerTopKDevicePos) {
         const std::vector<int32_t> got = DlI(direct.as<int32_t>(), ref.size());
         ReportExact("indexer topk device pos", shape, ActName(t), got, ref);
         if (exec == nullptr) {
-          cudaGraph_t graph = nullptr;
-          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          const absl::Status cs = IndexerTopK(g, t, replay.as<int32_t>(), stream, dpos.as<int32_t>());
-          EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-          ASSERT_TRUE(cs.ok()) << cs;
-          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-          cudaGraphDestroy(graph);
+          exec = CaptureGraph(stream, [&] {
+            return IndexerTopK(g, t, replay.as<int32_t>(), stream, dpos.as<int32_t>());
+          });
         }
-        EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        ReplayGraph(exec, stream);
         EXPECT_EQ(DlI(replay.as<int32_t>(), ref.size()), got) << shape << ": the graph replay differs";
       }
-      cudaGraphExecDestroy(exec);
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
   }
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);

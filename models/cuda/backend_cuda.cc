@@ -182,24 +182,23 @@ bool SharedExpertFused() {
   return fused;
 }
 
+// An op count from the environment variable `name`: `unset` when it is not set, `low` when it
+// is below 2.
+size_t OpCountFromEnv(const char* name, size_t unset, size_t low) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return unset;
+  const long n = std::strtol(v, nullptr, 10);
+  return n >= 2 ? static_cast<size_t>(n) : low;
+}
 // RING_CUDA_GRAPH_MIN_OPS=N (default 2): a run of fewer replayable ops is launched directly
 // rather than as a graph (A/B: a graph launch costs more host time than a kernel launch).
-size_t GraphMinOpsByEnv() {
-  const char* v = std::getenv("RING_CUDA_GRAPH_MIN_OPS");
-  const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
-  return n >= 2 ? static_cast<size_t>(n) : 2;
-}
+size_t GraphMinOpsByEnv() { return OpCountFromEnv("RING_CUDA_GRAPH_MIN_OPS", 2, 2); }
 // A held-back run is queued once it holds this many ops, so that the GPU starts on a long run
 // while the host records the rest: a Qwen3-0.6B decode step held whole (243 ops, one graph)
 // waited for the host to record all of it; runs of 32 were the fastest of 8, 16, 32, 64 and
 // unlimited (H200, session 20). RING_CUDA_GRAPH_MAX_OPS=N overrides (0: no limit).
 constexpr size_t kGraphMaxOps = 32;
-size_t GraphMaxOpsByEnv() {
-  const char* v = std::getenv("RING_CUDA_GRAPH_MAX_OPS");
-  if (v == nullptr) return kGraphMaxOps;
-  const long n = std::strtol(v, nullptr, 10);
-  return n >= 2 ? static_cast<size_t>(n) : 0;
-}
+size_t GraphMaxOpsByEnv() { return OpCountFromEnv("RING_CUDA_GRAPH_MAX_OPS", kGraphMaxOps, 0); }
 // The first held-back run of a step is queued at this many ops, each later one at twice the
 // previous cap (up to the maximum above), so that the GPU starts soon after the step does:
 // GLM-5.2 slice decode at 2k context 0.837-0.839 ms/step, against 0.874-0.882 with every run
@@ -207,10 +206,7 @@ size_t GraphMaxOpsByEnv() {
 // RING_CUDA_GRAPH_FIRST_OPS=N overrides (0: every run up to the maximum).
 constexpr size_t kGraphFirstOps = 4;
 size_t GraphFirstOpsByEnv() {
-  const char* v = std::getenv("RING_CUDA_GRAPH_FIRST_OPS");
-  if (v == nullptr) return kGraphFirstOps;
-  const long n = std::strtol(v, nullptr, 10);
-  return n >= 2 ? static_cast<size_t>(n) : 0;
+  return OpCountFromEnv("RING_CUDA_GRAPH_FIRST_OPS", kGraphFirstOps, 0);
 }
 
 bool GraphsEnabledByEnv() {
