@@ -15,12 +15,12 @@
 //   * Op graphs. Each op call of a step gets a record of its exact arguments (pointers,
 //     sizes, scalars, weights). An op whose record equals the record of the op at the same
 //     index of one of the last two steps is "stable" and is held back; the next op that is not
-//     stable (a host copy, an op whose arguments changed) first flushes the held-back run. A run of two or more ops is captured
-//     once into a CUDA graph keyed by the run's records and replayed whenever the same run
-//     comes again. Equal records mean the same kernels on the same buffers, so a replay does
-//     exactly what launching the ops would; scratch a kernel allocates internally while
-//     captured belongs to the graph. RING_CUDA_GRAPHS=0 in the environment launches every op
-//     directly.
+//     stable (a host copy, an op whose arguments changed) first flushes the held-back run. A
+//     run of two or more ops is captured once into a CUDA graph keyed by the run's records
+//     and replayed whenever the same run comes again. Equal records mean the same kernels on
+//     the same buffers, so a replay does exactly what launching the ops would; scratch a
+//     kernel allocates internally while captured belongs to the graph. RING_CUDA_GRAPHS=0 in
+//     the environment launches every op directly.
 //   * Positions on the device. An op that takes the sequence position can read it from a
 //     device slot (PosSlot: one int per distinct position of the step, copied up once before
 //     the first op that reads it) and is then recorded by the slot, not the value: Qwen3's
