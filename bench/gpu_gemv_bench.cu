@@ -446,6 +446,20 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
                        kK * static_cast<double>(gate.bytes + up.bytes + down.bytes) / kE;
   std::printf("\nMoE block of one decode token (GLM-5.2: router + routing + 8 of 256 routed experts + shared "
               "expert + combine; %.1f MB, roofline %.1f us):\n", bytes / 1e6, bytes / probe / 1e3);
+  {  // the router alone (RING_QGEMV_CLUSTER_K=0 for its launch without the cluster K split)
+    QMatmulArgs a;
+    a.x_dtype = DType::kBF16;
+    a.m = 1;
+    a.overlap = 2;
+    a.y = logits.as<float>();
+    const std::string how = Must(DescribeQmm(router.views[0], a));
+    const float ms = MedianMs(st, iters, [&](int i) {
+      a.x = xb.as<uint16_t>() + (i % kRows) * kHidden;
+      BENCH_CHECK(QMatmulT(router.views[i % router.views.size()], a, st));
+    });
+    std::printf("  %-44s %.2f us = %.1f%% of the probe (%s)\n", "router GEMV alone (bf16 256 x 6144):",
+                ms * 1e3, 100.0 * router.bytes / (ms * 1e-3) / 1e9 / probe, how.c_str());
+  }
   for (int rep = 0; rep < 2; ++rep) {
     for (bool joint : {false, true}) {
       const float ms = MedianMs(st, iters, [&](int i) { block(i, joint); });

@@ -757,6 +757,45 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   TEST_SetQgemvTuning(restore, cap);
 }
 
+// Decode GEMVs of few row tiles split each tile's K over a cluster of blocks (sm_90+,
+// qgemv_gemv.cu ClusterKReduce): a MoE router (GLM-5.2's 256 x 6144 bf16 gate, Qwen3-MoE's
+// 128 x 2048), a small affine and an mxfp8 matrix, m = 1, 2, 8, against the CPU; the path is
+// the cluster one where the device has clusters (each shape has K steps enough for at least
+// two blocks a tile), and two runs give the same bits.
+TEST_F(GpuTest, FewTileGemvClusterK) {
+  struct C {
+    FormatCase f;
+    int64_t rows, cols;
+  };
+  uint32_t seed = 1900;
+  for (const C& c : {C{{{QuantMode::kNone, 0, 0}, DType::kBF16}, 256, 6144},
+                     C{{{QuantMode::kNone, 0, 0}, DType::kBF16}, 128, 2048},
+                     C{{{QuantMode::kAffine, 4, 64}, DType::kBF16}, 200, 4096},
+                     C{{{QuantMode::kMxfp8, 8, 32}, DType::kU8}, 64, 4096}}) {
+    auto w = MakeWeight(c.f.spec, c.f.dtype, 1, c.rows, c.cols, ++seed);
+    ASSERT_NE(w, nullptr);
+    for (int64_t m : {1, 2, 8}) {
+      const std::vector<float> x = RandomFloats(m * c.cols, ++seed);
+      QMatmulArgs probe;
+      probe.x_dtype = DType::kBF16;
+      probe.m = m;
+      absl::StatusOr<std::string> desc = DescribeQmm(w->dev.view, probe);
+      ASSERT_TRUE(desc.ok()) << desc.status();
+      const bool gemv = KernelOf(*w, probe) == "gemv";
+      const bool cluster = desc->find("cluster-k") != std::string::npos;
+      if (gemv && dev_->code_cc >= 90 && desc->find(" col-") == std::string::npos) {
+        EXPECT_TRUE(cluster) << *desc;
+      }
+      const std::vector<float> got = GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto);
+      const std::vector<float> again = GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto);
+      EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << *desc << ": runs differ";
+      Report(absl::StrFormat("qmm_t[%s]%s", KernelOf(*w, probe), cluster ? " cluster-k" : ""),
+             absl::StrFormat("M%d %s", m, w->Shape()), w->Mode(), got, CpuMatmulT(*w, x, m),
+             kTolMatmul, c.rows);
+    }
+  }
+}
+
 // The harness must fail a kernel that gets one group's scale wrong: for each matmul kernel
 // (decode GEMV, prefill GEMM, SIMT) and a few formats, doubling a single group scale in the
 // device copy (the reference keeps the right one) must exceed the case's tolerance.

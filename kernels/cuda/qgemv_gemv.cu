@@ -12,6 +12,9 @@
 // a quad therefore read 4 consecutive slices of a row (64 contiguous bytes for 4-bit
 // formats). A lane issues all its loads of a batch of U steps (16-byte loads at constant
 // offsets from one pointer per row) before decoding any (2-4 KB in flight per warp).
+// A matrix of few row tiles (a MoE router: 16 tiles would leave 116 of 132 SMs idle) also
+// splits each tile's K steps over a cluster of up to 8 blocks (sm_90+), whose sums rank 0
+// adds through distributed shared memory in rank order (QmmParams::kblocks).
 //
 // Cost model (H200, ncu, lm_head mxfp4, session 8): the kernel is bound by instruction
 // issue, not by DRAM: it executed ~3.0 instructions per weight per lane at ~63% issue
@@ -44,8 +47,12 @@
 // drains. overlap 1 waits (griddepcontrol.wait) before any memory access; overlap 2 issues
 // the first batch of weight loads before waiting, hiding their latency under the previous
 // kernel's tail (expert ids, x and y are only touched after the wait).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -201,6 +208,41 @@ __device__ __forceinline__ bool KSplitReduce(float (&acc)[WR][4], float* red, in
   return true;
 }
 
+// The K split across the blocks of a cluster (QmmParams::kblocks): each block's reduced sums
+// (held by its `lead` warps, one per tile `tl`) go to its shared `xs` ([tiles][WR * 4][32]),
+// and rank 0 adds the other ranks' in rank order (deterministic). Every thread of the
+// cluster must call it; true for the warps that hold the tile's total (rank 0's leads).
+template <int WR>
+__device__ __forceinline__ bool ClusterKReduce(float (&acc)[WR][4], float* xs, bool lead, int tl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  constexpr int V = WR * 4;
+  const int lane = threadIdx.x & 31;
+  if (lead) {
+#pragma unroll
+    for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xs[(tl * V + wr * 4 + i) * 32 + lane] = acc[wr][i];
+  }
+  cluster.sync();
+  const bool root = cluster.block_rank() == 0;
+  if (root && lead) {
+    for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
+      const float* o = cluster.map_shared_rank(xs, r);
+#pragma unroll
+      for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[wr][i] += o[(tl * V + wr * 4 + i) * 32 + lane];
+    }
+  }
+  cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
+  return root && lead;
+#else
+  return lead;  // never launched with a cluster below sm_90
+#endif
+}
+
 // Writes the mma accumulators: c0/c1 row g, tokens tok0 and tok0 + 1; c2/c3 row g + 8
 // (tok0 = 2t in the mma's layout; the column split sums its quad into lane t = 0 first).
 template <int WR>
@@ -287,7 +329,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[wr][i] = 0.f;
 
-  const StepRange range = WarpSteps<U>(nsteps, nslices, warps_k, wk);
+  const int kb = p.kblocks > 1 ? p.kblocks : 1;
+  const StepRange range =
+      WarpSteps<U>(nsteps, nslices, warps_k * kb, static_cast<int>(blockIdx.y) * warps_k + wk);
   const int s_begin = range.begin, s_end = range.end, full_end = range.full_end;
 
   auto batch = [&]<bool kFull>(int s0) {
@@ -429,8 +473,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
   if (early) PdlWait();  // warps that had no step still must not write before it
 
-  extern __shared__ float red[];  // [warp][WR * 4][32]
-  if (!KSplitReduce<WR>(acc, red, warps_k)) return;
+  extern __shared__ float red[];  // [warp][WR * 4][32] (warps_k > 1), then [tile][WR * 4][32]
+  const bool lead = KSplitReduce<WR>(acc, red, warps_k);
+  if (kb > 1) {
+    float* xs = red + (warps_k > 1 ? (blockDim.x >> 5) * WR * 4 * 32 : 0);
+    if (!ClusterKReduce<WR>(acc, xs, lead, tl)) return;
+  } else if (!lead) {
+    return;
+  }
   StoreRowTokens<WR>(acc, p, part, prob, row_base, wv.rows, bad, 2 * t);
 #else
   __trap();  // host dispatch never selects this kernel below sm_80
@@ -737,6 +787,16 @@ constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 std::atomic<int> g_variant{-1};
 std::atomic<int> g_wk_cap{0};
 
+// RING_QGEMV_CLUSTER_K (read once): unset 8, "0" off, N at most N blocks a row tile.
+int ClusterKCap() {
+  static const int cap = [] {
+    const char* v = std::getenv("RING_QGEMV_CLUSTER_K");
+    if (v == nullptr) return 8;
+    return std::clamp(static_cast<int>(std::strtol(v, nullptr, 10)), 0, 8);
+  }();
+  return cap;
+}
+
 int PowerOfTwoAtLeast(int64_t v) {
   int p = 1;
   while (p < v) p *= 2;
@@ -773,11 +833,21 @@ absl::Status LaunchWith(void* fn, dim3 grid, int threads, size_t smem, const Qmm
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
   cfg.attrs = attr;
-  cfg.numAttrs = pdl && PdlGemvEnabled() ? 1 : 0;
+  cfg.numAttrs = 0;
+  if (pdl && PdlGemvEnabled()) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++cfg.numAttrs;
+  }
+  if (p.kblocks > 1) {  // QgemvKernel's cluster K split: the grid's y extent is the cluster
+    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[cfg.numAttrs].val.clusterDim.x = 1;
+    attr[cfg.numAttrs].val.clusterDim.y = static_cast<unsigned>(p.kblocks);
+    attr[cfg.numAttrs].val.clusterDim.z = 1;
+    ++cfg.numAttrs;
+  }
   QmmParams pp = p;
   int a_wk = wk, a_tpb = tiles_pb, a_pdl = pdl;
   void* args[] = {&pp, &a_wk, &a_tpb, &a_pdl};
@@ -945,6 +1015,30 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
       sh.smem += xbytes;
     }
   }
+  // Few row tiles on a single weight (a MoE router: GLM-5.2's 256 x 6144 gate is 16 tiles, 16
+  // blocks on 132 SMs): each tile's K steps are split over a cluster of blocks as well (sm_90+,
+  // ClusterKReduce), 4 warps a block, up to 8 blocks a tile while every warp keeps a batch.
+  // RING_QGEMV_CLUSTER_K: 0 off, N at most N blocks a tile (A/B runs).
+  const int ck = ClusterKCap();
+  if (kVariants[vi].col == 0 && problems == 1 && p.nparts <= 1 && ck > 1 && (*dev)->code_cc >= 90) {
+    constexpr int kWk = 4;
+    const int64_t row_tiles = (p.w.rows + 16 * sh.wr - 1) / (16 * sh.wr);
+    const int64_t nsteps = (p.w.cols / P::kSliceElems + 3) / 4;
+    if (row_tiles * 4 <= sms) {
+      int kb = PowerOfTwoAtMost(std::min<int64_t>(ck, sms / row_tiles));
+      while (kb > 1 && nsteps < static_cast<int64_t>(kWk) * kb * sh.u) kb /= 2;
+      if (kb > 1) {
+        const size_t tile_floats = static_cast<size_t>(4 * sh.wr) * 32;
+        sh.wk = kWk;
+        sh.tiles_pb = 1;
+        sh.threads = kWk * 32;
+        sh.smem = (kWk + 1) * tile_floats * sizeof(float);  // the warps' sums, then the tile's
+        sh.gx = row_tiles;
+        sh.warps = row_tiles * kWk * kb;
+        p.kblocks = kb;
+      }
+    }
+  }
   if (p.nparts > 1) {
     const int64_t block_rows = 16 * sh.wr * static_cast<int64_t>(sh.tiles_pb);
     p.w.rows = p_in.w.rows;
@@ -957,7 +1051,8 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
   if (sh.gx > 0x7fffffff) return absl::InvalidArgumentError("matrix too tall");
   if (describe != nullptr) {
     const int col = kVariants[vi].col;
-    *describe = absl::StrFormat("gemv wr%d u%d wk%d blk%d grid%dx%d%s%s%s", sh.wr, sh.u, sh.wk,
+    *describe = absl::StrFormat("gemv wr%d u%d wk%d%s blk%d grid%dx%d%s%s%s", sh.wr, sh.u, sh.wk,
+                                p.kblocks > 1 ? absl::StrFormat(" cluster-k%d", p.kblocks) : "",
                                 sh.threads, sh.gx, problems,
                                 col == 1 ? " col-sub" : (col == 2 ? " col-unit" : (col == 3 ? " col-sub-smx" : "")),
                                 p.nparts > 1 ? absl::StrFormat(" parts%d", p.nparts) : "",
@@ -984,7 +1079,9 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(sh.smem)));
   }
-  return LaunchWith(fn, dim3(static_cast<unsigned>(sh.gx), 1, static_cast<unsigned>(problems)),
+  return LaunchWith(fn,
+                    dim3(static_cast<unsigned>(sh.gx), static_cast<unsigned>(std::max(p.kblocks, 1)),
+                         static_cast<unsigned>(problems)),
                     sh.threads, sh.smem, p, sh.wk, sh.tiles_pb, pdl, stream);
 }
 

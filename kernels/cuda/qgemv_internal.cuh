@@ -83,6 +83,10 @@ struct QmmParams {
   // alt_x_row0 + (p - alt_from) (QMatmulArgs::alt_problems); INT64_MAX: none.
   int64_t alt_from, alt_x_row0;
   GemvAlt alt[kMaxGemvParts];
+  // Decode GEMV (QgemvKernel, sm_90+): a cluster of this many blocks along y splits each row
+  // tile's K steps further, reduced through distributed shared memory in rank order; 0 or 1:
+  // none (the grid's y extent is then 1).
+  int kblocks;
 };
 
 // ---- device helpers --------------------------------------------------------------------
