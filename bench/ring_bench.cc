@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/ring.h"
+#include "worker/mutex_mode.h"
 
 namespace {
 
@@ -177,6 +178,7 @@ int RunClosed(ring::Ring& r, const ring::RingOptions& o, StepTrace& trace, int s
 }  // namespace
 
 int main(int argc, char** argv) {
+  ring::worker::UseServingMutexMode();  // as ring-server and ring-worker: a fair baseline
   ring::RingOptions o;
   int sequences = 1, decode = 32, prompt = 16, rounds = 1, prefill_chunk = 0;
   bool closed = false;

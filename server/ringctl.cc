@@ -4,6 +4,7 @@
 #include <map>
 
 #include "server/ringctl_command.h"
+#include "worker/mutex_mode.h"
 
 namespace ring::ctl {
 std::vector<Command>& Commands() {
@@ -13,6 +14,7 @@ std::vector<Command>& Commands() {
 }  // namespace ring::ctl
 
 int main(int argc, char** argv) {
+  ring::worker::UseServingMutexMode();
   CLI::App app{"ringctl: manage and inspect a RingServe ring, its models and checkpoints"};
   app.require_subcommand(1);
   auto& commands = ring::ctl::Commands();

@@ -28,6 +28,7 @@
 #include "server/openai_api.h"
 #include "server/server_config.h"
 #include "server/tokenizer.h"
+#include "worker/mutex_mode.h"
 
 namespace {
 
@@ -39,6 +40,7 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ring::worker::UseServingMutexMode();
   CLI::App app("ring-server: RingServe coordinator and OpenAI-compatible API");
   std::string config_path, listen, admin_listen, model_dir, model_path, workers, split, name;
   std::vector<std::string> api_keys;

@@ -38,6 +38,7 @@
 #include "absl/time/clock.h"
 #include "worker/coordinator_client.h"
 #include "worker/coordinator_registration.h"
+#include "worker/mutex_mode.h"
 #include "worker/stage_client.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_service.h"
@@ -62,6 +63,7 @@ bool IsWildcardHost(const std::string& host) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ring::worker::UseServingMutexMode();
   CLI::App app("ring-worker: one RingServe pipeline stage over gRPC");
   std::string listen = "127.0.0.1:0", model_root, device = "cpu";
   app.add_option("--listen", listen, "HOST:PORT, :PORT or PORT (127.0.0.1 unless a host is given)");

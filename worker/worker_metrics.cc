@@ -120,6 +120,11 @@ std::string WorkerMetrics::Render() const {
 
 std::string WorkerMetrics::StageLabel() const { return std::to_string(stage_index_); }
 
+WorkerMetrics::StageSeries& WorkerMetrics::Series() {
+  if (series_.stage != stage_index_) series_ = StageSeries{.stage = stage_index_};
+  return series_;
+}
+
 void WorkerMetrics::SetStage(const std::string& model, int stage_index, int64_t layers, uint64_t epoch) {
   absl::MutexLock l(&mu_);
   // One series only: an old stage's layer count would read as still loaded.
@@ -137,9 +142,15 @@ void WorkerMetrics::ObserveBatch(int64_t steps) {
 
 void WorkerMetrics::ObserveStep(Phase phase, double seconds, int64_t tokens, absl::Time now) {
   absl::MutexLock l(&mu_);
-  const prometheus::Labels labels = {{"stage", StageLabel()}, {"phase", PhaseName(phase)}};
-  step_seconds_.Add(labels, StepBuckets()).Observe(seconds);
-  tokens_.Add(labels).Increment(static_cast<double>(tokens));
+  StageSeries& s = Series();
+  const int p = static_cast<int>(phase);
+  if (s.step_seconds[p] == nullptr) {  // created at the phase's first step, as before
+    const prometheus::Labels labels = {{"stage", StageLabel()}, {"phase", PhaseName(phase)}};
+    s.step_seconds[p] = &step_seconds_.Add(labels, StepBuckets());
+    s.tokens[p] = &tokens_.Add(labels);
+  }
+  s.step_seconds[p]->Observe(seconds);
+  s.tokens[p]->Increment(static_cast<double>(tokens));
   const int64_t sec = absl::ToUnixSeconds(now);
   const size_t slot = static_cast<size_t>(sec % kRateWindow);
   if (rate_second_[slot] != sec) {
@@ -161,17 +172,31 @@ double WorkerMetrics::TokensPerSecond(absl::Time now) const {
 
 void WorkerMetrics::ObserveActivation(double rms, double absmax, int64_t nan_count, int64_t inf_count) {
   absl::MutexLock l(&mu_);
-  const std::string stage = StageLabel();
-  activation_rms_.Add({{"stage", stage}}).Set(rms);
-  activation_absmax_.Add({{"stage", stage}}).Set(absmax);
-  if (nan_count > 0) activation_nonfinite_.Add({{"stage", stage}, {"kind", "nan"}}).Increment(nan_count);
-  if (inf_count > 0) activation_nonfinite_.Add({{"stage", stage}, {"kind", "inf"}}).Increment(inf_count);
+  StageSeries& s = Series();
+  if (s.activation_rms == nullptr) {
+    s.activation_rms = &activation_rms_.Add({{"stage", StageLabel()}});
+    s.activation_absmax = &activation_absmax_.Add({{"stage", StageLabel()}});
+  }
+  s.activation_rms->Set(rms);
+  s.activation_absmax->Set(absmax);
+  // Rare (the step fails): looked up when it happens.
+  if (nan_count > 0) activation_nonfinite_.Add({{"stage", StageLabel()}, {"kind", "nan"}}).Increment(nan_count);
+  if (inf_count > 0) activation_nonfinite_.Add({{"stage", StageLabel()}, {"kind", "inf"}}).Increment(inf_count);
 }
 
 void WorkerMetrics::CountFrame(bool sent, const std::string& peer, int64_t bytes) {
-  const prometheus::Labels labels = {{"direction", sent ? "sent" : "received"}, {"peer", peer}};
-  frames_.Add(labels).Increment();
-  frame_bytes_.Add(labels).Increment(static_cast<double>(bytes));
+  std::pair<prometheus::Counter*, prometheus::Counter*> c;
+  {
+    absl::MutexLock l(&frames_mu_);
+    auto [it, fresh] = frame_series_[sent ? 1 : 0].try_emplace(peer);
+    if (fresh) {
+      const prometheus::Labels labels = {{"direction", sent ? "sent" : "received"}, {"peer", peer}};
+      it->second = {&frames_.Add(labels), &frame_bytes_.Add(labels)};
+    }
+    c = it->second;
+  }
+  c.first->Increment();
+  c.second->Increment(static_cast<double>(bytes));
 }
 
 void WorkerMetrics::CountNcclBytes(bool sent, int64_t bytes) {

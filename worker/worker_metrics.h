@@ -20,8 +20,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
@@ -82,6 +84,16 @@ class WorkerMetrics {
 
  private:
   std::string StageLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The children of the stage-labelled families for the current stage, resolved once per
+  // stage: Family::Add hashes its label map under the family's lock, several a step.
+  struct StageSeries {
+    int stage = -2;  // the stage_index_ these belong to (-2: none yet)
+    prometheus::Histogram* step_seconds[2] = {nullptr, nullptr};  // by Phase
+    prometheus::Counter* tokens[2] = {nullptr, nullptr};
+    prometheus::Gauge* activation_rms = nullptr;
+    prometheus::Gauge* activation_absmax = nullptr;
+  };
+  StageSeries& Series() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
@@ -114,6 +126,11 @@ class WorkerMetrics {
   int64_t kv_used_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t kv_budget_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Gauge* stage_layers_gauge_ ABSL_GUARDED_BY(mu_) = nullptr;
+  StageSeries series_ ABSL_GUARDED_BY(mu_);
+  // frames_ / frame_bytes_ children by direction (0 received, 1 sent) and peer.
+  absl::Mutex frames_mu_;
+  absl::flat_hash_map<std::string, std::pair<prometheus::Counter*, prometheus::Counter*>>
+      frame_series_[2] ABSL_GUARDED_BY(frames_mu_);
   // Tokens per whole second, in a ring of kRateWindow buckets (bucket = unix second %
   // kRateWindow); a bucket whose second is stale counts as empty.
   std::array<int64_t, kRateWindow> rate_tokens_ ABSL_GUARDED_BY(mu_) = {};

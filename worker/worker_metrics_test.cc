@@ -26,6 +26,30 @@ TEST(WorkerMetrics, StepsAreLabelledByStageAndPhase) {
   EXPECT_TRUE(Has(t, "ring_worker_info{device=\"cpu\",version=\"1.2.3\"} 1")) << t;
 }
 
+// The per-stage series are resolved once per stage: after a new stage is loaded, steps and
+// fingerprints go to the new stage's series and the old ones keep their counts.
+TEST(WorkerMetrics, ObservationsFollowTheLoadedStage) {
+  WorkerMetrics m;
+  m.SetStage("m", 0, 2, 1);
+  m.ObserveStep(WorkerMetrics::Phase::kDecode, 0.003, 1);
+  m.ObserveActivation(1.5, 3.0, 0, 0);
+  m.SetStage("m", 3, 2, 2);
+  m.ObserveStep(WorkerMetrics::Phase::kDecode, 0.003, 1);
+  m.ObserveStep(WorkerMetrics::Phase::kDecode, 0.003, 1);
+  m.ObserveActivation(2.5, 4.0, 0, 0);
+  m.CountFrame(/*sent=*/true, "stage 1", 10);
+  m.CountFrame(/*sent=*/true, "stage 2", 20);
+  m.CountFrame(/*sent=*/true, "stage 1", 30);
+  const std::string t = m.Render();
+  EXPECT_TRUE(Has(t, "ring_worker_tokens_total{phase=\"decode\",stage=\"0\"} 1")) << t;
+  EXPECT_TRUE(Has(t, "ring_worker_tokens_total{phase=\"decode\",stage=\"3\"} 2")) << t;
+  EXPECT_FALSE(Has(t, "phase=\"prefill\"")) << t;
+  EXPECT_TRUE(Has(t, "ring_worker_activation_rms{stage=\"0\"} 1.5")) << t;
+  EXPECT_TRUE(Has(t, "ring_worker_activation_rms{stage=\"3\"} 2.5")) << t;
+  EXPECT_TRUE(Has(t, "ring_worker_frame_bytes_total{direction=\"sent\",peer=\"stage 1\"} 40")) << t;
+  EXPECT_TRUE(Has(t, "ring_worker_frames_total{direction=\"sent\",peer=\"stage 2\"} 1")) << t;
+}
+
 TEST(WorkerMetrics, ANewStageReplacesTheOldLayersSeries) {
   WorkerMetrics m;
   m.SetStage("tiny-glm", 0, 4, 1);
