@@ -83,6 +83,12 @@ class Backend {
   absl::StatusOr<Buffer> AllocF(int64_t n) { return Alloc(n * static_cast<int64_t>(sizeof(float))); }
   virtual absl::Status Upload(const void* host, int64_t bytes, void* dst) = 0;
   virtual absl::Status Download(const void* src, int64_t bytes, void* host) = 0;
+  // Download without waiting: `host` (which must stay valid) is written by the time the next
+  // call that waits for the device returns OK (Download, ArgMax, Sample, EndStep), so that
+  // the results a step hands back cost one wait, not one each. Default: Download.
+  virtual absl::Status DownloadLater(const void* src, int64_t bytes, void* host) {
+    return Download(src, bytes, host);
+  }
   // dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols (floats).
   virtual absl::Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld,
                               int64_t rows, int64_t cols) = 0;

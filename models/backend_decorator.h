@@ -27,6 +27,9 @@ class ForwardingBackend : public Backend {
   absl::Status Download(const void* src, int64_t bytes, void* host) override {
     return inner_->Download(src, bytes, host);
   }
+  absl::Status DownloadLater(const void* src, int64_t bytes, void* host) override {
+    return inner_->DownloadLater(src, bytes, host);
+  }
   absl::Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld,
                       int64_t rows, int64_t cols) override {
     return inner_->Copy2D(src, src_ld, dst, dst_ld, rows, cols);

@@ -3,6 +3,8 @@
 // what the in-place op gives, leave their source rows and every other cache row alone, and
 // rotate q the same way. Run on the CPU backend, whose composites are Backend's defaults (the
 // CUDA backend's fused kernels are checked against these in kernels/cuda/ops_harness_test.cc).
+// Also Backend::DownloadLater, on the CPU backend and on cuda:0 where there is one.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -86,6 +88,54 @@ TEST(BackendCacheWrite, IndexerNormRopeWritesTheKeyRowsAsInPlace) {
     std::copy(ki.begin(), ki.end(), want.begin() + offset * d);
     EXPECT_EQ(kc, want);
   }
+}
+
+// DownloadLater: the host copies are written by the next call that waits (here ArgMax, then
+// EndStep), with what the device held when they were queued (the upload after them must not
+// show), also across a regrowth of the CUDA backend's pinned area (a copy larger than it
+// makes it wait for the queued ones first).
+void CheckDownloadLater(Backend& b) {
+  ASSERT_TRUE(b.BeginStep().ok());
+  const std::vector<float> a = Random(1000, 21), c = Random(70000, 22), big = Random(600000, 23);
+  auto da = b.AllocF(static_cast<int64_t>(a.size()));
+  auto dc = b.AllocF(static_cast<int64_t>(c.size()));
+  auto dbig = b.AllocF(static_cast<int64_t>(big.size()));
+  ASSERT_TRUE(da.ok() && dc.ok() && dbig.ok());
+  ASSERT_TRUE(b.Upload(a.data(), a.size() * 4, da->data()).ok());
+  ASSERT_TRUE(b.Upload(c.data(), c.size() * 4, dc->data()).ok());
+  ASSERT_TRUE(b.Upload(big.data(), big.size() * 4, dbig->data()).ok());
+  std::vector<float> ha(a.size(), -1.f), hc(c.size(), -1.f), ha2(a.size(), -1.f), hbig(big.size(), -1.f);
+  ASSERT_TRUE(b.DownloadLater(da->data(), a.size() * 4, ha.data()).ok());
+  ASSERT_TRUE(b.DownloadLater(dc->data(), c.size() * 4, hc.data()).ok());
+  const std::vector<float> zeros(a.size(), 0.f);
+  ASSERT_TRUE(b.Upload(zeros.data(), zeros.size() * 4, da->data()).ok());
+  int32_t best = -1;
+  ASSERT_TRUE(b.ArgMax(dc->f(), 1, static_cast<int64_t>(c.size()), &best).ok());
+  EXPECT_EQ(ha, a);
+  EXPECT_EQ(hc, c);
+  EXPECT_EQ(best, std::max_element(c.begin(), c.end()) - c.begin());
+  ASSERT_TRUE(b.DownloadLater(da->data(), a.size() * 4, ha2.data()).ok());
+  ASSERT_TRUE(b.DownloadLater(dbig->data(), big.size() * 4, hbig.data()).ok());
+  EXPECT_EQ(ha2, zeros);  // written when the area grew
+  ASSERT_TRUE(b.EndStep().ok());
+  EXPECT_EQ(hbig, big);
+  // Two copies that do not fit the area together: the second waits for the first.
+  ASSERT_TRUE(b.BeginStep().ok());
+  const size_t half = 375000, second = big.size() - half;
+  std::vector<float> h1(half, -1.f), h2(half, -1.f);
+  ASSERT_TRUE(b.DownloadLater(dbig->data(), half * 4, h1.data()).ok());
+  ASSERT_TRUE(b.DownloadLater(dbig->f() + second, half * 4, h2.data()).ok());
+  ASSERT_TRUE(b.EndStep().ok());
+  EXPECT_TRUE(std::equal(h1.begin(), h1.end(), big.begin()));
+  EXPECT_TRUE(std::equal(h2.begin(), h2.end(), big.begin() + second));
+}
+
+TEST(BackendDownloadLater, CpuWritesAtOnce) { CheckDownloadLater(*NewCpuBackend()); }
+
+TEST(BackendDownloadLater, CudaWritesByTheNextWait) {
+  absl::StatusOr<std::shared_ptr<Backend>> b = NewCudaBackend(0);
+  if (!b.ok()) GTEST_SKIP() << "no usable CUDA device: " << b.status();
+  CheckDownloadLater(**b);
 }
 
 }  // namespace

@@ -238,27 +238,38 @@ absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
   }
   RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(n * c.vocab_size));
   RING_RETURN_IF_ERROR(b.Linear(head_, normed.f(), n, ctx_.act, logits.f()));
-  std::vector<int32_t> argmax(n);
-  RING_RETURN_IF_ERROR(b.ArgMax(logits.f(), n, c.vocab_size, argmax.data()));
+  // What leaves the device is queued first and waited for once, by the arg-max or the
+  // first sampling (a token-only decode step: one wait, not two or three).
+  bool greedy = false;
   for (size_t i = 0; i < segs.size(); ++i) {
     const StageInput& in = *ins[i];
     StageOutput& out = outs[i];
     const int64_t k = (i + 1 < segs.size() ? head_row0[i + 1] : n) - head_row0[i];
-    const float* seg_logits = logits.f() + head_row0[i] * c.vocab_size;
-    out.argmax.assign(argmax.begin() + head_row0[i], argmax.begin() + head_row0[i] + k);
-    if (in.sample.has_value()) {
-      out.sampled.emplace();
-      RING_RETURN_IF_ERROR(b.Sample(seg_logits + (k - 1) * c.vocab_size, c.vocab_size,
-                                    *in.sample, &*out.sampled));
-    }
+    greedy = greedy || !in.sample.has_value();
     if (in.argmax_only || in.sample.has_value()) {
       out.hidden.resize(k * hidden);
-      RING_RETURN_IF_ERROR(
-          b.Download(normed.f() + head_row0[i] * hidden, k * hidden * 4, out.hidden.data()));
+      RING_RETURN_IF_ERROR(b.DownloadLater(normed.f() + head_row0[i] * hidden, k * hidden * 4,
+                                           out.hidden.data()));
     } else {
       out.logits.resize(k * c.vocab_size);
-      RING_RETURN_IF_ERROR(b.Download(seg_logits, k * c.vocab_size * 4, out.logits.data()));
+      RING_RETURN_IF_ERROR(b.DownloadLater(logits.f() + head_row0[i] * c.vocab_size,
+                                           k * c.vocab_size * 4, out.logits.data()));
     }
+  }
+  std::vector<int32_t> argmax(greedy ? n : 0);
+  if (greedy) RING_RETURN_IF_ERROR(b.ArgMax(logits.f(), n, c.vocab_size, argmax.data()));
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const StageInput& in = *ins[i];
+    StageOutput& out = outs[i];
+    const int64_t k = (i + 1 < segs.size() ? head_row0[i + 1] : n) - head_row0[i];
+    if (!in.sample.has_value()) {
+      out.argmax.assign(argmax.begin() + head_row0[i], argmax.begin() + head_row0[i] + k);
+      continue;
+    }
+    const float* seg_logits = logits.f() + head_row0[i] * c.vocab_size;
+    out.sampled.emplace();
+    RING_RETURN_IF_ERROR(b.Sample(seg_logits + (k - 1) * c.vocab_size, c.vocab_size,
+                                  *in.sample, &*out.sampled));
   }
   return absl::OkStatus();
 }

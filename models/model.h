@@ -71,7 +71,8 @@ struct StageOutput {
   std::vector<float> hidden;  // not last stage: [rows, hidden_size]
   std::vector<float> logits;  // last stage: [rows, vocab] (or [1, vocab], see options)
   std::vector<int32_t> argmax;  // last stage: greedy token of each logits row, computed
-                                // where the logits are (on the GPU for a CUDA stage)
+                                // where the logits are (on the GPU for a CUDA stage);
+                                // empty for a step that sampled instead
   std::optional<SampledToken> sampled;  // last stage, with StageInput::sample
   TopkCarry topk;
   // With StageInput::capture_layers: the hidden state after each layer of the stage,

@@ -259,6 +259,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     if (mark_ != nullptr) cudaFreeAsync(mark_, stream_);
     cudaStreamSynchronize(stream_);
     if (staging_ != nullptr) cudaFreeHost(staging_);
+    if (later_buf_ != nullptr) cudaFreeHost(later_buf_);
     if (dpos_ != nullptr) cudaFree(dpos_);
     if (hpos_ != nullptr) cudaFreeHost(hpos_);
     cudaStreamDestroy(stream_);
@@ -389,6 +390,33 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     }
     RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, stream_));
     RING_RETURN_IF_ERROR(Sync());
+    return absl::OkStatus();
+  }
+  // Queued into its own pinned area (Download's staging is reused at every Download) and
+  // copied out by the next Sync.
+  absl::Status DownloadLater(const void* src, int64_t bytes, void* host) override {
+    if (bytes <= 0) return absl::OkStatus();
+    const size_t n = static_cast<size_t>(bytes);
+    if (n > kMaxStaging) return Download(src, bytes, host);
+    RING_RETURN_IF_ERROR(Unrecorded());
+    const size_t at = later_.empty() ? 0 : later_.back().offset + later_.back().bytes;
+    if (at + n > later_bytes_) {
+      // Full: the queued copies are written out (one wait), and the area grows only when
+      // this copy alone does not fit. Nothing may still be writing into an area freed.
+      if (later_buf_ != nullptr) RING_RETURN_IF_ERROR(Sync());
+      if (n > later_bytes_) {
+        if (later_buf_ != nullptr) cudaFreeHost(later_buf_);
+        later_buf_ = nullptr;
+        later_bytes_ = 0;
+        const size_t want = std::max<size_t>(n, size_t{1} << 20);
+        RING_CUDA_RETURN_IF_ERROR(cudaMallocHost(&later_buf_, want));
+        later_bytes_ = want;
+      }
+      return DownloadLater(src, bytes, host);
+    }
+    RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(later_buf_) + at, src, n,
+                                              cudaMemcpyDeviceToHost, stream_));
+    later_.push_back({at, n, host});
     return absl::OkStatus();
   }
   absl::Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
@@ -819,6 +847,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     const int64_t t0 = NowNs();
     absl::Status s = cuda::SampleRow(logits_row, vocab, req, host_out, stream_);
     stats_.wait_ns += NowNs() - t0;  // it waits for its small result, as Download does
+    Synced(s.ok());
     return s;
   }
 
@@ -1046,9 +1075,21 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
 
   absl::Status Sync() {
     const int64_t t0 = NowNs();
-    RING_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    const cudaError_t e = cudaStreamSynchronize(stream_);
     stats_.wait_ns += NowNs() - t0;
+    Synced(e == cudaSuccess);
+    RING_CUDA_RETURN_IF_ERROR(e);
     return absl::OkStatus();
+  }
+  // The stream has drained (ok) or failed: DownloadLater's copies are written out, or
+  // dropped with the error.
+  void Synced(bool ok) {
+    if (ok) {
+      for (const LaterCopy& c : later_) {
+        std::memcpy(c.host, static_cast<const char*>(later_buf_) + c.offset, c.bytes);
+      }
+    }
+    later_.clear();
   }
 
   absl::StatusOr<void*> PoolAlloc(size_t bytes) {
@@ -1138,6 +1179,14 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   int64_t conv_elems_ = 0;
   void* staging_ = nullptr;  // pinned, for Download
   size_t staging_bytes_ = 0;
+  // DownloadLater's copies in flight: where in later_buf_ (pinned) and where they go.
+  struct LaterCopy {
+    size_t offset, bytes;
+    void* host;
+  };
+  std::vector<LaterCopy> later_;
+  void* later_buf_ = nullptr;
+  size_t later_bytes_ = 0;
   // Positions of this step's ops on the device (PosSlot): kPosSlots ints, and their pinned
   // host values; npos_ assigned, pos_sent_ of them queued to the device.
   int32_t* dpos_ = nullptr;
