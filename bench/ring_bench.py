@@ -57,8 +57,11 @@ def start_worker(args, root, env, device="cpu", flags=""):
     cmd = [worker, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
            "--model-root", root, "--device", device]
     cmd += rest
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=env)
+    # Each worker's stderr goes to WORK/worker_<n>.log (e.g. RING_CUDA_STEP_STATS=1 in the
+    # environment: its backend's per-step statistics, printed when it exits on SIGTERM).
+    log = open(os.path.join(args.work, f"worker_{len(WORKERS)}.log"), "w")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    log.close()
     WORKERS.append(p)
     line = p.stdout.readline()
     if "listening on" not in line:
@@ -237,7 +240,13 @@ if __name__ == "__main__":
     try:
         main()
     finally:
+        # SIGTERM first: a worker then shuts down and its backend says what it did (above).
         for p in WORKERS:
-            p.kill()
-            p.wait(timeout=10)
+            p.terminate()
+        for p in WORKERS:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
     sys.exit(0)
