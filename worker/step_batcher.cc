@@ -101,4 +101,15 @@ int64_t StepBatcher::queued() const {
   return static_cast<int64_t>(queue_.size());
 }
 
+bool LoneSequence::Note(const std::string& sequence_id, absl::Time now) {
+  absl::MutexLock l(&mu_);
+  if (sequence_id != current_) {
+    current_ = sequence_id;
+    // Alone at once if the previous sequence has not stepped here within the window.
+    since_ = now - last_ >= window_ ? now - window_ : now;
+  }
+  last_ = now;
+  return now - since_ >= window_;
+}
+
 }  // namespace ring::worker

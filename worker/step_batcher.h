@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -73,6 +74,25 @@ class StepBatcher {
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t largest_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Whether the steps reaching a stage are one sequence's alone, so that its frames may be
+// computed on the thread that read them (no hand-over to a batching thread, whose wake-up
+// costs tens of microseconds a hop): true once no other sequence has stepped here within
+// `window`. A sequence that starts after the previous one went quiet is alone at once.
+// Thread-safe; the caller passes the time (tests use their own).
+class LoneSequence {
+ public:
+  explicit LoneSequence(absl::Duration window = absl::Milliseconds(10)) : window_(window) {}
+  // Records a step of `sequence_id` at `now`; whether it has been alone for `window`.
+  bool Note(const std::string& sequence_id, absl::Time now);
+
+ private:
+  const absl::Duration window_;
+  absl::Mutex mu_;
+  std::string current_ ABSL_GUARDED_BY(mu_);                         // of the latest step
+  absl::Time since_ ABSL_GUARDED_BY(mu_);                             // alone since
+  absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();      // the latest step
 };
 
 }  // namespace ring::worker

@@ -191,5 +191,26 @@ TEST_F(StepBatcherTest, AStepWaitsForTheRestOfItsPreviousStagesBatch) {
   EXPECT_EQ(alone, 1);
 }
 
+
+// A sequence is alone once no other has stepped within the window; one that starts after
+// the previous went quiet is alone at once, one that interleaves with another is not.
+TEST(LoneSequenceTest, AloneOnceNoOtherSequenceSteppedWithinTheWindow) {
+  LoneSequence lone(absl::Milliseconds(10));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_TRUE(lone.Note("a", t0));  // nothing stepped here before
+  EXPECT_TRUE(lone.Note("a", t0 + absl::Milliseconds(1)));
+  // b interleaves with a: neither is alone until the other has been quiet for the window.
+  EXPECT_FALSE(lone.Note("b", t0 + absl::Milliseconds(2)));
+  EXPECT_FALSE(lone.Note("a", t0 + absl::Milliseconds(3)));
+  EXPECT_FALSE(lone.Note("a", t0 + absl::Milliseconds(12)));
+  EXPECT_TRUE(lone.Note("a", t0 + absl::Milliseconds(13)));
+  // a finished; c starts 20 ms after a's last step: alone at once.
+  EXPECT_TRUE(lone.Note("c", t0 + absl::Milliseconds(33)));
+  // d starts 5 ms after c's last step: not alone yet, then alone 10 ms after taking over.
+  EXPECT_FALSE(lone.Note("d", t0 + absl::Milliseconds(38)));
+  EXPECT_FALSE(lone.Note("d", t0 + absl::Milliseconds(47)));
+  EXPECT_TRUE(lone.Note("d", t0 + absl::Milliseconds(48)));
+}
+
 }  // namespace
 }  // namespace ring::worker

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -257,8 +259,34 @@ absl::StatusOr<pb::DeviceAttestation> AttestDevice(const std::string& device,
 #endif
 }
 
+// RING_WORKER_STEP_STATS: sums of each segment's time over the relayed steps.
+struct WorkerService::StepStats {
+  enum Segment { kDecode, kPrepare, kForward, kEncode, kHandOff, kPushPrep, kSerialize, kSend, kCount };
+  static constexpr const char* kNames[kCount] = {
+      "frame read to input decoded (parse, recorder, hand-over, checksum, decode)",
+      "checks, cache reservation", "forward", "encode, fingerprint, metrics", "to the push",
+      "push: recorder, metrics", "push: serialize", "push: transport send"};
+  std::atomic<int64_t> ns[kCount] = {};
+  std::atomic<int64_t> steps{0};
+  void Add(Segment s, absl::Time from, absl::Time to) {
+    ns[s].fetch_add(absl::ToInt64Nanoseconds(to - from), std::memory_order_relaxed);
+  }
+  std::string Report(const std::string& who) const {
+    const int64_t n = steps.load();
+    std::string r = absl::StrCat("ring-worker: ", who, ": ", n, " relayed steps; per step (us):");
+    for (int i = 0; i < kCount; ++i) {
+      absl::StrAppend(&r, " ", kNames[i], " ", absl::StrFormat("%.1f", n > 0 ? ns[i].load() / 1e3 / n : 0.0), ";");
+    }
+    return r;
+  }
+};
+
 WorkerService::WorkerService(WorkerOptions options)
     : options_(std::move(options)),
+      step_stats_([] {
+        const char* v = std::getenv("RING_WORKER_STEP_STATS");
+        return v != nullptr && std::strcmp(v, "0") != 0 ? std::make_unique<StepStats>() : nullptr;
+      }()),
       owned_metrics_(options_.metrics ? nullptr : std::make_unique<WorkerMetrics>(options_.device)),
       metrics_(options_.metrics ? options_.metrics : owned_metrics_.get()),
       listen_address_(options_.listen_address) {
@@ -333,6 +361,9 @@ std::string WorkerService::DegradedReason() const {
 }
 
 WorkerService::~WorkerService() {
+  if (step_stats_ != nullptr && step_stats_->steps.load() > 0) {
+    std::cerr << step_stats_->Report(HopName()) << "\n";
+  }
   std::vector<std::shared_ptr<InboundShm>> shm;
   {
     absl::MutexLock l(&mu_);
@@ -814,6 +845,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     state = slot;
   }
   auto input = DecodeStageInput(in);
+  const absl::Time decoded = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
   if (!input.ok()) {
     if (absl::IsDataLoss(input.status())) {
       metrics_->CountChecksumFailure(PeerLabel(in));
@@ -867,7 +899,8 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   const absl::Time step_start = absl::Now();
   int64_t batch_steps = 1;
   auto out = loaded->batcher->Run(*state->seq, *input, in.batch_size(), &batch_steps);
-  const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
+  const absl::Time step_end = absl::Now();
+  const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
   SetWaitingOn("idle: waiting for Forward frames");
   // Settles the reservation: the actual growth on success, none after a failed step.
   AccountCache(loaded.get(), state.get(), state->seq->cache_bytes());
@@ -948,6 +981,13 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     t->set_sent_unix_nanos(absl::ToUnixNanos(now));
     t->set_rms(finite > 0 ? fp.l2() / std::sqrt(static_cast<double>(finite)) : 0);
     t->set_absmax(fp.absmax());
+    if (step_stats_ != nullptr) {
+      step_stats_->steps.fetch_add(1, std::memory_order_relaxed);
+      step_stats_->Add(StepStats::kDecode, received, decoded);
+      step_stats_->Add(StepStats::kPrepare, decoded, step_start);
+      step_stats_->Add(StepStats::kForward, step_start, step_end);
+      step_stats_->Add(StepStats::kEncode, step_end, now);
+    }
   }
   return reply;
 }
@@ -1374,6 +1414,7 @@ std::pair<std::string, std::string> WorkerService::Transports() const {
 
 absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame f, absl::Duration timeout) {
   if (link.next == nullptr) return absl::InternalError("closed ring of one stage has no next hop");
+  const absl::Time entered = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
   f.set_epoch(link.next_epoch);
   f.set_sender(HopName());
   MaybeCorrupt(&f);
@@ -1395,7 +1436,15 @@ absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame 
                             nccl_payload.empty() ? "" : " (payload over NCCL)"));
   absl::Status s;
   if (link.shm != nullptr && link.shm->status().ok()) {
-    s = link.shm->Send(f.SerializeAsString(), deadline);
+    const absl::Time t0 = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
+    const std::string bytes = f.SerializeAsString();
+    const absl::Time t1 = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
+    s = link.shm->Send(bytes, deadline);
+    if (step_stats_ != nullptr) {
+      step_stats_->Add(StepStats::kPushPrep, entered, t0);
+      step_stats_->Add(StepStats::kSerialize, t0, t1);
+      step_stats_->Add(StepStats::kSend, t1, absl::Now());
+    }
     if (!s.ok()) {
       // Broken for good (the receiver closed or exited, or stopped reading): later frames
       // take the Relay stream, which stays open for this.
@@ -1489,7 +1538,7 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
   }
   if (!payload.ok()) in = RelayErrorFrame(in, payload);  // travels on to stage 0 like any step error
   // Every frame counts here, batched or not, so that interleaving sequences are noticed.
-  const bool lone_sequence = NoteSequence(in.sequence_id());
+  const bool lone_sequence = lone_.Note(in.sequence_id(), absl::Now());
   if (link->stage_index == 0) {
     // Round the ring: a token (or an error) for one of this worker's generations.
     std::shared_ptr<Generation> gen;
@@ -1548,6 +1597,7 @@ void WorkerService::HandleRelayed(pb::ActivationFrame in, const std::string& pee
 void WorkerService::ComputeRelayed(const pb::ActivationFrame& in, const std::string& peer,
                                    absl::Time received) {
   absl::StatusOr<pb::ActivationFrame> reply = Step(in, peer, received);
+  const absl::Time stepped = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
   if (!reply.ok()) {
     if (absl::IsNotFound(reply.status())) return;  // released: nobody waits for it
     SetLastError(reply.status());
@@ -1561,20 +1611,8 @@ void WorkerService::ComputeRelayed(const pb::ActivationFrame& in, const std::str
         HopName(), ": result of sequence ", in.sequence_id(), " dropped: this worker is no longer linked")));
     return;
   }
+  if (step_stats_ != nullptr) step_stats_->Add(StepStats::kHandOff, stepped, absl::Now());
   (void)PushNext(*link, *std::move(reply), options_.relay_timeout);
-}
-
-bool WorkerService::NoteSequence(const std::string& sequence_id) {
-  // Steps of concurrent sequences interleave within a few milliseconds (a step or two of
-  // each stage); 10 ms of one sequence alone means it is the only one in flight.
-  constexpr absl::Duration kInterleave = absl::Milliseconds(10);
-  const absl::Time now = absl::Now();
-  absl::MutexLock l(&recent_mu_);
-  if (sequence_id != recent_sequence_) {
-    recent_sequence_ = sequence_id;
-    recent_switch_ = now;
-  }
-  return now - recent_switch_ >= kInterleave;
 }
 
 bool WorkerService::StageIdle() {

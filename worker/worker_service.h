@@ -297,9 +297,6 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   void RelayLoop();
   // Nothing computing or waiting to compute on this worker's stage.
   bool StageIdle();
-  // Records that a step of `sequence_id` arrived; true when it has been the only sequence
-  // stepping here for a while (no other one interleaved within the last 10 ms).
-  bool NoteSequence(const std::string& sequence_id);
   // Describe with calibrate: the calibration forward of `model` on this worker's device,
   // cached by model hash (an error in the result when it cannot be measured now).
   ringserve::v1::Calibration Calibrate(const std::string& model, const ringserve::v1::ModelInfo& info);
@@ -349,6 +346,10 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::string HopNameLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerOptions options_;
+  // RING_WORKER_STEP_STATS=1 (diagnostic): a relayed step's host time by segment (decode,
+  // forward, encode, the push to the next stage), printed to stderr when the service goes.
+  struct StepStats;
+  const std::unique_ptr<StepStats> step_stats_;
   std::unique_ptr<WorkerMetrics> owned_metrics_;  // when options_.metrics is null
   WorkerMetrics* const metrics_;
   std::optional<ringserve::v1::DeviceAttestation> attestation_;  // CUDA devices
@@ -393,9 +394,7 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   std::deque<RelayWork> relay_queue_ ABSL_GUARDED_BY(relay_mu_);
   bool relay_stop_ ABSL_GUARDED_BY(relay_mu_) = false;
   std::vector<std::thread> relay_threads_;
-  absl::Mutex recent_mu_;  // NoteSequence
-  std::string recent_sequence_ ABSL_GUARDED_BY(recent_mu_);  // of the latest step
-  absl::Time recent_switch_ ABSL_GUARDED_BY(recent_mu_);     // when it took over from another
+  LoneSequence lone_;  // steps of one sequence alone: computed on the reading thread
   // LoadStage is slow and must not block Forward of the current stage: serialize loads
   // separately from mu_.
   absl::Mutex load_mu_;
