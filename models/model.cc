@@ -240,11 +240,15 @@ absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
   RING_RETURN_IF_ERROR(b.Linear(head_, normed.f(), n, ctx_.act, logits.f()));
   // What leaves the device is queued first and waited for once, by the arg-max or the
   // first sampling (a token-only decode step: one wait, not two or three).
+  // Head rows of segment i.
+  auto head_rows = [&](size_t i) {
+    return (i + 1 < segs.size() ? head_row0[i + 1] : n) - head_row0[i];
+  };
   bool greedy = false;
   for (size_t i = 0; i < segs.size(); ++i) {
     const StageInput& in = *ins[i];
     StageOutput& out = outs[i];
-    const int64_t k = (i + 1 < segs.size() ? head_row0[i + 1] : n) - head_row0[i];
+    const int64_t k = head_rows(i);
     greedy = greedy || !in.sample.has_value();
     if (in.argmax_only || in.sample.has_value()) {
       out.hidden.resize(k * hidden);
@@ -261,7 +265,7 @@ absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
   for (size_t i = 0; i < segs.size(); ++i) {
     const StageInput& in = *ins[i];
     StageOutput& out = outs[i];
-    const int64_t k = (i + 1 < segs.size() ? head_row0[i + 1] : n) - head_row0[i];
+    const int64_t k = head_rows(i);
     if (!in.sample.has_value()) {
       out.argmax.assign(argmax.begin() + head_row0[i], argmax.begin() + head_row0[i] + k);
       continue;
