@@ -5,6 +5,7 @@
 #include "kernels/cpu/bandwidth.h"
 #include "models/inspect.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -259,23 +260,52 @@ absl::StatusOr<pb::DeviceAttestation> AttestDevice(const std::string& device,
 #endif
 }
 
-// RING_WORKER_STEP_STATS: sums of each segment's time over the relayed steps.
+// RING_WORKER_STEP_STATS: the reading thread's page-fault count when it read the frame it
+// is handling (-1: none, or the frame went to another thread).
+thread_local int64_t t_faults_at_read = -1;
+
+// RING_WORKER_STEP_STATS: sums of each segment's time over the relayed steps, decode steps
+// (one row after the first position) apart from prefill ones.
 struct WorkerService::StepStats {
   enum Segment { kDecode, kPrepare, kForward, kEncode, kHandOff, kPushPrep, kSerialize, kSend, kCount };
   static constexpr const char* kNames[kCount] = {
       "frame read to input decoded (parse, recorder, hand-over, checksum, decode)",
       "checks, cache reservation", "forward", "encode, fingerprint, metrics", "to the push",
       "push: recorder, metrics", "push: serialize", "push: transport send"};
-  std::atomic<int64_t> ns[kCount] = {};
-  std::atomic<int64_t> steps{0};
-  void Add(Segment s, absl::Time from, absl::Time to) {
-    ns[s].fetch_add(absl::ToInt64Nanoseconds(to - from), std::memory_order_relaxed);
+  static bool DecodeStep(const pb::ActivationFrame& f) {
+    return f.rows() <= 1 && f.first_position() > 0;
   }
+  // Minor page faults of the calling thread so far.
+  static int64_t ThreadFaults() {
+    struct rusage u {};
+    return getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_minflt : 0;
+  }
+  std::atomic<int64_t> ns[2][kCount] = {};
+  std::atomic<int64_t> steps[2] = {};
+  // Page faults of the thread that read a frame from shared memory and computed and pushed
+  // its step (the usual path of a lone sequence), from the read to the push's end.
+  std::atomic<int64_t> faults[2] = {}, faulted_steps[2] = {};
+  void Count(const pb::ActivationFrame& f) {
+    steps[DecodeStep(f)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void Add(const pb::ActivationFrame& f, Segment s, absl::Time from, absl::Time to) {
+    ns[DecodeStep(f)][s].fetch_add(absl::ToInt64Nanoseconds(to - from), std::memory_order_relaxed);
+  }
+  bool empty() const { return steps[0].load() + steps[1].load() == 0; }
   std::string Report(const std::string& who) const {
-    const int64_t n = steps.load();
-    std::string r = absl::StrCat("ring-worker: ", who, ": ", n, " relayed steps; per step (us):");
-    for (int i = 0; i < kCount; ++i) {
-      absl::StrAppend(&r, " ", kNames[i], " ", absl::StrFormat("%.1f", n > 0 ? ns[i].load() / 1e3 / n : 0.0), ";");
+    std::string r = absl::StrCat("ring-worker: ", who, ":");
+    for (int d : {1, 0}) {
+      const int64_t n = steps[d].load();
+      absl::StrAppend(&r, d == 1 ? "" : "\n  ", " ", n, d == 1 ? " relayed decode steps" : " relayed prefill steps",
+                      "; per step (us):");
+      for (int i = 0; i < kCount; ++i) {
+        absl::StrAppend(&r, " ", kNames[i], " ",
+                        absl::StrFormat("%.1f", n > 0 ? ns[d][i].load() / 1e3 / n : 0.0), ";");
+      }
+      if (const int64_t f = faulted_steps[d].load(); f > 0) {
+        absl::StrAppend(&r, " minor page faults from the shared-memory read to the push's end ",
+                        absl::StrFormat("%.2f", static_cast<double>(faults[d].load()) / f), " (", f, " steps);");
+      }
     }
     return r;
   }
@@ -361,7 +391,7 @@ std::string WorkerService::DegradedReason() const {
 }
 
 WorkerService::~WorkerService() {
-  if (step_stats_ != nullptr && step_stats_->steps.load() > 0) {
+  if (step_stats_ != nullptr && !step_stats_->empty()) {
     std::cerr << step_stats_->Report(HopName()) << "\n";
   }
   std::vector<std::shared_ptr<InboundShm>> shm;
@@ -982,11 +1012,11 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     t->set_rms(finite > 0 ? fp.l2() / std::sqrt(static_cast<double>(finite)) : 0);
     t->set_absmax(fp.absmax());
     if (step_stats_ != nullptr) {
-      step_stats_->steps.fetch_add(1, std::memory_order_relaxed);
-      step_stats_->Add(StepStats::kDecode, received, decoded);
-      step_stats_->Add(StepStats::kPrepare, decoded, step_start);
-      step_stats_->Add(StepStats::kForward, step_start, step_end);
-      step_stats_->Add(StepStats::kEncode, step_end, now);
+      step_stats_->Count(in);
+      step_stats_->Add(in, StepStats::kDecode, received, decoded);
+      step_stats_->Add(in, StepStats::kPrepare, decoded, step_start);
+      step_stats_->Add(in, StepStats::kForward, step_start, step_end);
+      step_stats_->Add(in, StepStats::kEncode, step_end, now);
     }
   }
   return reply;
@@ -1274,6 +1304,7 @@ void WorkerService::ShmReadLoop(InboundShm* in) {
       break;
     }
     const absl::Time received = absl::Now();
+    if (step_stats_ != nullptr) t_faults_at_read = StepStats::ThreadFaults();
     pb::ActivationFrame f;
     if (!f.ParseFromString(*bytes)) {
       SetLastError(absl::DataLossError(absl::StrCat(HopName(), ": a ", bytes->size(), "-byte message from ",
@@ -1441,9 +1472,9 @@ absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame 
     const absl::Time t1 = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
     s = link.shm->Send(bytes, deadline);
     if (step_stats_ != nullptr) {
-      step_stats_->Add(StepStats::kPushPrep, entered, t0);
-      step_stats_->Add(StepStats::kSerialize, t0, t1);
-      step_stats_->Add(StepStats::kSend, t1, absl::Now());
+      step_stats_->Add(f, StepStats::kPushPrep, entered, t0);
+      step_stats_->Add(f, StepStats::kSerialize, t0, t1);
+      step_stats_->Add(f, StepStats::kSend, t1, absl::Now());
     }
     if (!s.ok()) {
       // Broken for good (the receiver closed or exited, or stopped reading): later frames
@@ -1611,8 +1642,14 @@ void WorkerService::ComputeRelayed(const pb::ActivationFrame& in, const std::str
         HopName(), ": result of sequence ", in.sequence_id(), " dropped: this worker is no longer linked")));
     return;
   }
-  if (step_stats_ != nullptr) step_stats_->Add(StepStats::kHandOff, stepped, absl::Now());
+  if (step_stats_ != nullptr) step_stats_->Add(in, StepStats::kHandOff, stepped, absl::Now());
   (void)PushNext(*link, *std::move(reply), options_.relay_timeout);
+  if (step_stats_ != nullptr && t_faults_at_read >= 0) {
+    const bool decode = StepStats::DecodeStep(in);
+    step_stats_->faults[decode].fetch_add(StepStats::ThreadFaults() - t_faults_at_read);
+    step_stats_->faulted_steps[decode].fetch_add(1);
+    t_faults_at_read = -1;
+  }
 }
 
 bool WorkerService::StageIdle() {
