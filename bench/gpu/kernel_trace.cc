@@ -1,6 +1,6 @@
 // A CUDA injection library (CUDA_INJECTION64_PATH) that records every kernel, memcpy and
 // memset of the process through CUPTI's activity API and writes them, one line each, to
-// the file named by RING_KERNEL_TRACE when the process exits:
+// the file named by RING_KERNEL_TRACE ("%p" in it: the process id) when the process exits:
 //   K <start_ns> <end_ns> <graph_id> <grid> <block> <correlation> <name>
 //   C <start_ns> <end_ns> <copy_kind> <bytes> <correlation>
 //   S <start_ns> <end_ns> <value> <bytes> <correlation>
@@ -23,6 +23,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
+
+#include <unistd.h>
 
 namespace {
 
@@ -101,10 +104,15 @@ void AtExit() {
 }  // namespace
 
 extern "C" int InitializeInjection() {
-  const char* path = std::getenv("RING_KERNEL_TRACE");
-  g_out = std::fopen(path != nullptr ? path : "kernel_trace.txt", "w");
+  // "%p" in the name becomes the process id (one file per process of a ring).
+  std::string path = std::getenv("RING_KERNEL_TRACE") != nullptr ? std::getenv("RING_KERNEL_TRACE")
+                                                                  : "kernel_trace.txt";
+  if (const size_t at = path.find("%p"); at != std::string::npos) {
+    path.replace(at, 2, std::to_string(getpid()));
+  }
+  g_out = std::fopen(path.c_str(), "w");
   if (g_out == nullptr) {
-    std::fprintf(stderr, "kernel_trace: cannot write %s\n", path != nullptr ? path : "kernel_trace.txt");
+    std::fprintf(stderr, "kernel_trace: cannot write %s\n", path.c_str());
     return 0;
   }
   Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted), "register callbacks");

@@ -27,4 +27,8 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME glm_trace_report
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/bench/gpu/glm_trace_report_test.py)
   set_tests_properties(glm_trace_report PROPERTIES TIMEOUT 60 LABELS "python")
+  # The ring stages' trace report (bench/gpu/ring_trace_report.py), likewise.
+  add_test(NAME ring_trace_report
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/bench/gpu/ring_trace_report_test.py)
+  set_tests_properties(ring_trace_report PROPERTIES TIMEOUT 60 LABELS "python")
 endif()
