@@ -644,6 +644,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(w));
     RING_ASSIGN_OR_RETURN(Buffer ids, Alloc(n * 4));
     RING_RETURN_IF_ERROR(Upload(host_ids, n * 4, ids.data()));
+    // The upload may be held back with the step's recorded ops: queue it before the
+    // directly launched gather reads the ids.
+    RING_RETURN_IF_ERROR(Unrecorded());
     constexpr int64_t kMaxIds = 65535;
     for (int64_t i = 0; i < n; i += kMaxIds) {
       const int64_t c = std::min(kMaxIds, n - i);
