@@ -81,6 +81,7 @@ class Backend {
   // ---- memory ----
   virtual absl::StatusOr<Buffer> Alloc(int64_t bytes) = 0;  // uninitialised
   absl::StatusOr<Buffer> AllocF(int64_t n) { return Alloc(n * static_cast<int64_t>(sizeof(float))); }
+  // Queues a copy of `host` to `dst`; `host` may be reused as soon as it returns.
   virtual absl::Status Upload(const void* host, int64_t bytes, void* dst) = 0;
   virtual absl::Status Download(const void* src, int64_t bytes, void* host) = 0;
   // Download without waiting: `host` (which must stay valid) is written by the time the next

@@ -3,7 +3,7 @@
 // what the in-place op gives, leave their source rows and every other cache row alone, and
 // rotate q the same way. Run on the CPU backend, whose composites are Backend's defaults (the
 // CUDA backend's fused kernels are checked against these in kernels/cuda/ops_harness_test.cc).
-// Also Backend::DownloadLater, on the CPU backend and on cuda:0 where there is one.
+// Also Backend::DownloadLater and Upload, on the CPU backend and on cuda:0 where there is one.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -131,6 +131,53 @@ void CheckDownloadLater(Backend& b) {
 }
 
 TEST(BackendDownloadLater, CpuWritesAtOnce) { CheckDownloadLater(*NewCpuBackend()); }
+
+// Upload takes the host values at the call: the caller may reuse its buffer at once, also
+// when the CUDA backend's pinned area fills within a step (7 x 200 KB here), once it has
+// grown for a copy larger than it, and in steps that repeat the last one's ops (the CUDA
+// backend then replays the uploads, and the small downloads after them, from graphs: other
+// values each step).
+void CheckUploadTakesValuesAtTheCall(Backend& b) {
+  const int64_t n = 50000, chunks = 7;
+  auto d = b.AllocF(n * chunks);
+  const std::vector<float> big = Random(400000, 50);
+  auto dbig = b.AllocF(static_cast<int64_t>(big.size()));
+  ASSERT_TRUE(d.ok() && dbig.ok());
+  for (uint32_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    ASSERT_TRUE(b.BeginStep().ok());
+    std::vector<float> host(n), want;
+    for (int64_t c = 0; c < chunks; ++c) {
+      host = Random(n, 40 + 10 * step + static_cast<uint32_t>(c));
+      want.insert(want.end(), host.begin(), host.end());
+      ASSERT_TRUE(b.Upload(host.data(), n * 4, d->f() + c * n).ok());
+      std::fill(host.begin(), host.end(), -7.f);
+    }
+    // Small downloads (the CUDA backend's copy kernel into mapped memory), then all of it.
+    std::vector<float> later(1000, -1.f), small(2000, -1.f);
+    ASSERT_TRUE(b.DownloadLater(d->f() + 5, 1000 * 4, later.data()).ok());
+    ASSERT_TRUE(b.Download(d->f() + 2 * n + 3, 2000 * 4, small.data()).ok());
+    EXPECT_TRUE(std::equal(later.begin(), later.end(), want.begin() + 5));
+    EXPECT_TRUE(std::equal(small.begin(), small.end(), want.begin() + 2 * n + 3));
+    std::vector<float> got(want.size(), -1.f);
+    ASSERT_TRUE(b.Download(d->data(), static_cast<int64_t>(got.size()) * 4, got.data()).ok());
+    EXPECT_EQ(got, want);
+    std::vector<float> hbig = big;
+    ASSERT_TRUE(b.Upload(hbig.data(), static_cast<int64_t>(hbig.size()) * 4, dbig->data()).ok());
+    std::fill(hbig.begin(), hbig.end(), 3.f);
+    ASSERT_TRUE(b.Download(dbig->data(), static_cast<int64_t>(hbig.size()) * 4, hbig.data()).ok());
+    ASSERT_TRUE(b.EndStep().ok());
+    EXPECT_EQ(hbig, big);
+  }
+}
+
+TEST(BackendUpload, CpuTakesValuesAtTheCall) { CheckUploadTakesValuesAtTheCall(*NewCpuBackend()); }
+
+TEST(BackendUpload, CudaTakesValuesAtTheCall) {
+  absl::StatusOr<std::shared_ptr<Backend>> b = NewCudaBackend(0);
+  if (!b.ok()) GTEST_SKIP() << "no usable CUDA device: " << b.status();
+  CheckUploadTakesValuesAtTheCall(**b);
+}
 
 TEST(BackendDownloadLater, CudaWritesByTheNextWait) {
   absl::StatusOr<std::shared_ptr<Backend>> b = NewCudaBackend(0);

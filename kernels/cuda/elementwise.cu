@@ -442,6 +442,21 @@ __global__ void ScaleRoundKernel(DevMutArray x, int64_t tokens, int64_t heads, i
   }
 }
 
+__global__ void CopyVec16Kernel(const uint4* src, uint4* dst, int64_t n) {
+  PdlBegin();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = LoadProduced(src + i);
+  }
+}
+__global__ void CopyByteKernel(const unsigned char* src, unsigned char* dst, int64_t n) {
+  PdlBegin();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = LoadProduced(src + i);
+  }
+}
+
 __global__ void ToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
   PdlBegin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -720,6 +735,19 @@ absl::Status GatherRows(const float* src, int64_t width, const int32_t* idx, int
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((width + threads - 1) / threads, 1024)),
                   static_cast<unsigned>(n));
   RING_LAUNCH_PDL(GatherRowsKernel, grid, threads, 0, stream, src, width, idx, dst);
+  return absl::OkStatus();
+}
+
+absl::Status CopyBytes(const void* src, void* dst, int64_t bytes, cudaStream_t stream) {
+  if (bytes <= 0) return absl::OkStatus();
+  if (src == nullptr || dst == nullptr) return absl::InvalidArgumentError("copy_bytes: null pointer");
+  if (bytes % 16 == 0 && Aligned(src, 16) && Aligned(dst, 16)) {
+    RING_LAUNCH_PDL(CopyVec16Kernel, FlatBlocks(bytes / 16, 256), 256, 0, stream,
+                    static_cast<const uint4*>(src), static_cast<uint4*>(dst), bytes / 16);
+  } else {
+    RING_LAUNCH_PDL(CopyByteKernel, FlatBlocks(bytes, 256), 256, 0, stream,
+                    static_cast<const unsigned char*>(src), static_cast<unsigned char*>(dst), bytes);
+  }
   return absl::OkStatus();
 }
 

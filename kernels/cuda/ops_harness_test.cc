@@ -581,6 +581,51 @@ TEST_F(GpuTest, PdlGemvWaitsForItsProducer) {
   EXPECT_GT(gemv_cases, 0) << "no format took the decode GEMV: nothing was tested";
 }
 
+// CopyBytes into device memory and into mapped pinned host memory, at aligned and unaligned
+// addresses and lengths, behind a slow producer of its source (TEST_SlowCopy lets its
+// dependents start at once and writes only after spinning): every byte must be the new one.
+TEST_F(GpuTest, CopyBytesWaitsForItsProducerAndReachesMappedHost) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> owned(stream, cudaStreamDestroy);
+  constexpr int64_t kMax = 70016;
+  void* host = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&host, kMax + 16, cudaHostAllocMapped), cudaSuccess);
+  const std::unique_ptr<void, cudaError_t (*)(void*)> host_owned(host, cudaFreeHost);
+  void* host_dev = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(&host_dev, host, 0), cudaSuccess);
+  std::mt19937 rng(77);
+  std::vector<uint32_t> words((kMax + 16) / 4);
+  for (uint32_t& w : words) w = rng();
+  absl::StatusOr<DeviceBuffer> fresh = DeviceBuffer::FromVector(words);
+  absl::StatusOr<DeviceBuffer> src = DeviceBuffer::Allocate(words.size() * 4);
+  absl::StatusOr<DeviceBuffer> dst = DeviceBuffer::Allocate(words.size() * 4);
+  ASSERT_TRUE(fresh.ok() && src.ok() && dst.ok());
+  const auto* want = reinterpret_cast<const unsigned char*>(words.data());
+  for (int64_t bytes : {int64_t{16}, int64_t{4096}, int64_t{4100}, kMax}) {
+    for (int64_t shift : {0, 1}) {
+      for (bool to_host : {false, true}) {
+        ASSERT_EQ(cudaMemsetAsync(src->data(), 0, words.size() * 4, stream), cudaSuccess);
+        ASSERT_TRUE(TEST_SlowCopy(fresh->data(), src->data(), static_cast<int64_t>(words.size()), 100000,
+                                  stream)
+                        .ok());
+        char* out = static_cast<char*>(to_host ? host_dev : dst->data()) + shift;
+        ASSERT_TRUE(CopyBytes(static_cast<const char*>(src->data()) + shift, out, bytes, stream).ok());
+        std::vector<unsigned char> got(bytes);
+        if (to_host) {
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          std::memcpy(got.data(), static_cast<char*>(host) + shift, bytes);
+        } else {
+          ASSERT_EQ(cudaMemcpyAsync(got.data(), out, bytes, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        }
+        EXPECT_EQ(0, std::memcmp(got.data(), want + shift, bytes))
+            << bytes << " bytes at +" << shift << (to_host ? " to mapped host memory" : " on the device");
+      }
+    }
+  }
+}
+
 TEST_F(GpuTest, MatmulManySharedX) {
   uint32_t seed = 1500;
   for (const FormatCase& f : AllFormats()) {

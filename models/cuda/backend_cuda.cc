@@ -45,7 +45,12 @@
 //   * HeadNormRope (Qwen3's q/k norms + RoPE) is one kernel where head_dim is 64 or 128, and
 //     so is MlaKvRope (MLA's cache-row copies, latent norm and both RoPEs: five launches) and
 //     IndexerNormRope (the DSA indexer's key norm, both RoPEs and the weights' scale).
-//   * Downloads go through a pinned staging buffer.
+//   * Host copies: uploads up to 1 MB go through a mapped pinned area, as recorded ops inside
+//     a step (RING_CUDA_PINNED_UPLOAD=0: straight from the caller's memory, launched
+//     directly); downloads up to 64 KB go into another, and the step's positions come from
+//     one. Those copies are kernels (cuda::CopyBytes) that start under PDL where a
+//     copy-engine copy waits ~3-6 us (RING_CUDA_KERNEL_COPIES=0: copy-engine copies, as
+//     larger ones are, through a pinned staging buffer).
 // Errors of held-back ops surface at the next op that flushes them, Download or EndStep.
 // RING_CUDA_STEP_STATS=1: when the backend goes, it prints per step the wall time, the time
 // spent waiting for the GPU, and how many ops ran directly or in graphs (bench/gpu/
@@ -104,6 +109,11 @@ constexpr size_t kArenaMaxBlock = size_t{256} << 20;
 constexpr size_t kArenaMaxIdle = size_t{2} << 30;
 // Downloads up to this size go through the pinned staging buffer.
 constexpr size_t kMaxStaging = size_t{64} << 20;
+// Downloads up to this size are a copy kernel into a mapped area of kDownloadArea bytes.
+constexpr size_t kMaxKernelDownload = size_t{64} << 10;
+constexpr size_t kDownloadArea = size_t{256} << 10;
+// Uploads up to this size go through Upload's pinned area of this size.
+constexpr size_t kMaxPinnedUpload = size_t{1} << 20;
 // Decode GEMVs of weights up to this size start under the previous kernel (PDL). Raising
 // it to 64 or 128 MB (o_proj, the dense down and gate_up projections too) did not change
 // the GLM-5.2 slice's decode time beyond its run-to-run spread (session 18, run 3).
@@ -209,6 +219,18 @@ size_t GraphFirstOpsByEnv() {
   return OpCountFromEnv("RING_CUDA_GRAPH_FIRST_OPS", kGraphFirstOps, 0);
 }
 
+// RING_CUDA_PINNED_UPLOAD=0 uploads straight from the caller's memory (A/B).
+bool PinnedUploadByEnv() {
+  const char* v = std::getenv("RING_CUDA_PINNED_UPLOAD");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// RING_CUDA_KERNEL_COPIES=0 makes the small host copies copy-engine copies (A/B).
+bool KernelCopiesByEnv() {
+  const char* v = std::getenv("RING_CUDA_KERNEL_COPIES");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 bool GraphsEnabledByEnv() {
   const char* v = std::getenv("RING_CUDA_GRAPHS");
   return v == nullptr || std::strcmp(v, "0") != 0;
@@ -222,6 +244,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
         graph_min_ops_(GraphMinOpsByEnv()),
         graph_max_ops_(GraphMaxOpsByEnv()),
         graph_first_ops_(GraphFirstOpsByEnv()),
+        kernel_copies_(KernelCopiesByEnv()),
+        pinned_upload_(PinnedUploadByEnv()),
         stats_on_(StatsEnabledByEnv()),
         marks_on_(LayerMarksEnabledByEnv()) {}
   ~CudaBackend() override {
@@ -260,6 +284,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     cudaStreamSynchronize(stream_);
     if (staging_ != nullptr) cudaFreeHost(staging_);
     if (later_buf_ != nullptr) cudaFreeHost(later_buf_);
+    if (up_buf_ != nullptr) cudaFreeHost(up_buf_);
+    if (dl_host_ != nullptr) cudaFreeHost(dl_host_);
     if (dpos_ != nullptr) cudaFree(dpos_);
     if (hpos_ != nullptr) cudaFreeHost(hpos_);
     cudaStreamDestroy(stream_);
@@ -288,7 +314,10 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_CUDA_RETURN_IF_ERROR(
         cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     RING_CUDA_RETURN_IF_ERROR(cudaMalloc(&dpos_, kPosSlots * sizeof(int32_t)));
-    RING_CUDA_RETURN_IF_ERROR(cudaMallocHost(&hpos_, kPosSlots * sizeof(int32_t)));
+    void* hpos = nullptr;
+    RING_ASSIGN_OR_RETURN(void* pos_dev, MappedAlloc(&hpos, kPosSlots * sizeof(int32_t)));
+    hpos_ = static_cast<int32_t*>(hpos);
+    hpos_dev_ = static_cast<const int32_t*>(pos_dev);
     return absl::OkStatus();
   }
 
@@ -361,16 +390,51 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(void* p, PoolAlloc(static_cast<size_t>(bytes)));
     return Buffer(p, bytes, std::shared_ptr<void>(p, [self](void* q) { self->DeferFree(q); }));
   }
+  // Small uploads (a stage's input rows, token ids) go through a pinned area: a copy from
+  // pageable memory costs the driver its own staging copy and a slower call. The area is
+  // reused once the stream has drained (Synced).
+  // Inside a step the copy from the pinned area is a recorded op like the kernels (its
+  // area offset and destination repeat from step to step), so a stage's input rows reach
+  // the GPU in the step's first graph run rather than by a call of their own before it.
   absl::Status Upload(const void* host, int64_t bytes, void* dst) override {
     if (bytes <= 0) return absl::OkStatus();
-    RING_RETURN_IF_ERROR(Unrecorded());
-    RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
-    return absl::OkStatus();
+    const size_t n = static_cast<size_t>(bytes);
+    if (!pinned_upload_ || n > kMaxPinnedUpload) {
+      RING_RETURN_IF_ERROR(Unrecorded());
+      RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, stream_));
+      return absl::OkStatus();
+    }
+    conv_src_ = nullptr;
+    // The area is never reallocated: cached graphs name addresses in it.
+    if (up_buf_ == nullptr) {
+      RING_ASSIGN_OR_RETURN(up_dev_, MappedAlloc(&up_buf_, kMaxPinnedUpload));
+    }
+    if (up_used_ + n > kMaxPinnedUpload) {
+      RING_RETURN_IF_ERROR(Flush());  // nothing held may name the area that Sync recycles
+      RING_RETURN_IF_ERROR(Sync());   // resets up_used_
+    }
+    const char* at = static_cast<char*>(up_buf_) + up_used_;
+    const char* at_dev = static_cast<const char*>(up_dev_) + up_used_;
+    std::memcpy(const_cast<char*>(at), host, n);
+    up_used_ += (n + 255) & ~size_t{255};
+    return Submit(OpRecord('u').Add(dst, at, n).Take(), [=, this]() -> absl::Status {
+      // A kernel reading the mapped area starts right away under PDL, where a copy-engine
+      // node costs the graph ~3 us before the first kernel (H200).
+      if (kernel_copies_) return cuda::CopyBytes(at_dev, dst, static_cast<int64_t>(n), stream_);
+      RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, at, n, cudaMemcpyHostToDevice, stream_));
+      return absl::OkStatus();
+    });
   }
   absl::Status Download(const void* src, int64_t bytes, void* host) override {
     if (bytes <= 0) return absl::OkStatus();
-    RING_RETURN_IF_ERROR(Unrecorded());
     const size_t n = static_cast<size_t>(bytes);
+    RING_ASSIGN_OR_RETURN(const char* at, KernelDownload(src, n));
+    if (at != nullptr) {
+      RING_RETURN_IF_ERROR(Sync());
+      std::memcpy(host, at, n);
+      return absl::OkStatus();
+    }
+    RING_RETURN_IF_ERROR(Unrecorded());
     if (n <= kMaxStaging) {
       if (staging_bytes_ < n) {
         if (staging_ != nullptr) {
@@ -392,15 +456,19 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_RETURN_IF_ERROR(Sync());
     return absl::OkStatus();
   }
-  // Queued into its own pinned area (Download's staging is reused at every Download) and
-  // copied out by the next Sync.
+  // Queued into a pinned area of its own (Download's staging is reused at every Download)
+  // and copied out by the next Sync.
   absl::Status DownloadLater(const void* src, int64_t bytes, void* host) override {
     if (bytes <= 0) return absl::OkStatus();
     const size_t n = static_cast<size_t>(bytes);
     if (n > kMaxStaging) return Download(src, bytes, host);
+    RING_ASSIGN_OR_RETURN(const char* at, KernelDownload(src, n));
+    if (at != nullptr) {
+      later_.push_back({at, n, host});
+      return absl::OkStatus();
+    }
     RING_RETURN_IF_ERROR(Unrecorded());
-    const size_t at = later_.empty() ? 0 : later_.back().offset + later_.back().bytes;
-    if (at + n > later_bytes_) {
+    if (later_used_ + n > later_bytes_) {
       // Full: the queued copies are written out (one wait), and the area grows only when
       // this copy alone does not fit. Nothing may still be writing into an area freed.
       if (later_buf_ != nullptr) RING_RETURN_IF_ERROR(Sync());
@@ -414,10 +482,44 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       }
       return DownloadLater(src, bytes, host);
     }
-    RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(later_buf_) + at, src, n,
-                                              cudaMemcpyDeviceToHost, stream_));
-    later_.push_back({at, n, host});
+    char* to = static_cast<char*>(later_buf_) + later_used_;
+    RING_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, src, n, cudaMemcpyDeviceToHost, stream_));
+    later_used_ += n;
+    later_.push_back({to, n, host});
     return absl::OkStatus();
+  }
+  // Pinned host memory the GPU can address (*host); returns its device address.
+  absl::StatusOr<void*> MappedAlloc(void** host, size_t bytes) {
+    void* h = nullptr;
+    void* d = nullptr;
+    RING_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h, bytes, cudaHostAllocMapped));
+    if (const cudaError_t e = cudaHostGetDevicePointer(&d, h, 0); e != cudaSuccess) {
+      cudaFreeHost(h);
+      RING_CUDA_RETURN_IF_ERROR(e);
+    }
+    *host = h;
+    return d;
+  }
+  // Small downloads (a stage's output rows, a sampled token's id) are a recorded copy kernel
+  // into a mapped pinned area (cuda::CopyBytes): part of the step's last graph run, and
+  // written right behind the kernel that made the rows instead of by a copy engine ~6 us
+  // later (H200). Returns where the bytes will be once the stream has drained, or null when
+  // the copy does not fit the area (the caller then copies through its staging buffer).
+  // The area is never reallocated (cached graphs name addresses in it) and is reused once
+  // the stream has drained.
+  absl::StatusOr<const char*> KernelDownload(const void* src, size_t n) {
+    if (!kernel_copies_ || n > kMaxKernelDownload) return nullptr;
+    if (dl_host_ == nullptr) {
+      RING_ASSIGN_OR_RETURN(dl_dev_, MappedAlloc(&dl_host_, kDownloadArea));
+    }
+    if (dl_used_ + n > kDownloadArea) return nullptr;
+    const size_t off = dl_used_;
+    dl_used_ += (n + 255) & ~size_t{255};
+    char* dst = static_cast<char*>(dl_dev_) + off;
+    RING_RETURN_IF_ERROR(Submit(OpRecord('d').Add(src, dst, n).Take(), [=, this] {
+      return cuda::CopyBytes(src, dst, static_cast<int64_t>(n), stream_);
+    }));
+    return static_cast<const char*>(dl_host_) + off;
   }
   absl::Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
                       int64_t cols) override {
@@ -542,6 +644,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(w));
     RING_ASSIGN_OR_RETURN(Buffer ids, Alloc(n * 4));
     RING_RETURN_IF_ERROR(Upload(host_ids, n * 4, ids.data()));
+    // The upload may be held back with the step's recorded ops: queue it before the
+    // directly launched gather reads the ids.
+    RING_RETURN_IF_ERROR(Unrecorded());
     constexpr int64_t kMaxIds = 65535;
     for (int64_t i = 0; i < n; i += kMaxIds) {
       const int64_t c = std::min(kMaxIds, n - i);
@@ -979,16 +1084,19 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return absl::OkStatus();
   }
   // Queues the held-back ops: a replay of the graph of this run, else its capture.
+  // The positions assigned since the last copy (SendPositions) travel as the graph's first
+  // node: the same slots every step, so the key names them and the node reads the pinned
+  // values at each replay.
   absl::Status Flush() {
     if (held_.empty()) return absl::OkStatus();
-    RING_RETURN_IF_ERROR(SendPositions());
     std::vector<HeldOp> ops = std::move(held_);
     held_.clear();
     if (ops.size() < graph_min_ops_) {
       for (HeldOp& op : ops) RING_RETURN_IF_ERROR(RunDirect(op.work));
       return absl::OkStatus();
     }
-    std::string key;
+    const int pos_from = pos_sent_, pos_to = npos_;
+    std::string key = OpRecord('p').Add(pos_from, pos_to).Take();
     for (const HeldOp& op : ops) {
       const std::string& r = cur_[op.index];
       const uint32_t len = static_cast<uint32_t>(r.size());
@@ -997,12 +1105,13 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     }
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
-      absl::StatusOr<GraphExec> exec = Capture(ops);
+      absl::StatusOr<GraphExec> exec = Capture(ops, pos_from, pos_to);
       if (!exec.ok()) {
         // Nothing captured has run: launch the ops directly from now on.
         std::cerr << "ring: " << name() << ": CUDA graph capture failed, launching ops "
                   << "directly: " << exec.status().message() << "\n";
         graphs_enabled_ = false;
+        RING_RETURN_IF_ERROR(SendPositions());
         for (HeldOp& op : ops) RING_RETURN_IF_ERROR(op.work());
         return absl::OkStatus();
       }
@@ -1022,15 +1131,26 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     stats_.graphed += static_cast<int64_t>(ops.size());
     const int64_t t0 = stats_on_ ? NowNs() : 0;
     RING_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream_));
+    pos_sent_ = pos_to;
     if (stats_on_) stats_.graph_ns += NowNs() - t0;
     return absl::OkStatus();
   }
-  absl::StatusOr<GraphExec> Capture(std::vector<HeldOp>& ops) {
+  absl::StatusOr<GraphExec> Capture(std::vector<HeldOp>& ops, int pos_from, int pos_to) {
     RING_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     absl::Status s;
+    if (pos_to > pos_from) {
+      const size_t bytes = (pos_to - pos_from) * sizeof(int32_t);
+      if (kernel_copies_) {
+        s = cuda::CopyBytes(hpos_dev_ + pos_from, dpos_ + pos_from, static_cast<int64_t>(bytes), stream_);
+      } else if (const cudaError_t e = cudaMemcpyAsync(dpos_ + pos_from, hpos_ + pos_from, bytes,
+                                                       cudaMemcpyHostToDevice, stream_);
+                 e != cudaSuccess) {
+        s = absl::InternalError(absl::StrCat("position copy: ", cudaGetErrorString(e)));
+      }
+    }
     for (HeldOp& op : ops) {
-      s = op.work();
       if (!s.ok()) break;
+      s = op.work();
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
@@ -1073,7 +1193,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return absl::OkStatus();
   }
 
+  // Waits for everything queued, held-back ops included.
   absl::Status Sync() {
+    RING_RETURN_IF_ERROR(Flush());
     const int64_t t0 = NowNs();
     const cudaError_t e = cudaStreamSynchronize(stream_);
     stats_.wait_ns += NowNs() - t0;
@@ -1085,9 +1207,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   // dropped with the error.
   void Synced(bool ok) {
     if (ok) {
-      for (const LaterCopy& c : later_) {
-        std::memcpy(c.host, static_cast<const char*>(later_buf_) + c.offset, c.bytes);
-      }
+      for (const LaterCopy& c : later_) std::memcpy(c.host, c.from, c.bytes);
+      later_used_ = 0;
+      if (held_.empty()) up_used_ = dl_used_ = 0;  // held ops still name their part of the areas
     }
     later_.clear();
   }
@@ -1181,16 +1303,29 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   size_t staging_bytes_ = 0;
   // DownloadLater's copies in flight: where in later_buf_ (pinned) and where they go.
   struct LaterCopy {
-    size_t offset, bytes;
+    const void* from;  // in later_buf_ or in the download area
+    size_t bytes;
     void* host;
   };
   std::vector<LaterCopy> later_;
   void* later_buf_ = nullptr;
-  size_t later_bytes_ = 0;
+  size_t later_bytes_ = 0, later_used_ = 0;
+  // KernelDownload's mapped pinned area (kDownloadArea bytes; its device address), dl_used_
+  // bytes of it queued since the stream last drained.
+  const bool kernel_copies_;
+  void* dl_host_ = nullptr;
+  void* dl_dev_ = nullptr;
+  size_t dl_used_ = 0;
+  // Upload's pinned area: up_used_ bytes of it queued since the stream last drained.
+  const bool pinned_upload_;
+  void* up_buf_ = nullptr;  // kMaxPinnedUpload bytes, mapped
+  const void* up_dev_ = nullptr;
+  size_t up_used_ = 0;
   // Positions of this step's ops on the device (PosSlot): kPosSlots ints, and their pinned
   // host values; npos_ assigned, pos_sent_ of them queued to the device.
   int32_t* dpos_ = nullptr;
-  int32_t* hpos_ = nullptr;
+  int32_t* hpos_ = nullptr;  // mapped
+  const int32_t* hpos_dev_ = nullptr;
   int npos_ = 0, pos_sent_ = 0;
 
   // RING_CUDA_STEP_STATS.
