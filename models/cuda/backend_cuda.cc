@@ -390,12 +390,11 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(void* p, PoolAlloc(static_cast<size_t>(bytes)));
     return Buffer(p, bytes, std::shared_ptr<void>(p, [self](void* q) { self->DeferFree(q); }));
   }
-  // Small uploads (a stage's input rows, token ids) go through a pinned area: a copy from
-  // pageable memory costs the driver its own staging copy and a slower call. The area is
-  // reused once the stream has drained (Synced).
-  // Inside a step the copy from the pinned area is a recorded op like the kernels (its
-  // area offset and destination repeat from step to step), so a stage's input rows reach
-  // the GPU in the step's first graph run rather than by a call of their own before it.
+  // Small uploads (a stage's input rows, token ids) are copied into a mapped pinned area at
+  // once, and the copy from there is a recorded op like the kernels (its area offset and
+  // destination repeat from step to step): a stage's input rows reach the GPU in the step's
+  // first graph run rather than by a call of their own before it. The area is reused once
+  // the stream has drained (Synced).
   absl::Status Upload(const void* host, int64_t bytes, void* dst) override {
     if (bytes <= 0) return absl::OkStatus();
     const size_t n = static_cast<size_t>(bytes);
@@ -409,13 +408,10 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     if (up_buf_ == nullptr) {
       RING_ASSIGN_OR_RETURN(up_dev_, MappedAlloc(&up_buf_, kMaxPinnedUpload));
     }
-    if (up_used_ + n > kMaxPinnedUpload) {
-      RING_RETURN_IF_ERROR(Flush());  // nothing held may name the area that Sync recycles
-      RING_RETURN_IF_ERROR(Sync());   // resets up_used_
-    }
-    const char* at = static_cast<char*>(up_buf_) + up_used_;
+    if (up_used_ + n > kMaxPinnedUpload) RING_RETURN_IF_ERROR(Sync());  // resets up_used_
+    char* at = static_cast<char*>(up_buf_) + up_used_;
     const char* at_dev = static_cast<const char*>(up_dev_) + up_used_;
-    std::memcpy(const_cast<char*>(at), host, n);
+    std::memcpy(at, host, n);
     up_used_ += (n + 255) & ~size_t{255};
     return Submit(OpRecord('u').Add(dst, at, n).Take(), [=, this]() -> absl::Status {
       // A kernel reading the mapped area starts right away under PDL, where a copy-engine
