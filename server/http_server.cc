@@ -1,6 +1,8 @@
 #include "server/http_server.h"
 
+#include <array>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -60,8 +62,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void ClearDeadline() { timer_.cancel(); }
   void StartReadSome();
   void OnReadSome(beast::error_code ec, size_t n);
-  void Parse();
-  void OnParsed(beast::error_code ec);
+  void Feed();
   void Reject(int status, absl::string_view message);
   void Dispatch(bhttp::request<bhttp::string_body> msg);
   void DoWrite();
@@ -72,7 +73,8 @@ class Session : public std::enable_shared_from_this<Session> {
   ServerImpl* server_;
   asio::strand<asio::any_io_executor> strand_;
   asio::steady_timer timer_;
-  beast::flat_buffer buffer_;
+  std::array<char, 16384> read_buf_;
+  beast::flat_buffer buffer_;  // read, not yet parsed
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   Phase phase_ = Phase::kIdle;
   bool reading_some_ = false;
@@ -164,7 +166,7 @@ class ServerImpl final : public HttpServer {
 
   bool WaitUntilClosed(absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
-    while (open_.load() > 0) {
+    while (open_connections() > 0) {
       if (absl::Now() >= deadline) return false;
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -181,7 +183,11 @@ class ServerImpl final : public HttpServer {
     });
   }
 
-  int64_t open_connections() const override { return open_.load(); }
+  // The session set itself, not a counter beside it, so the drain cannot disagree with it.
+  int64_t open_connections() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return static_cast<int64_t>(sessions_.size());
+  }
 
   const Options& options() const { return options_; }
   const HttpHandler& handler() const { return handler_; }
@@ -189,7 +195,6 @@ class ServerImpl final : public HttpServer {
   void Forget(Session* s) {
     std::lock_guard<std::mutex> l(mu_);
     sessions_.erase(s);
-    --open_;
   }
 
  private:
@@ -208,7 +213,7 @@ class ServerImpl final : public HttpServer {
     acceptor_.async_accept(asio::make_strand(ioc_), [this](beast::error_code ec, tcp::socket sock) {
       if (ec) {
         if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      } else if (open_.load() >= options_.max_connections) {
+      } else if (open_connections() >= options_.max_connections) {
         // Over the cap: a short 503 rather than a silent reset, so clients know to back off.
         static const std::string kBusy =
             "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -224,7 +229,6 @@ class ServerImpl final : public HttpServer {
           std::lock_guard<std::mutex> l(mu_);
           sessions_.insert(s.get());
           weak_[s.get()] = s;
-          ++open_;
           // Drop expired weak pointers now and then so the map stays small.
           if (weak_.size() > 2 * sessions_.size() + 64) {
             for (auto it = weak_.begin(); it != weak_.end();) {
@@ -247,8 +251,7 @@ class ServerImpl final : public HttpServer {
   std::atomic<bool> stopping_{false};
   std::once_flag shutdown_once_;
   int port_ = 0;
-  std::atomic<int64_t> open_{0};
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::set<Session*> sessions_;
   std::map<Session*, std::weak_ptr<Session>> weak_;
 };
@@ -283,65 +286,72 @@ void Session::StartReadSome() {
   const int64_t cap = server_->options().max_header_bytes + server_->options().max_body_bytes;
   if (static_cast<int64_t>(buffer_.size()) > cap) return;
   reading_some_ = true;
-  socket_.async_read_some(buffer_.prepare(16384),
+  socket_.async_read_some(asio::buffer(read_buf_),
                           asio::bind_executor(strand_, [self = shared_from_this()](
                                                            beast::error_code ec, size_t n) {
                             self->OnReadSome(ec, n);
                           }));
 }
 
+// The one read on the socket, in every phase: a second reader (a parser's own read next to
+// the disconnect watch) would split a request's bytes between two buffers.
 void Session::OnReadSome(beast::error_code ec, size_t n) {
   reading_some_ = false;
+  if (phase_ == Phase::kClosed) return;
   if (ec) {
     // EOF or reset: while a response is being produced this is the client going away.
-    Close("read", ec);
+    Close(phase_ == Phase::kReading ? "request read" : "read", ec);
     return;
   }
+  // Copied rather than read into buffer_.prepare(): parsing may consume (and so move) the
+  // buffered bytes while this read is outstanding.
+  auto dst = buffer_.prepare(n);
+  std::memcpy(dst.data(), read_buf_.data(), n);
   buffer_.commit(n);
-  if (phase_ == Phase::kIdle) {
-    Parse();
-  } else if (phase_ == Phase::kHandling) {
-    StartReadSome();  // keep watching for a disconnect
-  }
+  Feed();
+  StartReadSome();  // the rest of a request, the next one, or a disconnect while handling
 }
 
-void Session::Parse() {
-  if (server_->stopping()) {
-    Close("stopping");
-    return;
+// Parses what is buffered while between or inside requests; bytes that arrive while a
+// response is in progress wait in `buffer_` (pipelining, bounded in StartReadSome).
+void Session::Feed() {
+  while ((phase_ == Phase::kIdle || phase_ == Phase::kReading) && buffer_.size() > 0) {
+    if (phase_ == Phase::kIdle) {
+      if (server_->stopping()) {
+        Close("stopping");
+        return;
+      }
+      phase_ = Phase::kReading;
+      SetDeadline(server_->options().read_timeout);  // the whole request, from its first byte
+      parser_.emplace();
+      parser_->body_limit(static_cast<uint64_t>(server_->options().max_body_bytes));
+      parser_->header_limit(static_cast<uint32_t>(server_->options().max_header_bytes));
+    }
+    beast::error_code ec;
+    const size_t used = parser_->put(buffer_.data(), ec);
+    buffer_.consume(used);
+    if (ec == bhttp::error::need_more) {
+      if (used == 0) return;
+      continue;
+    }
+    if (ec == bhttp::error::body_limit) {
+      Reject(413, absl::StrCat("request body over the limit of ", server_->options().max_body_bytes, " bytes"));
+      return;
+    }
+    if (ec == bhttp::error::header_limit) {
+      Reject(431, "request headers too large");
+      return;
+    }
+    if (ec) {
+      Reject(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+      return;
+    }
+    if (parser_->is_done()) {
+      Dispatch(parser_->release());
+      return;
+    }
+    if (used == 0) return;
   }
-  phase_ = Phase::kReading;
-  SetDeadline(server_->options().read_timeout);
-  parser_.emplace();
-  parser_->body_limit(static_cast<uint64_t>(server_->options().max_body_bytes));
-  parser_->header_limit(static_cast<uint32_t>(server_->options().max_header_bytes));
-  bhttp::async_read(socket_, buffer_, *parser_,
-                    asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec,
-                                                                             size_t) {
-                      self->OnParsed(ec);
-                    }));
-}
-
-void Session::OnParsed(beast::error_code ec) {
-  if (phase_ == Phase::kClosed) return;
-  if (ec == bhttp::error::body_limit) {
-    Reject(413, absl::StrCat("request body over the limit of ", server_->options().max_body_bytes, " bytes"));
-    return;
-  }
-  if (ec == bhttp::error::header_limit) {
-    Reject(431, "request headers too large");
-    return;
-  }
-  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-      ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
-    Close("request read", ec);
-    return;
-  }
-  if (ec) {
-    Reject(400, absl::StrCat("malformed HTTP request: ", ec.message()));
-    return;
-  }
-  Dispatch(parser_->release());
 }
 
 void Session::Reject(int status, absl::string_view message) {
@@ -378,7 +388,6 @@ void Session::Dispatch(bhttp::request<bhttp::string_body> msg) {
   req.body = std::move(msg.body());
   req.peer = peer_;
   const uint64_t id = ++request_id_;
-  StartReadSome();  // watch for the client going away while the handler works
   auto responder = std::make_shared<Responder>(shared_from_this(), id);
   server_->handler()(std::move(req), std::move(responder));
 }
@@ -427,11 +436,8 @@ void Session::OnResponseDone() {
   }
   phase_ = Phase::kIdle;
   SetDeadline(server_->options().idle_timeout);
-  if (buffer_.size() > 0) {
-    Parse();
-  } else {
-    StartReadSome();
-  }
+  Feed();           // a pipelined request already buffered
+  StartReadSome();  // no-op while the read is outstanding
 }
 
 void Session::CloseIfIdle() {

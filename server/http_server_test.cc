@@ -47,6 +47,11 @@ class HttpServerTest : public ::testing::Test {
           r->EndStream();
           big_done_ = true;
         }).detach();
+      } else if (req.path == "/slow") {
+        std::thread([r] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          r->Send(200, "text/plain", "slow done");
+        }).detach();
       } else if (req.path == "/wait") {
         r->OnClientGone([this] { gone_ = true; });
         held_ = r;  // never answered: only the disconnect ends it
@@ -112,6 +117,39 @@ TEST_F(HttpServerTest, KeepAliveServesTwoRequests) {
   asio::write(s, asio::buffer(std::string("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")));
   std::string b = ReadUntil(s, "GET ");
   EXPECT_NE(b.find("200 OK"), std::string::npos) << b;
+}
+
+// The next request's head arrives while the previous response is still being produced and
+// its body only after that response is out: one reader owns the socket, so the body is
+// neither lost between two reads nor waited for until the read deadline.
+TEST_F(HttpServerTest, NextRequestSplitAcrossTheEndOfAResponse) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  asio::write(s, asio::buffer(std::string("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")));
+  EXPECT_NE(ReadUntil(s, "slow done").find("slow done"), std::string::npos);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  asio::write(s, asio::buffer(std::string("hello")));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string second = ReadUntil(s, "POST hello", 2000);
+  EXPECT_NE(second.find("POST hello"), std::string::npos) << second;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250));
+  EXPECT_TRUE(Cuts().empty()) << Cuts()[0];
+}
+
+// Pipelined requests in one write are answered in order.
+TEST_F(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                                          "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab"
+                                          "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")));
+  const std::string got = ReadUntil(s, "GET ");
+  const size_t a = got.find("slow done"), b = got.find("POST ab"), c = got.find("GET ");
+  ASSERT_NE(a, std::string::npos) << got;
+  ASSERT_NE(b, std::string::npos) << got;
+  ASSERT_NE(c, std::string::npos) << got;
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, c);
 }
 
 TEST_F(HttpServerTest, BodyOverLimitIs413) {
@@ -195,6 +233,42 @@ TEST_F(HttpServerTest, WaitUntilClosedTimesOutOnAHeldResponse) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(server_->WaitUntilClosed(absl::Milliseconds(200)));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2000));
+}
+
+// Over Options::max_connections a client gets a 503 it can act on; a slot freed is reused.
+TEST_F(HttpServerTest, ConnectionCapAnswers503) {
+  HttpServer::Options o;
+  o.address = "127.0.0.1";
+  o.port = 0;
+  o.max_connections = 2;
+  auto capped = HttpServer::Start(o, [](HttpRequest req, std::shared_ptr<HttpResponder> r) {
+    r->Send(200, "text/plain", "ok " + req.path);
+  });
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  auto connect = [&] {
+    tcp::socket s(ioc_);
+    s.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>((*capped)->port())});
+    return s;
+  };
+  auto wait_open = [&](int64_t n) {
+    for (int i = 0; i < 200 && (*capped)->open_connections() != n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return (*capped)->open_connections();
+  };
+  tcp::socket a = connect();
+  tcp::socket b = connect();
+  ASSERT_EQ(wait_open(2), 2);
+  tcp::socket c = connect();
+  const std::string refused = ReadUntil(c, "");
+  EXPECT_NE(refused.find("503 Service Unavailable"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("too many connections"), std::string::npos) << refused;
+  a.close();
+  ASSERT_EQ(wait_open(1), 1);
+  tcp::socket d = connect();
+  asio::write(d, asio::buffer(std::string("GET /d HTTP/1.1\r\nHost: x\r\n\r\n")));
+  EXPECT_NE(ReadUntil(d, "ok /d").find("ok /d"), std::string::npos);
+  (*capped)->Shutdown();
 }
 
 TEST_F(HttpServerTest, IdleKeepAliveIsClosed) {
