@@ -264,13 +264,29 @@ absl::StatusOr<pb::DeviceAttestation> AttestDevice(const std::string& device,
 // is handling (-1: none, or the frame went to another thread).
 thread_local int64_t t_faults_at_read = -1;
 
+// RING_WORKER_STEP_STATS: when the reading thread finished parsing and recording the frame
+// it is handling (InfinitePast: none), and when its Step began; a step computed on another
+// thread finds them unset and counts its decode segment whole.
+thread_local absl::Time t_parsed_at = absl::InfinitePast();
+thread_local absl::Time t_step_entered_at = absl::InfinitePast();
+
 // RING_WORKER_STEP_STATS: sums of each segment's time over the relayed steps, decode steps
 // (one row after the first position) apart from prefill ones.
 struct WorkerService::StepStats {
-  enum Segment { kDecode, kPrepare, kForward, kEncode, kHandOff, kPushPrep, kSerialize, kSend, kCount };
+  // The k*Part segments split the one before them (a decode segment only when the frame was
+  // read on the thread that stepped it); they are not added to the total again.
+  enum Segment {
+    kDecode, kParsePart, kToStepPart, kLookupPart, kCodecPart,
+    kPrepare, kForward,
+    kEncode, kEncodeCodecPart, kEncodeChecksPart,
+    kHandOff, kPushPrep, kSerialize, kSend, kCount
+  };
   static constexpr const char* kNames[kCount] = {
       "frame read to input decoded (parse, recorder, hand-over, checksum, decode)",
-      "checks, cache reservation", "forward", "encode, fingerprint, metrics", "to the push",
+      "[of which: parse, recorder, frame metrics", "to Step", "stage and sequence lookup",
+      "checksum and decode]",
+      "checks, cache reservation", "forward", "encode, fingerprint, metrics",
+      "[of which: encode and fingerprint", "activation checks and metrics]", "to the push",
       "push: recorder, metrics", "push: serialize", "push: transport send"};
   static bool DecodeStep(const pb::ActivationFrame& f) {
     return f.rows() <= 1 && f.first_position() > 0;
@@ -285,6 +301,8 @@ struct WorkerService::StepStats {
   // Page faults of the thread that read a frame from shared memory and computed and pushed
   // its step (the usual path of a lone sequence), from the read to the push's end.
   std::atomic<int64_t> faults[2] = {}, faulted_steps[2] = {};
+  // Steps whose decode segment is split into its parts (read on the stepping thread).
+  std::atomic<int64_t> split_steps[2] = {};
   void Count(const pb::ActivationFrame& f) {
     steps[DecodeStep(f)].fetch_add(1, std::memory_order_relaxed);
   }
@@ -299,8 +317,12 @@ struct WorkerService::StepStats {
       absl::StrAppend(&r, d == 1 ? "" : "\n  ", " ", n, d == 1 ? " relayed decode steps" : " relayed prefill steps",
                       "; per step (us):");
       for (int i = 0; i < kCount; ++i) {
+        const int64_t of = i == kParsePart || i == kToStepPart || i == kLookupPart || i == kCodecPart
+                               ? split_steps[d].load()
+                               : n;
         absl::StrAppend(&r, " ", kNames[i], " ",
-                        absl::StrFormat("%.1f", n > 0 ? ns[d][i].load() / 1e3 / n : 0.0), ";");
+                        absl::StrFormat("%.1f", of > 0 ? ns[d][i].load() / 1e3 / of : 0.0),
+                        i == kCodecPart && of != n ? absl::StrCat(" (", of, " steps read here)") : "", ";");
       }
       if (const int64_t f = faulted_steps[d].load(); f > 0) {
         absl::StrAppend(&r, " minor page faults from the shared-memory read to the push's end ",
@@ -847,6 +869,7 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
 
 absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFrame& in,
                                                         const std::string& peer, absl::Time received) {
+  if (step_stats_ != nullptr) t_step_entered_at = absl::Now();
   const std::string hop = absl::StrCat(HopName(), " <- ", in.sender().empty() ? peer : in.sender());
   std::shared_ptr<const Loaded> loaded;
   std::shared_ptr<SequenceState> state;
@@ -874,6 +897,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     if (!slot) slot = std::make_shared<SequenceState>();
     state = slot;
   }
+  const absl::Time looked_up = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
   auto input = DecodeStageInput(in);
   const absl::Time decoded = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
   if (!input.ok()) {
@@ -984,6 +1008,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
       reply.set_reply_dtype(in.reply_dtype());
     }
   }
+  const absl::Time encoded = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
   // NaN/Inf never leave the stage that made them: the step fails here, naming the stage and
   // its layers, instead of turning into "!!!!" three machines later.
   const pb::Fingerprint& fp = reply.fingerprint();
@@ -1017,6 +1042,17 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
       step_stats_->Add(in, StepStats::kPrepare, decoded, step_start);
       step_stats_->Add(in, StepStats::kForward, step_start, step_end);
       step_stats_->Add(in, StepStats::kEncode, step_end, now);
+      step_stats_->Add(in, StepStats::kEncodeCodecPart, step_end, encoded);
+      step_stats_->Add(in, StepStats::kEncodeChecksPart, encoded, now);
+      // The parts of the decode segment, when this thread also read the frame.
+      if (t_parsed_at >= received && t_parsed_at <= t_step_entered_at) {
+        step_stats_->split_steps[StepStats::DecodeStep(in)].fetch_add(1, std::memory_order_relaxed);
+        step_stats_->Add(in, StepStats::kParsePart, received, t_parsed_at);
+        step_stats_->Add(in, StepStats::kToStepPart, t_parsed_at, t_step_entered_at);
+        step_stats_->Add(in, StepStats::kLookupPart, t_step_entered_at, looked_up);
+        step_stats_->Add(in, StepStats::kCodecPart, looked_up, decoded);
+      }
+      t_parsed_at = absl::InfinitePast();
     }
   }
   return reply;
@@ -1313,6 +1349,7 @@ void WorkerService::ShmReadLoop(InboundShm* in) {
     }
     Record(/*sent=*/false, f, peer);
     metrics_->CountFrame(/*sent=*/false, PeerLabel(f), static_cast<int64_t>(bytes->size()));
+    if (step_stats_ != nullptr) t_parsed_at = absl::Now();
     HandleRelayed(std::move(f), peer, received);
   }
   in->hop->Close();  // the sender's next frame then fails over to the Relay stream
@@ -1695,6 +1732,7 @@ grpc::Status WorkerService::Relay(grpc::ServerContext* ctx, grpc::ServerReader<p
     ++frames;
     Record(/*sent=*/false, in, peer);
     metrics_->CountFrame(/*sent=*/false, PeerLabel(in), static_cast<int64_t>(in.ByteSizeLong()));
+    if (step_stats_ != nullptr) t_parsed_at = absl::Now();
     HandleRelayed(std::move(in), peer, received);
     in.Clear();
   }

@@ -371,6 +371,44 @@ TEST_F(WorkerServiceTest, ClosedRingOfTwoSamplesLikeOneStageAndResumes) {
   EXPECT_EQ(*got, *want);
 }
 
+// RING_WORKER_STEP_STATS: a stage that computed a generation's relayed steps reports, when
+// it stops, each segment's time per step, decode steps apart from prefill ones, and the
+// frame-to-input segment split into its parts for frames read on the stepping thread.
+TEST_F(WorkerServiceTest, StepStatsReportRelayedStepsBySegment) {
+  Start();
+  ASSERT_EQ(setenv("RING_WORKER_STEP_STATS", "1", 1), 0);
+  auto w1 = std::make_unique<ExtraWorker>(dir_.string());
+  ASSERT_EQ(unsetenv("RING_WORKER_STEP_STATS"), 0);
+  StageClient c0(address_, 0, {});
+  StageClient c1(w1->address, 1, {});
+  const uint64_t e0 = Load(c0, 0, 2);
+  const uint64_t e1 = Load(c1, 2, 4);
+  ASSERT_TRUE(c0.Link(LinkTo(e0, 0, 2, w1->address, e1)).ok());
+  ASSERT_TRUE(c1.Link(LinkTo(e1, 1, 2, address_, e0)).ok());
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  auto got = RunGenerate(c0, "stats", e0, greedy, 8);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 8u);
+  ::testing::internal::CaptureStderr();
+  w1.reset();
+  const std::string report = ::testing::internal::GetCapturedStderr();
+  // Step 0 is the prompt's prefill; the 7 after it carry one token each (the 8th token is
+  // sampled from the 7th's logits, no step follows it).
+  EXPECT_NE(report.find(" 7 relayed decode steps; per step (us):"), std::string::npos) << report;
+  EXPECT_NE(report.find(" 1 relayed prefill steps"), std::string::npos) << report;
+  for (const char* segment : {"forward ", "[of which: parse, recorder, frame metrics ", "to Step ",
+                              "stage and sequence lookup ", "checksum and decode] ",
+                              "[of which: encode and fingerprint ", "push: transport send "}) {
+    const size_t at = report.find(segment);
+    ASSERT_NE(at, std::string::npos) << segment << " in " << report;
+    EXPECT_GE(std::strtod(report.c_str() + at + std::strlen(segment), nullptr), 0.0) << segment;
+  }
+  // A forward of two layers takes longer than nothing: the figures are measured.
+  const size_t fwd = report.find("forward ");
+  EXPECT_GT(std::strtod(report.c_str() + fwd + std::strlen("forward "), nullptr), 0.0) << report;
+}
+
 // Generations running at the same time share the stages (continuous batching: their steps
 // go through a stage together when they meet there) and each still gets exactly the
 // tokens it gets alone.
