@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -15,6 +16,42 @@ namespace ring::cpu {
 namespace {
 
 thread_local bool tls_inside_pool = false;
+
+// A decode step is hundreds of short parallel regions back to back; waking a sleeping
+// thread for each costs a futex call and a scheduler wake-up (tens of microseconds on a VM,
+// more than many regions take). So a pool thread that ran out of work, and a caller waiting
+// for the last chunks, first poll for this long, then sleep. Between steps of a ring stage
+// (milliseconds while other stages compute) they sleep as before. RING_CPU_SPIN_US
+// overrides it (0: sleep at once).
+std::chrono::nanoseconds SpinBudget() {
+  static const std::chrono::nanoseconds budget = [] {
+    long us = 50;
+    if (const char* env = std::getenv("RING_CPU_SPIN_US")) us = std::max(0L, std::atol(env));
+    return std::chrono::nanoseconds(std::chrono::microseconds(us));
+  }();
+  return budget;
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Polls `ready` for up to SpinBudget(); true as soon as it holds.
+template <typename Ready>
+bool SpinUntil(Ready ready) {
+  const std::chrono::nanoseconds budget = SpinBudget();
+  if (budget.count() == 0) return ready();
+  const auto end = std::chrono::steady_clock::now() + budget;
+  for (uint32_t i = 1;; ++i) {
+    if (ready()) return true;
+    CpuRelax();
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() >= end) return ready();
+  }
+}
 
 void MakeThisThreadIdle() {
 #ifdef SCHED_IDLE
@@ -46,7 +83,7 @@ class Pool {
       std::lock_guard<std::mutex> l(mu_);
       idle_ = true;
       body_ = nullptr;
-      ++generation_;
+      generation_.fetch_add(1);
     }
     cv_.notify_all();
   }
@@ -60,13 +97,18 @@ class Pool {
       body_ = &body;
       chunks_ = chunks;
       cursor_.store(static_cast<uint64_t>(region) << 32);
-      done_ = 0;
-      ++generation_;
+      done_.store(0);
+      generation_.fetch_add(1);
     }
-    cv_.notify_all();
+    // A sleeper counts itself under mu_ before it checks generation_ (Loop), so either it
+    // sees the new region or it is counted here.
+    if (sleepers_.load() > 0) cv_.notify_all();
     Work(region, &body, chunks);
-    std::unique_lock<std::mutex> l(mu_);
-    done_cv_.wait(l, [&] { return done_ == chunks_; });
+    if (!SpinUntil([&] { return done_.load(std::memory_order_acquire) == chunks; })) {
+      std::unique_lock<std::mutex> l(mu_);
+      done_cv_.wait(l, [&] { return done_.load() == chunks; });
+    }
+    std::lock_guard<std::mutex> l(mu_);
     body_ = nullptr;
   }
 
@@ -94,10 +136,10 @@ class Pool {
       ++finished;
     }
     tls_inside_pool = false;
-    if (finished > 0) {
+    if (finished > 0 && done_.fetch_add(finished) + finished == chunks) {
+      // Under mu_: the caller checks done_ under it before it sleeps on done_cv_.
       std::lock_guard<std::mutex> l(mu_);
-      done_ += finished;
-      if (done_ == chunks_) done_cv_.notify_all();
+      done_cv_.notify_all();
     }
   }
   void Loop() {
@@ -107,11 +149,18 @@ class Pool {
       uint32_t region;
       const std::function<void(int64_t)>* body;
       int64_t chunks;
+      // SCHED_IDLE threads (a GPU worker's reference pool) do not poll: they exist to take
+      // no time from anything else.
+      if (!idle) SpinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; });
       {
         std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+        if (!stop_ && generation_.load() == seen) {
+          ++sleepers_;
+          cv_.wait(l, [&] { return stop_ || generation_.load() != seen; });
+          --sleepers_;
+        }
         if (stop_) return;
-        seen = generation_;
+        seen = generation_.load();
         if (idle_ && !idle) {
           idle = true;
           MakeThisThreadIdle();
@@ -134,8 +183,9 @@ class Pool {
   int64_t chunks_ = 0;
   uint32_t region_ = 0;  // numbers the parallel regions (wraps harmlessly)
   std::atomic<uint64_t> cursor_{0};
-  int64_t done_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<int64_t> done_{0};        // chunks of the current region finished
+  std::atomic<uint64_t> generation_{0};  // written under mu_; polled without it
+  std::atomic<int> sleepers_{0};         // pool threads in cv_.wait (changed under mu_)
   bool stop_ = false;
   bool idle_ = false;
 };

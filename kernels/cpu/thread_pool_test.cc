@@ -1,6 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -47,6 +48,39 @@ TEST(ThreadPool, BackToBackRegionsFromManyThreadsRunEveryChunkOnce) {
   }
   for (auto& c : callers) c.join();
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// Pool threads poll for the next region for a short while (RING_CPU_SPIN_US), then sleep:
+// regions that come while they poll, just after they fell asleep, and long after must all
+// run every chunk once and return (a wake-up lost between the poll and the sleep would
+// leave the caller doing every chunk itself at best, or waiting forever for one a pool
+// thread claimed).
+TEST(ThreadPool, RegionsFindPoolThreadsPollingOrAsleep) {
+  setenv("RING_CPU_THREADS", "4", /*overwrite=*/0);
+  std::mt19937 rng(7);
+  std::vector<std::atomic<int>> hits(64);
+  int64_t wrong = 0, shared = 0;
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int r = 0; r < 300; ++r) {
+    // 0 to ~200 us between regions: across the default 50 us poll.
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+    for (auto& h : hits) h.store(0);
+    std::atomic<bool> helped{false};
+    ParallelFor(static_cast<int64_t>(hits.size()), 1, [&](int64_t b, int64_t e) {
+      if (std::this_thread::get_id() != caller) helped = true;
+      // ~10 us a chunk, so that a woken pool thread finds work left.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(10);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    });
+    for (auto& h : hits) wrong += h.load() != 1;
+    shared += helped.load();
+  }
+  EXPECT_EQ(wrong, 0);
+  // Pool threads that fell asleep are woken for later regions: without that the caller ran
+  // every chunk of them alone.
+  if (NumThreads() > 1) EXPECT_GT(shared, 30) << "of 300 regions";
 }
 
 }  // namespace
