@@ -59,6 +59,7 @@ class Session : public std::enable_shared_from_this<Session> {
   enum class Phase { kIdle, kReading, kHandling, kClosed };
 
   void SetDeadline(absl::Duration d);
+  void SetDeadlineAt(std::chrono::steady_clock::time_point at);
   void ClearDeadline() { timer_.cancel(); }
   void StartReadSome();
   void OnReadSome(beast::error_code ec, size_t n);
@@ -80,6 +81,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool reading_some_ = false;
   bool writing_ = false;
   bool response_complete_ = false;
+  bool continue_sent_ = false;  // this request's "100 Continue" (Expect: 100-continue)
+  std::chrono::steady_clock::time_point read_deadline_;  // of the request being read
   std::deque<std::string> out_;
   uint64_t request_id_ = 0;
   std::atomic<bool> gone_{false};
@@ -273,8 +276,10 @@ void Session::Start() {
   });
 }
 
-void Session::SetDeadline(absl::Duration d) {
-  timer_.expires_after(ToChrono(d));
+void Session::SetDeadline(absl::Duration d) { SetDeadlineAt(std::chrono::steady_clock::now() + ToChrono(d)); }
+
+void Session::SetDeadlineAt(std::chrono::steady_clock::time_point at) {
+  timer_.expires_at(at);
   timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
     if (!ec) self->Close("deadline passed");  // slow or dead peer
   });
@@ -322,7 +327,9 @@ void Session::Feed() {
         return;
       }
       phase_ = Phase::kReading;
-      SetDeadline(server_->options().read_timeout);  // the whole request, from its first byte
+      read_deadline_ = std::chrono::steady_clock::now() + ToChrono(server_->options().read_timeout);
+      SetDeadlineAt(read_deadline_);  // the whole request, from its first byte
+      continue_sent_ = false;
       parser_.emplace();
       parser_->body_limit(static_cast<uint64_t>(server_->options().max_body_bytes));
       parser_->header_limit(static_cast<uint32_t>(server_->options().max_header_bytes));
@@ -350,6 +357,19 @@ void Session::Feed() {
       Dispatch(parser_->release());
       return;
     }
+    // A client that asked to be told before it sends the body (curl does above 1 MB) would
+    // otherwise wait a second for this. The limits were checked with the header: a body
+    // over them was refused above instead.
+    // Decided once, as the header completes; not when the body has already begun.
+    if (parser_->is_header_done() && !continue_sent_) {
+      continue_sent_ = true;
+      const auto& head = parser_->get();
+      if (buffer_.size() == 0 && head.version() >= 11 &&
+          beast::iequals(head[bhttp::field::expect], "100-continue")) {
+        out_.push_back("HTTP/1.1 100 Continue\r\n\r\n");
+        if (!writing_) DoWrite();
+      }
+    }
     if (used == 0) return;
   }
 }
@@ -369,7 +389,7 @@ void Session::Reject(int status, absl::string_view message) {
   absl::StrAppend(&msg, "Content-Length: ", body.size(), "\r\n\r\n", body);
   out_.push_back(std::move(msg));
   response_complete_ = true;
-  DoWrite();
+  if (!writing_) DoWrite();  // after an interim "100 Continue" still being written
 }
 
 void Session::Dispatch(bhttp::request<bhttp::string_body> msg) {
@@ -419,9 +439,11 @@ void Session::DoWrite() {
                       self->out_.pop_front();
                       if (!self->out_.empty()) {
                         self->DoWrite();
+                      } else if (self->phase_ == Phase::kReading) {
+                        self->SetDeadlineAt(self->read_deadline_);  // an interim response went out
                       } else {
                         self->ClearDeadline();
-                        if (self->response_complete_) self->OnResponseDone();
+                        if (self->response_complete_ && self->phase_ == Phase::kHandling) self->OnResponseDone();
                       }
                     }));
 }

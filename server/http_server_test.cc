@@ -184,6 +184,50 @@ TEST_F(HttpServerTest, PipelinedRequestsCutAnywhereAreAnsweredInOrder) {
   EXPECT_TRUE(Cuts().empty()) << Cuts()[0];
 }
 
+// Expect: 100-continue (curl sends it with bodies over 1 MB and waits a second for the
+// interim response before sending the body).
+TEST_F(HttpServerTest, ExpectContinueGetsAnInterimResponseBeforeTheBody) {
+  tcp::socket s = Connect();
+  const auto t0 = std::chrono::steady_clock::now();
+  asio::write(s, asio::buffer(std::string(
+                     "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")));
+  const std::string interim = ReadUntil(s, "\r\n\r\n", 2000);
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  asio::write(s, asio::buffer(std::string("hello")));
+  EXPECT_NE(ReadUntil(s, "POST hello").find("HTTP/1.1 200 OK"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250));
+  // The connection goes on to the next request as usual.
+  asio::write(s, asio::buffer(std::string("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")));
+  const std::string next = ReadUntil(s, "GET ");
+  EXPECT_NE(next.find("GET "), std::string::npos) << next;
+  EXPECT_EQ(next.find("100 Continue"), std::string::npos) << next;
+}
+
+// A body the server would refuse is refused before the client sends it: no interim
+// response, a 413.
+TEST_F(HttpServerTest, ExpectContinueOverTheLimitIs413WithoutContinue) {
+  tcp::socket s = Connect();
+  asio::write(s, asio::buffer(std::string(
+                     "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")));
+  const std::string got = ReadUntil(s, "");
+  EXPECT_EQ(got.find("100 Continue"), std::string::npos) << got;
+  EXPECT_NE(got.find("413"), std::string::npos) << got;
+}
+
+// The read deadline still covers the whole request after the interim response: a client
+// that never sends the body is cut off.
+TEST_F(HttpServerTest, ExpectContinueWithoutTheBodyIsCutAtTheReadDeadline) {
+  tcp::socket s = Connect();
+  const auto t0 = std::chrono::steady_clock::now();
+  asio::write(s, asio::buffer(std::string(
+                     "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")));
+  const std::string got = ReadUntil(s, "", 3000);  // until the server closes
+  EXPECT_EQ(got, "HTTP/1.1 100 Continue\r\n\r\n");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, std::chrono::milliseconds(250));  // read_timeout 300 ms in this fixture
+  EXPECT_LT(took, std::chrono::milliseconds(2500));
+}
+
 TEST_F(HttpServerTest, BodyOverLimitIs413) {
   tcp::socket s = Connect();
   const std::string body(5000, 'x');
