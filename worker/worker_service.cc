@@ -1972,6 +1972,7 @@ absl::Status WorkerService::AwaitRound(Generation& g, grpc::ServerContext* ctx, 
                             " to come round the ring from ", next));
   while (true) {
     bool claimed;
+    bool advanced = false;
     absl::Time deadline;
     {
       absl::MutexLock l(&g.mu);
@@ -1985,8 +1986,8 @@ absl::Status WorkerService::AwaitRound(Generation& g, grpc::ServerContext* ctx, 
         done->push_back(std::move(g.advanced.front()));
         g.advanced.pop_front();
       }
-      if (!done->empty()) return absl::OkStatus();
-      while (!g.claimed && !g.arrived.empty()) {
+      advanced = !done->empty();
+      while (!advanced && !g.claimed && !g.arrived.empty()) {
         pb::ActivationFrame a = std::move(g.arrived.front());
         g.arrived.pop_front();
         if (a.step() == g.cursor.step || a.kind() == pb::PAYLOAD_KIND_ERROR) {
@@ -2000,7 +2001,10 @@ absl::Status WorkerService::AwaitRound(Generation& g, grpc::ServerContext* ctx, 
       step = g.cursor.step;
       deadline = g.cursor.started + g.step_timeout;
     }
-    if (back->has_value()) {
+    // Said here, outside g.mu: the status text has a lock of its own. (A generation that
+    // ended on a token computed by the reading thread left stage 0 "waiting" for a step
+    // that never comes.)
+    if (advanced || back->has_value()) {
       SetWaitingOn("idle: waiting for Relay frames");
       return absl::OkStatus();
     }

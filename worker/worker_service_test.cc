@@ -369,6 +369,12 @@ TEST_F(WorkerServiceTest, ClosedRingOfTwoSamplesLikeOneStageAndResumes) {
   auto got = RunGenerate(c0, "two", e0, sp, 8);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, *want);
+  // With the generation over, stage 0 says it waits for nothing (it once kept saying it
+  // waited for a step that never came when the last token was computed on the reading
+  // thread).
+  auto fr = c0.FlightRecorder();
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  EXPECT_EQ(fr->waiting_on().rfind("idle", 0), 0u) << fr->waiting_on();
 }
 
 // RING_WORKER_STEP_STATS: a stage that computed a generation's relayed steps reports, when
