@@ -81,7 +81,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool reading_some_ = false;
   bool writing_ = false;
   bool response_complete_ = false;
-  bool continue_sent_ = false;  // this request's "100 Continue" (Expect: 100-continue)
+  bool expect_checked_ = false;  // this request's Expect: 100-continue looked at (once)
   std::chrono::steady_clock::time_point read_deadline_;  // of the request being read
   std::deque<std::string> out_;
   uint64_t request_id_ = 0;
@@ -329,7 +329,7 @@ void Session::Feed() {
       phase_ = Phase::kReading;
       read_deadline_ = std::chrono::steady_clock::now() + ToChrono(server_->options().read_timeout);
       SetDeadlineAt(read_deadline_);  // the whole request, from its first byte
-      continue_sent_ = false;
+      expect_checked_ = false;
       parser_.emplace();
       parser_->body_limit(static_cast<uint64_t>(server_->options().max_body_bytes));
       parser_->header_limit(static_cast<uint32_t>(server_->options().max_header_bytes));
@@ -361,8 +361,8 @@ void Session::Feed() {
     // otherwise wait a second for this. The limits were checked with the header: a body
     // over them was refused above instead.
     // Decided once, as the header completes; not when the body has already begun.
-    if (parser_->is_header_done() && !continue_sent_) {
-      continue_sent_ = true;
+    if (parser_->is_header_done() && !expect_checked_) {
+      expect_checked_ = true;
       const auto& head = parser_->get();
       if (buffer_.size() == 0 && head.version() >= 11 &&
           beast::iequals(head[bhttp::field::expect], "100-continue")) {
