@@ -51,6 +51,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/qgemv_internal.cuh"
@@ -85,14 +86,6 @@ constexpr int kMaxChunks = kMaxAttentionDv / 32;
 constexpr int64_t kSplitMinKeys = 256;
 constexpr int64_t kSplitKeyAlign = kWideWarps * 8;
 constexpr float kBf16Lowest = -3.3895313892515355e38f;  // finfo(bfloat16).min
-
-__device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
-  switch (t) {
-    case cpu::ActDType::kBF16: return qdec::RoundToBf16(v);
-    case cpu::ActDType::kF16: return qdec::RoundToF16(v);
-    default: return v;
-  }
-}
 
 // sum_d a[d] * b[d], sequential in d like the scalar loops and the reference, read 16 bytes
 // at a time (n a multiple of 4, a and b 16-byte aligned).
@@ -168,7 +161,7 @@ __device__ __forceinline__ void MergeWarpStates(const float* part, int64_t dv,
       split[2 + d] = s;
       continue;
     }
-    const float r = RoundActDev(s * inv, rt);
+    const float r = DevRoundAct(s * inv, rt);
     o[d] = r;
     if (o_bf16 != nullptr) o_bf16[d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(r));
   }
@@ -460,7 +453,7 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
     for (int c = 0; c < kTileMaxD / 32; ++c) {
       const int d = c * 32 + lane;
       if (c < nc && d < dv) {
-        const float r = RoundActDev(acc[a][c] * inv, rt);
+        const float r = DevRoundAct(acc[a][c] * inv, rt);
         o[d] = r;
         if (p.out_bf16 != nullptr) {
           p.out_bf16[(i * p.hq + h) * p.dv + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(r));
@@ -945,7 +938,7 @@ __global__ void __launch_bounds__(256)
     float v = 0.f;
     if (r < H * T) {
       const int64_t h = r / T, i = r % T;
-      v = RoundActDev(q[i * q_tok + h * q_head + q_off + e % rope] * scale, rt);
+      v = DevRoundAct(q[i * q_tok + h * q_head + q_off + e % rope] * scale, rt);
     }
     qsm[e] = v;
   }
@@ -981,7 +974,7 @@ __global__ void __launch_bounds__(256)
       const int64_t j = j0 + jl;
       const bool ok = (causal_offset < 0 || j <= causal_offset + i) &&
                       (allowed == nullptr || allowed[i * Sk + j] != 0);
-      out[r * Sk + j] = ok ? RoundActDev(dot[w][c], rt) : kBf16Lowest;
+      out[r * Sk + j] = ok ? DevRoundAct(dot[w][c], rt) : kBf16Lowest;
     }
   }
 }
@@ -1140,7 +1133,7 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
   }
   for (int i = tid; i < kMlaHeadsPerBlock * rope; i += kMlaThreads) {
     const int64_t h = h0 + i / rope;
-    qp[i] = h < p.H ? RoundActDev(p.q[h * p.qd + p.nope + i % rope] * p.scale, rt) : 0.f;
+    qp[i] = h < p.H ? DevRoundAct(p.q[h * p.qd + p.nope + i % rope] * p.scale, rt) : 0.f;
   }
   const int slice = kvl / kMlaHeadsPerBlock, d0 = 2 * tid;
   float acc[kMlaHeadsPerBlock][2];
@@ -1188,7 +1181,7 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
       float dot = 0.f;
 #pragma unroll
       for (int w = 0; w < kMlaHeadsPerBlock; ++w) dot += red[(w * kMlaHeadsPerBlock + warp) * kMlaChunk + lane];
-      s = dot + RoundActDev(pes, rt);
+      s = dot + DevRoundAct(pes, rt);
     }
     float mc = s;
 #pragma unroll
@@ -1587,7 +1580,7 @@ __global__ void __launch_bounds__(kCombineThreads)
       if (s0 + u + 1 < splits) a1 = fmaf(v[u + 1], f[s0 + u + 1], a1);
     }
   }
-  const float o = RoundActDev((a0 + a1) * inv, rt);
+  const float o = DevRoundAct((a0 + a1) * inv, rt);
   out[r * width + d] = o;
   if (out_bf16 != nullptr) out_bf16[r * width + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(o));
 }

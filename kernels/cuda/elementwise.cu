@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 
@@ -31,14 +32,6 @@ __device__ __forceinline__ void Store(void* p, DType t, int64_t i, float v) {
     static_cast<float*>(p)[i] = v;
   }
 }
-__device__ __forceinline__ float DevRoundAct(float v, cpu::ActDType t) {
-  switch (t) {
-    case cpu::ActDType::kBF16: return qdec::RoundToBf16(v);
-    case cpu::ActDType::kF16: return qdec::RoundToF16(v);
-    default: return v;
-  }
-}
-
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats.
 __device__ float BlockSum(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -379,13 +372,6 @@ __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, i
   } else if (idx - nq < n_w) {
     w[idx - nq] = DevRoundAct(w[idx - nq] * wscale, rt);
   }
-}
-
-// silu(g) * u with cpu::SwiGlu's roundings.
-__device__ __forceinline__ float SwiGluOne(float g, float u, cpu::ActDType rt) {
-  const float sig = DevRoundAct(1.f / (1.f + DevRoundAct(expf(-g), rt)), rt);
-  const float silu = DevRoundAct(g * sig, rt);
-  return DevRoundAct(silu * u, rt);
 }
 
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/warp_scan.cuh"
@@ -40,14 +41,6 @@ constexpr int kKeysPerBlockDecode = 8;
 constexpr int kTopKThreads = 512;
 // Key elements per lane held in registers by IndexerScoresKernel (index dims up to 256).
 constexpr int kKeyRegs = 8;
-
-__device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
-  switch (t) {
-    case cpu::ActDType::kBF16: return qdec::RoundToBf16(v);
-    case cpu::ActDType::kF16: return qdec::RoundToF16(v);
-    default: return v;
-  }
-}
 
 __global__ void __launch_bounds__(kScoreWarps * 32)
     IndexerScoresKernel(cpu::IndexerArgs a, cpu::ActDType rt, int keys_per_block, float* scores) {
@@ -99,17 +92,17 @@ __global__ void __launch_bounds__(kScoreWarps * 32)
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      dot = fmaxf(RoundActDev(dot, rt), 0.f);
-      const float sc = RoundActDev(dot * a.w[r * a.heads + h], rt);
+      dot = fmaxf(DevRoundAct(dot, rt), 0.f);
+      const float sc = DevRoundAct(dot * a.w[r * a.heads + h], rt);
       if (a.T > 1) {
-        tot = h == 0 ? sc : RoundActDev(tot + sc, rt);
+        tot = h == 0 ? sc : DevRoundAct(tot + sc, rt);
       } else {
         tot = h == 0 ? sc : tot + sc;
       }
     }
     if (lane == 0) {
       if (a.T == 1) {
-        tot = RoundActDev(tot, rt);
+        tot = DevRoundAct(tot, rt);
       } else if (j > a.offset + r) {
         tot = -INFINITY;
       }
@@ -199,18 +192,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       da = fmaf(a4.w, k3, da);
       db = fmaf(b4.w, k3, db);
     }
-    const float ra = fmaxf(RoundActDev(da, rt), 0.f);
-    terms[h0 * (kDecodeKeys + 1) + lane] = RoundActDev(ra * a.w[h0], rt);
+    const float ra = fmaxf(DevRoundAct(da, rt), 0.f);
+    terms[h0 * (kDecodeKeys + 1) + lane] = DevRoundAct(ra * a.w[h0], rt);
     if (h1 < heads) {
-      const float rb = fmaxf(RoundActDev(db, rt), 0.f);
-      terms[h1 * (kDecodeKeys + 1) + lane] = RoundActDev(rb * a.w[h1], rt);
+      const float rb = fmaxf(DevRoundAct(db, rt), 0.f);
+      terms[h1 * (kDecodeKeys + 1) + lane] = DevRoundAct(rb * a.w[h1], rt);
     }
   }
   __syncthreads();
   if (warp == 0 && lane < nk) {
     float tot = terms[lane];
     for (int h = 1; h < heads; ++h) tot += terms[h * (kDecodeKeys + 1) + lane];
-    scores[j0 + lane] = RoundActDev(tot, rt);
+    scores[j0 + lane] = DevRoundAct(tot, rt);
   }
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/quant_decode.cuh"
@@ -19,14 +20,6 @@ namespace {
 
 constexpr int kRouteThreads = 64;
 constexpr int kMaxK = 64;
-
-__device__ __forceinline__ float RoundActDev(float v, cpu::ActDType t) {
-  switch (t) {
-    case cpu::ActDType::kBF16: return qdec::RoundToBf16(v);
-    case cpu::ActDType::kF16: return qdec::RoundToF16(v);
-    default: return v;
-  }
-}
 
 // cpu::TopKIndices on x[0..n): the k best (higher value, then lower index), ascending ids.
 // `taken` is scratch of n flags.
@@ -179,14 +172,14 @@ __global__ void RouteSoftmaxKernel(const float* gates, int64_t T, int E, int K, 
   for (int e = 1; e < E; ++e) mx = fmaxf(mx, g[e]);
   float sum = 0.f;
   for (int e = 0; e < E; ++e) sum += (p[e] = expf(g[e] - mx));
-  for (int e = 0; e < E; ++e) p[e] = RoundActDev(p[e] / sum, rt);
+  for (int e = 0; e < E; ++e) p[e] = DevRoundAct(p[e] / sum, rt);
   TopKSmall(p, E, K, taken, ids);
   float sc[kMaxK];
   float denom = 0.f;
   for (int k = 0; k < K; ++k) denom += (sc[k] = p[ids[k]]);
   if (norm) {
-    denom = RoundActDev(denom, rt);
-    for (int k = 0; k < K; ++k) sc[k] = RoundActDev(sc[k] / denom, rt);
+    denom = DevRoundAct(denom, rt);
+    for (int k = 0; k < K; ++k) sc[k] = DevRoundAct(sc[k] / denom, rt);
   }
   for (int k = 0; k < K; ++k) {
     ids_out[row * K + k] = ids[k];
@@ -206,12 +199,12 @@ __global__ void CombineKernel(const float* y, const float* w, const float* share
     const float* wr = w + r * K;
     float acc = 0.f;
     if (rounded_products) {
-      for (int64_t s = 0; s < K; ++s) acc += RoundActDev(yr[s * hidden] * wr[s], rt);
+      for (int64_t s = 0; s < K; ++s) acc += DevRoundAct(yr[s * hidden] * wr[s], rt);
     } else {
       for (int64_t s = 0; s < K; ++s) acc = fmaf(yr[s * hidden], wr[s], acc);
     }
-    float v = RoundActDev(acc, rt);
-    if (shared != nullptr) v = RoundActDev(v + shared[idx], rt);
+    float v = DevRoundAct(acc, rt);
+    if (shared != nullptr) v = DevRoundAct(v + shared[idx], rt);
     out[idx] = v;
   }
 }
