@@ -46,12 +46,16 @@ def exe(args, rel):
 
 
 def start_worker(args, root, env, device="cpu", flags=""):
-    # A variant may name other binaries: "--bindir=DIR" takes DIR/ring-worker (another build).
+    # A variant may name other binaries: "--bindir=DIR" takes DIR/ring-worker (another build);
+    # "--env=NAME=VALUE" sets a variable in its workers' environment (a backend switch).
     worker = exe(args, "worker/ring-worker")
     rest = []
     for f in flags.split():
         if f.startswith("--bindir="):
             worker = os.path.join(f[len("--bindir="):], "ring-worker")
+        elif f.startswith("--env=") and "=" in f[len("--env="):]:
+            name, value = f[len("--env="):].split("=", 1)
+            env = dict(env, **{name: value})
         else:
             rest.append(f)
     cmd = [worker, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
@@ -148,7 +152,8 @@ def main():
                     help="'|'-separated ring-worker flag sets, one set of workers each, compared in "
                          "the same rounds (e.g. '--max-batch 8|--max-batch 1'); default: one set, "
                          "default flags. A set may hold --bindir=DIR: its workers are DIR/ring-worker "
-                         "(compare two builds in the same rounds)")
+                         "(compare two builds in the same rounds), and --env=NAME=VALUE: its "
+                         "workers run with that variable set (e.g. '|--env=RING_CUDA_GRAPH_FIRST_OPS=2')")
     args = ap.parse_args()
     env = dict(os.environ, RING_CPU_THREADS=args.threads)
     root = os.path.join(args.work, "models")
