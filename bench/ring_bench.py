@@ -36,6 +36,8 @@ import sys
 import urllib.request
 
 WORKERS = []
+# --pin: the CPUs of each stage's worker (by stage index) and of the one-process baseline.
+CPUS = {}
 METRICS = {}  # worker address -> its /metrics URL
 BREAKDOWN = {}  # workers -> [(per-stage ms, hops ms, forward ms, wire ms)] of closed-ring 1-sequence runs
 
@@ -45,7 +47,7 @@ def exe(args, rel):
     return os.path.join(args.bindir, os.path.basename(rel)) if args.bindir else os.path.join(args.build, rel)
 
 
-def start_worker(args, root, env, device="cpu", flags=""):
+def start_worker(args, root, env, device="cpu", flags="", stage=0):
     # A variant may name other binaries: "--bindir=DIR" takes DIR/ring-worker (another build);
     # "--env=NAME=VALUE" sets a variable in its workers' environment (a backend switch).
     worker = exe(args, "worker/ring-worker")
@@ -64,7 +66,9 @@ def start_worker(args, root, env, device="cpu", flags=""):
     # Each worker's stderr goes to WORK/worker_<n>.log (e.g. RING_CUDA_STEP_STATS=1 in the
     # environment: its backend's per-step statistics, printed when it exits on SIGTERM).
     log = open(os.path.join(args.work, f"worker_{len(WORKERS)}.log"), "w")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    cpus = CPUS.get(stage)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     log.close()
     WORKERS.append(p)
     line = p.stdout.readline()
@@ -105,7 +109,10 @@ def bench(args, env, model, workers=(), sequences=1):
     else:
         cmd += ["--device", args.devices.split(",")[0]]
     before = batch_counts(workers)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    # The baseline computes in this process: it gets a stage's CPUs (--pin).
+    cpus = CPUS.get("baseline") if not workers else None
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
+                       preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     after = batch_counts(workers)
     if after[1] > before[1]:
         BATCH.setdefault((tuple(workers), sequences), []).append(
@@ -143,6 +150,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--pin", action="store_true",
+                    help="give each stage's worker its own --threads + 1 CPUs (the baseline stage 0's), "
+                         "so that stages do not share cores and placement does not move the figures")
     ap.add_argument("--plan", default="auto", choices=["auto", "even"],
                     help="layer split of the rings: the planner's (balances weight bytes read per "
                          "token, LM head included) or near-equal layer counts")
@@ -168,10 +178,23 @@ def main():
     seqs = [int(k) for k in args.sequences.split(",")]
     devices = args.devices.split(",")
     variants = [v.strip() for v in args.variants.split("|")] if args.variants else [""]
-    addrs = {b: [start_worker(args, root, env, devices[i % len(devices)], b) for i in range(max(stages))]
+    if args.pin:
+        # Stage i's worker on CPUs [i (t + 1), (i + 1)(t + 1)): its t pool threads and the thread
+        # that reads its frames; the baseline on stage 0's. Every set of workers (--variants)
+        # shares the same partition.
+        avail = sorted(os.sched_getaffinity(0))
+        per = int(args.threads) + 1
+        if per * max(stages) > len(avail):
+            sys.exit(f"--pin: {max(stages)} stages of {per} CPUs need {per * max(stages)}, "
+                     f"this process may use {len(avail)}")
+        for i in range(max(stages)):
+            CPUS[i] = set(avail[i * per:(i + 1) * per])
+        CPUS["baseline"] = CPUS[0]
+    addrs = {b: [start_worker(args, root, env, devices[i % len(devices)], b, i) for i in range(max(stages))]
              for b in variants}
     print(f"model {name}, {args.topology} rings, {args.plan} split, decode {args.decode} steps after a {args.prompt}-token prompt, "
-          f"RING_CPU_THREADS={args.threads}, {args.rounds} rounds, worker flags "
+          f"RING_CPU_THREADS={args.threads}{' (pinned: --threads + 1 CPUs a stage)' if args.pin else ''}, "
+          f"{args.rounds} rounds, worker flags "
           f"{' vs '.join(repr(b) if b else 'default' for b in variants)}; load average at start {loadavg()}",
           flush=True)
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <iostream>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -191,15 +192,37 @@ class Pool {
 };
 
 Pool& GetPool() {
-  static Pool* pool = [] {
-    int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("RING_CPU_THREADS")) n = std::atoi(env);
-    return new Pool(std::max(1, n));
-  }();
+  static Pool* pool = new Pool(PoolThreadsFor(std::getenv("RING_CPU_THREADS")));
   return *pool;
 }
 
 }  // namespace
+
+int AvailableCpus() {
+#ifdef __linux__
+  // hardware_concurrency() counts the machine's CPUs even when this process may run on a
+  // few of them (taskset, a container's cpuset): a worker pinned to 4 of 16 cores would
+  // start 16 threads on 4.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+int PoolThreadsFor(const char* env) {
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (*end == '\0' && n >= 1 && n <= 4096) return static_cast<int>(n);
+    std::cerr << "ring: RING_CPU_THREADS='" << env << "' is not a thread count (1..4096); using "
+              << AvailableCpus() << ", the CPUs this process may run on\n";
+  }
+  return AvailableCpus();
+}
 
 int NumThreads() { return GetPool().size(); }
 

@@ -1,5 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +13,40 @@
 
 namespace ring::cpu {
 namespace {
+
+// The default pool size follows the CPUs a process may run on, not the machine's: a thread
+// pinned to one CPU sees 1 (sched_setaffinity(0) changes the calling thread's mask only).
+TEST(ThreadPool, DefaultSizeFollowsTheAffinityMask) {
+  int seen_all = 0, seen_one = 0;
+  std::thread t([&] {
+    seen_all = AvailableCpus();
+#ifdef __linux__
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &set)) ++first;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    seen_one = AvailableCpus();
+#else
+    seen_one = 1;
+#endif
+  });
+  t.join();
+  EXPECT_GE(seen_all, 1);
+  EXPECT_EQ(seen_one, 1);
+  EXPECT_EQ(PoolThreadsFor(nullptr), AvailableCpus());
+  EXPECT_EQ(PoolThreadsFor(""), AvailableCpus());
+  EXPECT_EQ(PoolThreadsFor("3"), 3);
+  // Not a count: the default, not 1 (atoi's 0 clamped) and not a huge pool.
+  EXPECT_EQ(PoolThreadsFor("four"), AvailableCpus());
+  EXPECT_EQ(PoolThreadsFor("4x"), AvailableCpus());
+  EXPECT_EQ(PoolThreadsFor("0"), AvailableCpus());
+  EXPECT_EQ(PoolThreadsFor("100000"), AvailableCpus());
+}
 
 TEST(ThreadPool, CoversRangeOnceWithNesting) {
   std::vector<int> hits(10007, 0);
