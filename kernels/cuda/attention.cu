@@ -46,12 +46,12 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
-#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/qgemv_internal.cuh"

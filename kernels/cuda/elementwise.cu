@@ -9,8 +9,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/act_round.cuh"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 

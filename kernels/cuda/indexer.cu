@@ -16,10 +16,10 @@
 #include <cstdint>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/warp_scan.cuh"

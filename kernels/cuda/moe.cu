@@ -5,10 +5,10 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
-#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/quant_decode.cuh"
