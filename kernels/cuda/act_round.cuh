@@ -1,9 +1,7 @@
 // File: kernels/cuda/act_round.cuh
 //
-// Device forms of the CPU reference's activation roundings (cpu::RoundAct), shared by the
-// kernel families that round (elementwise, attention, indexer, MoE), and SwiGLU's rounded
-// arithmetic: one definition each, so that a kernel that fuses an op gives the standalone
-// kernel's bits.
+// The device form of the CPU reference's activation rounding (cpu::RoundAct), one definition
+// for every kernel family that rounds (elementwise, attention, indexer, MoE).
 #ifndef RINGSERVE_KERNELS_CUDA_ACT_ROUND_CUH_
 #define RINGSERVE_KERNELS_CUDA_ACT_ROUND_CUH_
 
@@ -21,13 +19,6 @@ __device__ __forceinline__ float DevRoundAct(float v, cpu::ActDType t) {
     case cpu::ActDType::kF16: return qdec::RoundToF16(v);
     default: return v;
   }
-}
-
-// silu(g) * u with cpu::SwiGlu's roundings.
-__device__ __forceinline__ float SwiGluOne(float g, float u, cpu::ActDType rt) {
-  const float sig = DevRoundAct(1.f / (1.f + DevRoundAct(expf(-g), rt)), rt);
-  const float silu = DevRoundAct(g * sig, rt);
-  return DevRoundAct(silu * u, rt);
 }
 
 }  // namespace ring::cuda
