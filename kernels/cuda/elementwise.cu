@@ -66,14 +66,20 @@ __device__ __forceinline__ void LoadRowRegs(DevArray a, int64_t base, int64_t di
 // `obase`. With `add` (AddRmsNorm) the row normed is s = round(x + add), which is also
 // stored to `sum` (may alias x: every element is read before it is written, by the same
 // thread).
+// `w_pre`: w already in registers (PreloadRowWeights), or null.
 __device__ __forceinline__ void RmsNormRow(DevArray x, int64_t base, int64_t dim, DevArray w, float eps,
                                            cpu::ActDType rt, DevMutArray out, int64_t obase,
                                            uint16_t* out_bf16, DevArray add, DevMutArray sum,
-                                           float* scratch) {
+                                           float* scratch, const float* w_pre = nullptr) {
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
     float v[kRowRegs], wv[kRowRegs];
     LoadRowRegs(x, base, dim, v);
-    LoadRowRegs(w, 0, dim, wv);
+    if (w_pre != nullptr) {
+#pragma unroll
+      for (int c = 0; c < kRowRegs; ++c) wv[c] = w_pre[c];
+    } else {
+      LoadRowRegs(w, 0, dim, wv);
+    }
     if (add.data != nullptr) {
       float av[kRowRegs];
       LoadRowRegs(add, base, dim, av);
@@ -121,23 +127,45 @@ __device__ __forceinline__ void RmsNormRow(DevArray x, int64_t base, int64_t dim
   }
 }
 
+// A norm's weights are the model's (no kernel writes them), so the row kernels issue their
+// loads before PdlWait: a decode row is one block whose time is mostly load latency, and
+// the weights (evicted from L2 by the step's streaming) then arrive under the previous
+// kernel's tail instead of after it. True when the row fits the register path.
+__device__ __forceinline__ bool PreloadRowWeights(DevArray w, int64_t dim, float (&wv)[kRowRegs]) {
+  if (dim > static_cast<int64_t>(kRowRegs) * blockDim.x) return false;
+  LoadRowRegs(w, 0, dim, wv);
+  return true;
+}
+
 __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
                               DevMutArray out, uint16_t* out_bf16, DevArray add,
                               DevMutArray sum) {
+  float wv[kRowRegs];
+  const bool pre = PreloadRowWeights(w, dim, wv);
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
-  RmsNormRow(x, base, dim, w, eps, rt, out, base, out_bf16, add, sum, scratch);
+  RmsNormRow(x, base, dim, w, eps, rt, out, base, out_bf16, add, sum, scratch, pre ? wv : nullptr);
 }
 
 // One row of LayerNormKernel: x's row at `base`, written at the same place of out.
+// `w_pre`, `b_pre`: w and b already in registers (PreloadRowWeights), or null.
 __device__ __forceinline__ void LayerNormRow(DevArray x, int64_t base, int64_t dim, DevArray w, DevArray b,
-                                             float eps, cpu::ActDType rt, DevMutArray out, float* scratch) {
+                                             float eps, cpu::ActDType rt, DevMutArray out, float* scratch,
+                                             const float* w_pre = nullptr, const float* b_pre = nullptr) {
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
     float v[kRowRegs], wv[kRowRegs], bv[kRowRegs];
     LoadRowRegs(x, base, dim, v);
-    LoadRowRegs(w, 0, dim, wv);
-    LoadRowRegs(b, 0, dim, bv);
+    if (w_pre != nullptr) {
+#pragma unroll
+      for (int c = 0; c < kRowRegs; ++c) {
+        wv[c] = w_pre[c];
+        bv[c] = b_pre[c];
+      }
+    } else {
+      LoadRowRegs(w, 0, dim, wv);
+      LoadRowRegs(b, 0, dim, bv);
+    }
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < kRowRegs; ++c) s += v[c];
@@ -181,9 +209,12 @@ __device__ __forceinline__ void LayerNormRow(DevArray x, int64_t base, int64_t d
 
 __global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b, float eps,
                                 cpu::ActDType rt, DevMutArray out) {
+  float wv[kRowRegs], bv[kRowRegs];
+  const bool pre = PreloadRowWeights(w, dim, wv) && PreloadRowWeights(b, dim, bv);
   PdlBegin();
   __shared__ float scratch[32];
-  LayerNormRow(x, static_cast<int64_t>(blockIdx.x) * dim, dim, w, b, eps, rt, out, scratch);
+  LayerNormRow(x, static_cast<int64_t>(blockIdx.x) * dim, dim, w, b, eps, rt, out, scratch, pre ? wv : nullptr,
+               pre ? bv : nullptr);
 }
 
 // RoPE of one pair at position `pos` (RopeKernel and HeadNormRopeKernel share it, so the two
@@ -227,13 +258,24 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
                        float pre_scale, const float* inv_freq, int64_t offset,
                        const int32_t* pos_at, float* k_cache, const float* vin, float* v_cache,
                        cpu::ActDType rt) {
-  PdlBegin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kHeadNormRopeWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
+  const int nj = d / 32;
+  // The norm weights and RoPE frequencies are constants (no kernel writes them): loaded
+  // before the wait, they are not a round trip after the row's sum (PreloadRowWeights).
+  const float* w = row < q_rows ? qw : kw;
+  float wv[4] = {1.f, 1.f, 1.f, 1.f}, fv[2] = {0.f, 0.f};
+  if (row < q_rows + k_rows) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < nj && w != nullptr) wv[j] = w[lane + 32 * j];
+      if (j < 2 && j < nj / 2) fv[j] = inv_freq[lane + 32 * j];
+    }
+  }
+  PdlBegin();
   const int64_t v_rows = vin != nullptr ? k_rows : 0;
   if (row >= q_rows + k_rows + v_rows) return;
   const int64_t pos0 = pos_at != nullptr ? LoadProduced(pos_at) : offset;
-  const int nj = d / 32;
   if (row >= q_rows + k_rows) {  // a v row into its cache row
     const int64_t r = row - q_rows - k_rows;
     const float* src = vin + r * d;
@@ -249,7 +291,6 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
   const float* x = (is_q ? q : k) + r * d;
   float* y = is_q || k_cache == nullptr ? (is_q ? q : k) + r * d
                                         : k_cache + (pos0 * k_heads + r) * d;
-  const float* w = is_q ? qw : kw;
   const int64_t tok = r / (is_q ? q_heads : k_heads);
   const int64_t pos = pos0 + tok;
   float v[4];
@@ -268,7 +309,7 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
   for (int j = 0; j < 4; ++j) {
     if (j < nj) {
       float y = DevRoundAct(v[j] * inv, rt);
-      if (w != nullptr) y = DevRoundAct(y * w[lane + 32 * j], rt);
+      if (w != nullptr) y = DevRoundAct(y * wv[j], rt);
       if (pre_scale != 1.f) y = DevRoundAct(y * pre_scale, rt);
       v[j] = y;
     }
@@ -279,7 +320,7 @@ __global__ void __launch_bounds__(kHeadNormRopeWarps * 32)
     if (j < hj) {
       const int i = lane + 32 * j;
       float ya, yb;
-      RotatePair(v[j], v[j + hj], pos, inv_freq[i], rt, &ya, &yb);
+      RotatePair(v[j], v[j + hj], pos, fv[j], rt, &ya, &yb);
       y[i] = ya;
       y[i + d / 2] = yb;
     }
@@ -310,6 +351,8 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
                                 float eps, float* latent, float* k_pe, float* q, int64_t q_heads,
                                 int64_t qd, float pre_scale, int traditional, const float* inv_freq,
                                 int64_t offset, const int32_t* pos_at, cpu::ActDType rt) {
+  float wv[kRowRegs];
+  const bool pre = blockIdx.x < tokens && PreloadRowWeights(w, kvl, wv);
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t ld = kvl + rope;
@@ -319,7 +362,7 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
   if (blockIdx.x < tokens) {
     RmsNormRow(DevArray{ckv, DType::kF32}, static_cast<int64_t>(blockIdx.x) * ld, kvl, w, eps, rt,
                DevMutArray{latent, DType::kF32}, (row0 + blockIdx.x) * kvl, nullptr,
-               DevArray{nullptr, DType::kF32}, DevMutArray{nullptr, DType::kF32}, scratch);
+               DevArray{nullptr, DType::kF32}, DevMutArray{nullptr, DType::kF32}, scratch, pre ? wv : nullptr);
     return;
   }
   const int64_t half = rope / 2;
@@ -348,6 +391,8 @@ __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, i
                                       DevArray nb, float eps, int64_t dims, float pre_scale, int traditional,
                                       const float* inv_freq, int64_t offset, const int32_t* pos_at,
                                       float* k_cache, float* w, int64_t n_w, float wscale, cpu::ActDType rt) {
+  float nwv[kRowRegs], nbv[kRowRegs];
+  const bool pre = blockIdx.x < tokens && PreloadRowWeights(nw, d, nwv) && PreloadRowWeights(nb, d, nbv);
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t half = dims / 2;
@@ -359,7 +404,7 @@ __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, i
     const int64_t row = blockIdx.x;
     float* out = k_cache != nullptr ? k_cache + (pos0 + row) * d : k + row * d;
     LayerNormRow(DevArray{k + row * d, DType::kF32}, 0, d, nw, nb, eps, rt, DevMutArray{out, DType::kF32},
-                 scratch);
+                 scratch, pre ? nwv : nullptr, pre ? nbv : nullptr);
     __syncthreads();  // the row's normed values, written by the block's threads
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) rotate(out, i, row);
     return;
