@@ -210,6 +210,30 @@ TEST(FingerprintTest, CountsNonFiniteValuesInsideVectorBlocks) {
   EXPECT_DOUBLE_EQ(f.l2(), std::sqrt(25.0 + 49.0));  // 25 ones + 49
 }
 
+// A hidden row's L2 (6144 values: whole blocks and a tail) within 1e-6 of the sum in
+// double; finite values whose squares overflow float still give a finite L2.
+TEST(FingerprintTest, L2OfLongRowsAndHugeValues) {
+  std::vector<float> v(6144 + 13);
+  double want = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 97));
+    want += static_cast<double>(v[i]) * v[i];
+  }
+  const auto f = ComputeFingerprint(v);
+  EXPECT_NEAR(f.l2(), std::sqrt(want), 1e-6 * std::sqrt(want));
+  std::vector<float> big(300, 1.0f);
+  big[5] = 3e30f;
+  big[290] = -4e30f;  // in the tail
+  big[100] = 1e25f;
+  const auto g = ComputeFingerprint(big);
+  double want_big = 0;
+  for (float x : big) want_big += static_cast<double>(x) * x;
+  want_big = std::sqrt(want_big);
+  EXPECT_TRUE(std::isfinite(g.l2()));
+  EXPECT_NEAR(g.l2(), want_big, 1e-9 * want_big);
+  EXPECT_FLOAT_EQ(g.absmax(), 4e30f);
+}
+
 // Closed ring: the token crosses from the last stage to stage 0 inside the checksummed
 // payload; token 0 without log-probabilities serializes to nothing and is still a token,
 // not the ack of a prefill chunk.

@@ -78,6 +78,9 @@ class ShmHop {
   // (the hop stays usable: call again); once one has begun, the rest must follow within
   // `message_timeout`. Cancelled after Close() of this end.
   absl::StatusOr<std::string> Receive(absl::Time idle_deadline, absl::Duration message_timeout);
+  // The same into *out, whose storage a reader that calls it in a loop keeps from message to
+  // message (resized to the message; contents unspecified after an error).
+  absl::Status ReceiveInto(std::string* out, absl::Time idle_deadline, absl::Duration message_timeout);
   // Either end, from any thread: ends this end. Its own pending and later calls return
   // Cancelled; the peer's return FailedPrecondition ("closed its end").
   void Close();

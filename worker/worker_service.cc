@@ -20,6 +20,7 @@
 
 #include <xxhash.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -187,9 +188,10 @@ absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::str
 
 // The peer label of frame metrics: the sender names its role ("coordinator", "stage N
 // (ADDR)"); anything else is folded so a caller cannot make label values without bound.
-std::string PeerLabel(const pb::ActivationFrame& f) {
-  if (f.sender() == "coordinator" || f.sender().rfind("stage ", 0) == 0) return f.sender();
-  return "other";
+const std::string& PeerLabel(const pb::ActivationFrame& f) {
+  static const std::string* const kOther = new std::string("other");
+  if (f.sender() == "coordinator" || absl::StartsWith(f.sender(), "stage ")) return f.sender();
+  return *kOther;
 }
 
 }  // namespace
@@ -381,25 +383,29 @@ void WorkerService::AccountCache(const Loaded* loaded, SequenceState* state, int
 }
 
 absl::Status WorkerService::ReserveCache(const Loaded* loaded, SequenceState* state, int64_t bytes,
-                                         const std::string& hop, const pb::ActivationFrame& in) {
-  absl::MutexLock l(&mu_);
-  if (loaded_.get() != loaded) return absl::OkStatus();  // replaced: AccountCache ignores it too
-  // Reserved under mu_, so concurrent steps of different sequences cannot both take the
-  // last free bytes.
-  if (kv_bytes_ + bytes > loaded->kv_budget) {
-    int64_t holders = 0;  // sequences with cache (a new one has a slot but holds nothing)
+                                         absl::FunctionRef<std::string()> hop, const pb::ActivationFrame& in) {
+  int64_t held = 0, holders = 0;  // holders: sequences with cache (a new one has a slot but holds nothing)
+  {
+    absl::MutexLock l(&mu_);
+    if (loaded_.get() != loaded) return absl::OkStatus();  // replaced: AccountCache ignores it too
+    // Reserved under mu_, so concurrent steps of different sequences cannot both take the
+    // last free bytes.
+    if (kv_bytes_ + bytes <= loaded->kv_budget) {
+      kv_bytes_ += bytes;
+      state->accounted_bytes += bytes;
+      metrics_->SetKvCache(kv_bytes_, static_cast<int64_t>(sequences_.size()));
+      return absl::OkStatus();
+    }
+    held = kv_bytes_;
     for (const auto& [id, s] : sequences_) holders += s->accounted_bytes > 0 ? 1 : 0;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        hop, ": KV cache budget exceeded: sequence ", in.sequence_id(), " step ", in.step(),
-        " needs ", bytes, " bytes (", in.rows(), " tokens at position ", in.first_position(),
-        "), but ", kv_bytes_, " of the budget of ", loaded->kv_budget, " bytes are held by ",
-        holders, " sequence(s) (", std::max<int64_t>(0, loaded->kv_budget - kv_bytes_),
-        " free); retry when sequences finish, or give the worker a larger --kv-cache-bytes"));
   }
-  kv_bytes_ += bytes;
-  state->accounted_bytes += bytes;
-  metrics_->SetKvCache(kv_bytes_, static_cast<int64_t>(sequences_.size()));
-  return absl::OkStatus();
+  // hop() takes mu_ itself.
+  return absl::ResourceExhaustedError(absl::StrCat(
+      hop(), ": KV cache budget exceeded: sequence ", in.sequence_id(), " step ", in.step(), " needs ", bytes,
+      " bytes (", in.rows(), " tokens at position ", in.first_position(), "), but ", held, " of the budget of ",
+      loaded->kv_budget, " bytes are held by ", holders, " sequence(s) (",
+      std::max<int64_t>(0, loaded->kv_budget - held),
+      " free); retry when sequences finish, or give the worker a larger --kv-cache-bytes"));
 }
 
 std::string WorkerService::DegradedReason() const {
@@ -487,12 +493,8 @@ std::string WorkerService::HopNameLocked() const {
   return absl::StrCat("stage ", idx, " (", listen_address_, ")");
 }
 
-void WorkerService::SetWaitingOn(std::string what) {
-  absl::MutexLock l(&mu_);
-  waiting_on_ = std::move(what);
-}
-
 void WorkerService::MaybeCorrupt(pb::ActivationFrame* f) {
+  if (options_.TEST_corrupt_frame == 0) return;
   bool corrupt = false;
   {
     absl::MutexLock l(&mu_);
@@ -503,16 +505,16 @@ void WorkerService::MaybeCorrupt(pb::ActivationFrame* f) {
 }
 
 void WorkerService::Record(bool sent, const pb::ActivationFrame& f, const std::string& peer) {
-  pb::FrameEvent e;
-  e.set_sent(sent);
-  e.set_sequence_id(f.sequence_id());
-  e.set_step(f.step());
-  e.set_payload_bytes(static_cast<int64_t>(f.payload().size()));
-  e.set_peer(peer);
-  e.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+  const int64_t micros = absl::ToUnixMicros(absl::Now());
   absl::MutexLock l(&mu_);
-  events_.push_back(std::move(e));
-  if (events_.size() > kMaxEvents) events_.pop_front();
+  if (events_.empty()) events_.resize(kMaxEvents);
+  EventSlot& e = events_[events_recorded_++ % static_cast<int64_t>(events_.size())];
+  e.sent = sent;
+  e.sequence_id = f.sequence_id();
+  e.step = f.step();
+  e.payload_bytes = static_cast<int64_t>(f.payload().size());
+  e.peer = peer;
+  e.unix_micros = micros;
 }
 
 grpc::Status WorkerService::Describe(grpc::ServerContext* ctx, const pb::DescribeRequest* req,
@@ -699,8 +701,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext* ctx, const pb::LoadSt
     case pb::DTYPE_BF16: lo.act_dtype = cpu::ActDType::kBF16; break;
     default: return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "act_dtype: unknown value");
   }
-  SetWaitingOn(absl::StrCat("loading ", req->model(), " layers [", req->layer_begin(), ", ",
-                            req->layer_end(), ")"));
+  SetWaitingOn("loading ", req->model(), " layers [", req->layer_begin(), ", ", req->layer_end(), ")");
   auto stage = ring::LoadStage(*dir, lo);
   if (!stage.ok()) {
     SetWaitingOn("idle: last LoadStage failed");
@@ -838,7 +839,7 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
     absl::MutexLock l(&mu_);
     name = absl::StrCat("stage ", st.stage_index(), " (", listen_address_, ")");
   }
-  SetWaitingOn(absl::StrCat("admission verify of layers [", st.layer_begin(), ", ", st.layer_end(), ")"));
+  SetWaitingOn("admission verify of layers [", st.layer_begin(), ", ", st.layer_end(), ")");
   absl::StatusOr<VerifyReport> r = Verify(vo);
   SetWaitingOn("idle: waiting for Forward frames");
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -870,27 +871,31 @@ grpc::Status WorkerService::VerifyStage(grpc::ServerContext* ctx, const pb::Veri
 absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFrame& in,
                                                         const std::string& peer, absl::Time received) {
   if (step_stats_ != nullptr) t_step_entered_at = absl::Now();
-  const std::string hop = absl::StrCat(HopName(), " <- ", in.sender().empty() ? peer : in.sender());
+  // Names the hop in errors; made only when one is returned (hop() takes mu_, hop_locked
+  // is for under it).
+  const std::string& from = in.sender().empty() ? peer : in.sender();
+  auto hop = [&] { return absl::StrCat(HopName(), " <- ", from); };
   std::shared_ptr<const Loaded> loaded;
   std::shared_ptr<SequenceState> state;
   {
     absl::MutexLock l(&mu_);
+    auto hop_locked = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return absl::StrCat(HopNameLocked(), " <- ", from); };
     loaded = loaded_;
-    if (!loaded) return absl::FailedPreconditionError(absl::StrCat(hop, ": no stage loaded"));
+    if (!loaded) return absl::FailedPreconditionError(absl::StrCat(hop_locked(), ": no stage loaded"));
     if (in.epoch() != loaded->epoch) {
       return absl::FailedPreconditionError(absl::StrCat(
-          hop, ": frame is for epoch ", in.epoch(), " but the loaded stage is epoch ", loaded->epoch));
+          hop_locked(), ": frame is for epoch ", in.epoch(), " but the loaded stage is epoch ", loaded->epoch));
     }
     if (in.nccl_payload_bytes() != 0) {
       // Only Relay receives NCCL payloads; elsewhere the checksum would blame the wire.
       return absl::InvalidArgumentError(absl::StrCat(
-          hop, ": frame's payload was sent over NCCL, which only a closed ring's Relay receives"));
+          hop_locked(), ": frame's payload was sent over NCCL, which only a closed ring's Relay receives"));
     }
     auto it = sequences_.find(in.sequence_id());
     if (it == sequences_.end() && in.relay() != pb::RELAY_ACTION_UNSPECIFIED && in.step() != 0) {
       // A closed-ring frame still going round for a sequence that was released (cancelled
       // or finished): nothing to compute it for.
-      return absl::NotFoundError(absl::StrCat(hop, ": sequence ", in.sequence_id(), " step ",
+      return absl::NotFoundError(absl::StrCat(hop_locked(), ": sequence ", in.sequence_id(), " step ",
                                               in.step(), " is not live here (released)"));
     }
     auto& slot = it != sequences_.end() ? it->second : sequences_[in.sequence_id()];
@@ -906,20 +911,20 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
       absl::MutexLock l(&mu_);
       ++checksum_failures_;
     }
-    return absl::Status(input.status().code(), absl::StrCat(hop, ": ", input.status().message()));
+    return absl::Status(input.status().code(), absl::StrCat(hop(), ": ", input.status().message()));
   }
   absl::MutexLock seq_lock(&state->mu);
   if (!state->seq) {
     if (std::string why = DegradedReason(); !why.empty()) {
       return absl::FailedPreconditionError(
-          absl::StrCat(hop, ": worker is degraded and takes no new sequences: ", why));
+          absl::StrCat(hop(), ": worker is degraded and takes no new sequences: ", why));
     }
   }
   if (!state->seq) state->seq = loaded->stage->NewSequence();
   if (static_cast<int64_t>(in.step()) != state->next_step ||
       in.first_position() != state->seq->position()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        hop, ": sequence ", in.sequence_id(), " expected step ", state->next_step, " at position ",
+        hop(), ": sequence ", in.sequence_id(), " expected step ", state->next_step, " at position ",
         state->seq->position(), ", got step ", in.step(), " at position ", in.first_position()));
   }
   const int64_t rows = std::max<int64_t>(1, in.rows());
@@ -938,7 +943,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     }
     if (state->sampler == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          hop, ": sequence ", in.sequence_id(), " has no sampling (its first frame carried none)"));
+          hop(), ": sequence ", in.sequence_id(), " has no sampling (its first frame carried none)"));
     }
     // Where the logits are (the GPU of a CUDA stage): the argmax, or the whole sampling
     // with the uniform drawn here; only the token leaves the device.
@@ -948,7 +953,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
       input->sample = state->sampler->NextRequest();
     }
   }
-  SetWaitingOn(absl::StrCat("computing sequence ", in.sequence_id(), " step ", in.step()));
+  SetWaitingOn("computing sequence ", in.sequence_id(), " step ", in.step());
   input->capture_layers = loaded->shadow && loaded->shadow->Sampled(in.sequence_id());
   const absl::Time step_start = absl::Now();
   int64_t batch_steps = 1;
@@ -958,7 +963,7 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
   SetWaitingOn("idle: waiting for Forward frames");
   // Settles the reservation: the actual growth on success, none after a failed step.
   AccountCache(loaded.get(), state.get(), state->seq->cache_bytes());
-  if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop, ": ", out.status().message()));
+  if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat(hop(), ": ", out.status().message()));
   if (input->capture_layers) {
     loaded->shadow->Observe(in.sequence_id(), *input, std::move(out->layer_hidden));
   }
@@ -989,10 +994,10 @@ absl::StatusOr<pb::ActivationFrame> WorkerService::Step(const pb::ActivationFram
     const int64_t checked_rows = static_cast<int64_t>(checked.size()) / loaded->stage->config().hidden_size;
     if (in.relay() == pb::RELAY_ACTION_SAMPLE) {
       if (input->sample) {
-        if (!out->sampled) return absl::InternalError(absl::StrCat(hop, ": no sampled token from the head"));
+        if (!out->sampled) return absl::InternalError(absl::StrCat(hop(), ": no sampled token from the head"));
         token = std::move(out->sampled);
       } else {
-        if (out->argmax.empty()) return absl::InternalError(absl::StrCat(hop, ": no token from the head"));
+        if (out->argmax.empty()) return absl::InternalError(absl::StrCat(hop(), ": no token from the head"));
         token.emplace();
         token->id = out->argmax.back();
       }
@@ -1117,7 +1122,17 @@ grpc::Status WorkerService::FlightRecorder(grpc::ServerContext* ctx, const pb::F
   std::map<std::string, std::shared_ptr<SequenceState>> seqs;
   {
     absl::MutexLock l(&mu_);
-    for (const auto& e : events_) *resp->add_events() = e;
+    const int64_t n = static_cast<int64_t>(events_.size());
+    for (int64_t i = std::max<int64_t>(0, events_recorded_ - n); i < events_recorded_; ++i) {
+      const EventSlot& slot = events_[i % n];
+      pb::FrameEvent* e = resp->add_events();
+      e->set_sent(slot.sent);
+      e->set_sequence_id(slot.sequence_id);
+      e->set_step(slot.step);
+      e->set_payload_bytes(slot.payload_bytes);
+      e->set_peer(slot.peer);
+      e->set_unix_micros(slot.unix_micros);
+    }
     resp->set_waiting_on(waiting_on_);
     resp->set_checksum_failures(checksum_failures_);
     seqs = sequences_;
@@ -1328,27 +1343,27 @@ grpc::Status WorkerService::ShmAccept(grpc::ServerContext* ctx, const pb::ShmAcc
 
 void WorkerService::ShmReadLoop(InboundShm* in) {
   const std::string peer = absl::StrCat("shm:", in->sender);
+  std::string bytes;  // one buffer for every message of the hop
   while (true) {
     // No idle deadline: the hop's waits are sliced and end on Close (a replaced hop, the
     // destructor), on the sender closing its end, and when its process exits.
-    absl::StatusOr<std::string> bytes = in->hop->Receive(absl::InfiniteFuture(), options_.relay_timeout);
-    if (!bytes.ok()) {
+    if (absl::Status s = in->hop->ReceiveInto(&bytes, absl::InfiniteFuture(), options_.relay_timeout); !s.ok()) {
       // Closed by either end is how a hop ends; anything else is worth reporting.
-      if (!absl::IsCancelled(bytes.status()) && !absl::IsFailedPrecondition(bytes.status())) {
-        SetLastError(absl::Status(bytes.status().code(), absl::StrCat(HopName(), ": ", bytes.status().message())));
+      if (!absl::IsCancelled(s) && !absl::IsFailedPrecondition(s)) {
+        SetLastError(absl::Status(s.code(), absl::StrCat(HopName(), ": ", s.message())));
       }
       break;
     }
     const absl::Time received = absl::Now();
     if (step_stats_ != nullptr) t_faults_at_read = StepStats::ThreadFaults();
     pb::ActivationFrame f;
-    if (!f.ParseFromString(*bytes)) {
-      SetLastError(absl::DataLossError(absl::StrCat(HopName(), ": a ", bytes->size(), "-byte message from ",
+    if (!f.ParseFromString(bytes)) {
+      SetLastError(absl::DataLossError(absl::StrCat(HopName(), ": a ", bytes.size(), "-byte message from ",
                                                     in->sender, " over shared memory is not a frame")));
       break;
     }
     Record(/*sent=*/false, f, peer);
-    metrics_->CountFrame(/*sent=*/false, PeerLabel(f), static_cast<int64_t>(bytes->size()));
+    metrics_->CountFrame(/*sent=*/false, PeerLabel(f), static_cast<int64_t>(bytes.size()));
     if (step_stats_ != nullptr) t_parsed_at = absl::Now();
     HandleRelayed(std::move(f), peer, received);
   }
@@ -1500,12 +1515,14 @@ absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame 
     f.set_nccl_payload_bytes(static_cast<int64_t>(nccl_payload.size()));
   }
   metrics_->CountFrame(/*sent=*/true, link.next_name, static_cast<int64_t>(f.ByteSizeLong()));
-  SetWaitingOn(absl::StrCat("pushing sequence ", f.sequence_id(), " step ", f.step(), " to ", link.next_name,
-                            nccl_payload.empty() ? "" : " (payload over NCCL)"));
+  SetWaitingOn("pushing sequence ", f.sequence_id(), " step ", f.step(), " to ", link.next_name,
+               nccl_payload.empty() ? "" : " (payload over NCCL)");
   absl::Status s;
   if (link.shm != nullptr && link.shm->status().ok()) {
     const absl::Time t0 = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
-    const std::string bytes = f.SerializeAsString();
+    // One buffer a pushing thread, reused from frame to frame.
+    thread_local std::string bytes;
+    f.SerializeToString(&bytes);
     const absl::Time t1 = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
     s = link.shm->Send(bytes, deadline);
     if (step_stats_ != nullptr) {
@@ -1569,7 +1586,7 @@ absl::Status WorkerService::ReceiveNcclPayload(pb::ActivationFrame* f) {
     }
     hop = inbound->hop;
   }
-  SetWaitingOn(absl::StrCat("receiving ", what));
+  SetWaitingOn("receiving ", what);
   absl::StatusOr<std::string> bytes = hop->Receive(f->nccl_payload_bytes(), deadline);
   SetWaitingOn("idle: waiting for Relay frames");
   if (!bytes.ok()) return absl::Status(bytes.status().code(), absl::StrCat(what, ": ", bytes.status().message()));
@@ -1968,8 +1985,7 @@ absl::Status WorkerService::AwaitRound(Generation& g, grpc::ServerContext* ctx, 
     absl::MutexLock l(&g.mu);
     step = g.cursor.step;
   }
-  SetWaitingOn(absl::StrCat("waiting for sequence ", g.sequence_id, " step ", step,
-                            " to come round the ring from ", next));
+  SetWaitingOn("waiting for sequence ", g.sequence_id, " step ", step, " to come round the ring from ", next);
   while (true) {
     bool claimed;
     bool advanced = false;

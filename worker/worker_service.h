@@ -23,7 +23,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/cpu/sampling.h"
@@ -332,16 +334,24 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   // Sends `f` (a reply of Step or an error) to the next stage under its epoch.
   absl::Status PushNext(const LinkState& link, ringserve::v1::ActivationFrame f, absl::Duration timeout);
   std::shared_ptr<LinkState> CurrentLink() const;
-  void SetWaitingOn(std::string what);
+  // What this worker waits on, for its flight recorder: the parts' concatenation, written
+  // into the one string in place (it runs several times a relayed step; no allocation once
+  // the string has grown).
+  template <typename... Parts>
+  void SetWaitingOn(const Parts&... parts) {
+    absl::MutexLock l(&mu_);
+    waiting_on_.clear();
+    absl::StrAppend(&waiting_on_, parts...);
+  }
   // Keeps the latest failure for Describe (`ringctl status` shows it).
   void SetLastError(const absl::Status& status);
   // Adds the growth of `state`'s cache to the KV total, if `loaded` is still the stage.
   void AccountCache(const Loaded* loaded, SequenceState* state, int64_t cache_bytes);
   // Reserves `bytes` of the KV budget for a step of `state` before it runs (AccountCache
-  // settles it afterwards); RESOURCE_EXHAUSTED naming `hop`, the bytes and the budget when
-  // they do not fit.
+  // settles it afterwards); RESOURCE_EXHAUSTED naming hop(), the bytes and the budget when
+  // they do not fit (the name is made only then).
   absl::Status ReserveCache(const Loaded* loaded, SequenceState* state, int64_t bytes,
-                            const std::string& hop, const ringserve::v1::ActivationFrame& in);
+                            absl::FunctionRef<std::string()> hop, const ringserve::v1::ActivationFrame& in);
   std::string HopName() const;
   std::string HopNameLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -366,7 +376,19 @@ class WorkerService final : public ringserve::v1::Worker::Service {
   int64_t frames_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_computed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t checksum_failures_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<ringserve::v1::FrameEvent> events_ ABSL_GUARDED_BY(mu_);
+  // The flight recorder's last frames: a ring of kMaxEvents slots, events_recorded_ %
+  // size the next to overwrite. Slots, not FrameEvent messages: Record runs twice a relayed
+  // step, and reassigning a slot's strings reuses their storage.
+  struct EventSlot {
+    bool sent = false;
+    uint64_t step = 0;
+    int64_t payload_bytes = 0;
+    int64_t unix_micros = 0;
+    std::string sequence_id;
+    std::string peer;
+  };
+  std::vector<EventSlot> events_ ABSL_GUARDED_BY(mu_);
+  int64_t events_recorded_ ABSL_GUARDED_BY(mu_) = 0;
   std::string listen_address_ ABSL_GUARDED_BY(mu_);
   std::string waiting_on_ ABSL_GUARDED_BY(mu_) = "idle: no stage loaded";
   std::shared_ptr<LinkState> link_ ABSL_GUARDED_BY(mu_);

@@ -244,6 +244,34 @@ TEST_F(WorkerServiceTest, PersistentStreamMatchesTheStageInProcess) {
   }
 }
 
+// The flight recorder keeps the last 64 frames (received and sent), oldest first, after
+// more than that went through.
+TEST_F(WorkerServiceTest, FlightRecorderKeepsTheLastFramesInOrder) {
+  Start();
+  StageClient c0(address_, 0, {});
+  const uint64_t epoch = Load(c0, 0, 4);
+  RemoteStageRunner remote(&c0, "rec", epoch, 128, pb::DTYPE_F32);
+  constexpr int kSteps = 40;  // 80 frames
+  for (int i = 0; i < kSteps; ++i) {
+    StageInput in;
+    in.tokens = i == 0 ? std::vector<int32_t>{5, 6, 7} : std::vector<int32_t>{8 + i};
+    ASSERT_TRUE(remote.Forward(in).ok()) << i;
+  }
+  auto fr = c0.FlightRecorder();
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  ASSERT_EQ(fr->events_size(), 64);
+  for (int i = 0; i < fr->events_size(); ++i) {
+    const pb::FrameEvent& e = fr->events(i);
+    EXPECT_EQ(e.sequence_id(), "rec");
+    // 16 steps fell out: the recorder starts at step 8's received frame.
+    EXPECT_EQ(e.step(), static_cast<uint64_t>(8 + i / 2)) << i;
+    EXPECT_EQ(e.sent(), i % 2 == 1) << i;
+    EXPECT_EQ(e.payload_bytes() > 0, e.sent()) << i;  // token ids in, logits out
+    if (i > 0) EXPECT_GE(e.unix_micros(), fr->events(i - 1).unix_micros()) << i;
+  }
+  EXPECT_EQ(fr->events(63).step(), static_cast<uint64_t>(kSteps - 1));
+}
+
 // Token-only steps (RingSequence::StepGreedy): the last stage's reply is the argmax of
 // exactly the logits a full step returns, on the same persistent stream.
 TEST_F(WorkerServiceTest, TokenOnlyStepsReturnTheArgmaxOfTheLogits) {

@@ -1,5 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include "kernels/cpu/cpu_relax.h"
+
 #include <pthread.h>
 #include <sched.h>
 
@@ -31,14 +33,6 @@ std::chrono::nanoseconds SpinBudget() {
     return std::chrono::nanoseconds(std::chrono::microseconds(us));
   }();
   return budget;
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
 }
 
 // Polls `ready` for up to SpinBudget(); true as soon as it holds.
