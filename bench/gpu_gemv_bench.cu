@@ -150,11 +150,12 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
   // col1-sub / col1-smx: variants 5 and 6, 16 rows a warp (M <= 2 only, elsewhere they time
   // the automatic choice again); fill: the automatic variant with the fill rule's K split
   // (ShapeFor, TEST_SetQgemvTuning wk_cap -1); fill1: the same restricted to splits that fit
-  // in one wave (wk_cap -2).
+  // in one wave (wk_cap -2); wk<=N: the automatic split capped at N warps a tile.
   const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},       {"wr2", 1, 0, 0},
                       {"auto+pdl", -1, 0, 2}, {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0},
                       {"col1-smx", 6, 0, 0},  {"fill", -1, -1, 0},    {"fill+pdl", -1, -1, 2},
-                      {"fill1", -1, -2, 0},   {"fill1+pdl", -1, -2, 2}};
+                      {"fill1", -1, -2, 0},   {"fill1+pdl", -1, -2, 2}, {"wk<=1", -1, 1, 0},
+                      {"wk<=2", -1, 2, 0}};
   std::printf("\nsweep (us and %% of probe; the automatic choice is described last)\n| %-15s | %-16s | %2s |", "matrix",
               "mode", "M");
   for (const Cfg& c : cfgs) std::printf(" %15s |", c.name);

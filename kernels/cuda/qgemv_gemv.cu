@@ -899,7 +899,8 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
   };
   int wk = 1;
   if (forced_cap == -1 || forced_cap == -2) {
-    wk = fill(forced_cap == -2);
+    // fill(true) is 0 when no split fits in one wave (lm_head): then no split.
+    wk = std::max(1, fill(forced_cap == -2));
   } else {
     const int cap = forced_cap > 0 ? forced_cap : (tiles >= sms ? 4 : 16);
     wk = PowerOfTwoAtLeast((want + tiles - 1) / tiles);
