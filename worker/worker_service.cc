@@ -188,6 +188,12 @@ absl::StatusOr<pb::ModelInfo> ProbeModel(const std::string& root, const std::str
 
 // The peer label of frame metrics: the sender names its role ("coordinator", "stage N
 // (ADDR)"); anything else is folded so a caller cannot make label values without bound.
+// A buffer reused from frame to frame keeps a decode frame's storage, not a long prompt's.
+void KeepSmall(std::string* buffer) {
+  constexpr size_t kKeep = size_t{1} << 20;
+  if (buffer->capacity() > kKeep) std::string().swap(*buffer);
+}
+
 const std::string& PeerLabel(const pb::ActivationFrame& f) {
   static const std::string* const kOther = new std::string("other");
   if (f.sender() == "coordinator" || absl::StartsWith(f.sender(), "stage ")) return f.sender();
@@ -1365,6 +1371,7 @@ void WorkerService::ShmReadLoop(InboundShm* in) {
     Record(/*sent=*/false, f, peer);
     metrics_->CountFrame(/*sent=*/false, PeerLabel(f), static_cast<int64_t>(bytes.size()));
     if (step_stats_ != nullptr) t_parsed_at = absl::Now();
+    KeepSmall(&bytes);
     HandleRelayed(std::move(f), peer, received);
   }
   in->hop->Close();  // the sender's next frame then fails over to the Relay stream
@@ -1520,11 +1527,13 @@ absl::Status WorkerService::PushNext(const LinkState& link, pb::ActivationFrame 
   absl::Status s;
   if (link.shm != nullptr && link.shm->status().ok()) {
     const absl::Time t0 = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
-    // One buffer a pushing thread, reused from frame to frame.
+    // One buffer a pushing thread, reused from frame to frame (KeepSmall: not a prefill
+    // frame's size for good).
     thread_local std::string bytes;
     f.SerializeToString(&bytes);
     const absl::Time t1 = step_stats_ != nullptr ? absl::Now() : absl::InfinitePast();
     s = link.shm->Send(bytes, deadline);
+    KeepSmall(&bytes);
     if (step_stats_ != nullptr) {
       step_stats_->Add(f, StepStats::kPushPrep, entered, t0);
       step_stats_->Add(f, StepStats::kSerialize, t0, t1);
