@@ -130,7 +130,7 @@ ringserve::v1::Fingerprint ComputeFingerprint(const std::vector<float>& values) 
     constexpr int kChains = 4;
     constexpr int64_t kBlock = 8 * kChains * 8;
     __m256 sq[kChains], vmax[kChains];
-    for (int c = 0; c < kChains; ++c) vmax[c] = _mm256_setzero_ps();
+    for (int c = 0; c < kChains; ++c) sq[c] = vmax[c] = _mm256_setzero_ps();
     __m256d acc = _mm256_setzero_pd();
     __m256i non_finite = _mm256_setzero_si256();
     auto step = [&](int c, const float* q) {
@@ -147,7 +147,6 @@ ringserve::v1::Fingerprint ComputeFingerprint(const std::vector<float>& values) 
                                              _mm256_cvtps_pd(_mm256_extractf128_ps(t, 1))));
       for (int c = 0; c < kChains; ++c) sq[c] = _mm256_setzero_ps();
     };
-    for (int c = 0; c < kChains; ++c) sq[c] = _mm256_setzero_ps();
     for (; i + kBlock <= n_values; i += kBlock) {
       for (int64_t j = 0; j < kBlock; j += 8 * kChains) {
         for (int c = 0; c < kChains; ++c) step(c, p + i + j + 8 * c);

@@ -1,7 +1,5 @@
 #include "kernels/cpu/thread_pool.h"
 
-#include "kernels/cpu/cpu_relax.h"
-
 #include <pthread.h>
 #include <sched.h>
 
@@ -14,6 +12,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "kernels/cpu/cpu_relax.h"
 
 namespace ring::cpu {
 namespace {
