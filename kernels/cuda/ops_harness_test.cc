@@ -571,7 +571,9 @@ TEST_F(GpuTest, DecodeGemvRowDoesNotDependOnM) {
     }
   }
   // The column split is where the exception lives: it must have been exercised.
-  if (dev_->mma_bf16_subnormals) EXPECT_GT(col_split, 0);
+  if (dev_->mma_bf16_subnormals) {
+    EXPECT_GT(col_split, 0);
+  }
 }
 
 // Several weights on one x in one decode-GEMV launch (QMatmulTMany): q/k/v-like row counts
