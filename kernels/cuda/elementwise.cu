@@ -66,20 +66,14 @@ __device__ __forceinline__ void LoadRowRegs(DevArray a, int64_t base, int64_t di
 // `obase`. With `add` (AddRmsNorm) the row normed is s = round(x + add), which is also
 // stored to `sum` (may alias x: every element is read before it is written, by the same
 // thread).
-// `w_pre`: w already in registers (PreloadRowWeights), or null.
+// `wv`: w's elements in registers (PreloadRowWeights), read on the register path.
 __device__ __forceinline__ void RmsNormRow(DevArray x, int64_t base, int64_t dim, DevArray w, float eps,
                                            cpu::ActDType rt, DevMutArray out, int64_t obase,
                                            uint16_t* out_bf16, DevArray add, DevMutArray sum,
-                                           float* scratch, const float* w_pre = nullptr) {
+                                           float* scratch, const float (&wv)[kRowRegs]) {
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
-    float v[kRowRegs], wv[kRowRegs];
+    float v[kRowRegs];
     LoadRowRegs(x, base, dim, v);
-    if (w_pre != nullptr) {
-#pragma unroll
-      for (int c = 0; c < kRowRegs; ++c) wv[c] = w_pre[c];
-    } else {
-      LoadRowRegs(w, 0, dim, wv);
-    }
     if (add.data != nullptr) {
       float av[kRowRegs];
       LoadRowRegs(add, base, dim, av);
@@ -130,42 +124,31 @@ __device__ __forceinline__ void RmsNormRow(DevArray x, int64_t base, int64_t dim
 // A norm's weights are the model's (no kernel writes them), so the row kernels issue their
 // loads before PdlWait: a decode row is one block whose time is mostly load latency, and
 // the weights (evicted from L2 by the step's streaming) then arrive under the previous
-// kernel's tail instead of after it. True when the row fits the register path.
-__device__ __forceinline__ bool PreloadRowWeights(DevArray w, int64_t dim, float (&wv)[kRowRegs]) {
-  if (dim > static_cast<int64_t>(kRowRegs) * blockDim.x) return false;
-  LoadRowRegs(w, 0, dim, wv);
-  return true;
+// kernel's tail instead of after it. Loads nothing when the row is too long for the
+// register path (which then reads w itself).
+__device__ __forceinline__ void PreloadRowWeights(DevArray w, int64_t dim, float (&wv)[kRowRegs]) {
+  if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) LoadRowRegs(w, 0, dim, wv);
 }
 
 __global__ void RmsNormKernel(DevArray x, int64_t dim, DevArray w, float eps, cpu::ActDType rt,
                               DevMutArray out, uint16_t* out_bf16, DevArray add,
                               DevMutArray sum) {
   float wv[kRowRegs];
-  const bool pre = PreloadRowWeights(w, dim, wv);
+  PreloadRowWeights(w, dim, wv);
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
-  RmsNormRow(x, base, dim, w, eps, rt, out, base, out_bf16, add, sum, scratch, pre ? wv : nullptr);
+  RmsNormRow(x, base, dim, w, eps, rt, out, base, out_bf16, add, sum, scratch, wv);
 }
 
 // One row of LayerNormKernel: x's row at `base`, written at the same place of out.
-// `w_pre`, `b_pre`: w and b already in registers (PreloadRowWeights), or null.
+// `wv`, `bv`: w's and b's elements in registers (PreloadRowWeights), read on the register path.
 __device__ __forceinline__ void LayerNormRow(DevArray x, int64_t base, int64_t dim, DevArray w, DevArray b,
                                              float eps, cpu::ActDType rt, DevMutArray out, float* scratch,
-                                             const float* w_pre = nullptr, const float* b_pre = nullptr) {
+                                             const float (&wv)[kRowRegs], const float (&bv)[kRowRegs]) {
   if (dim <= static_cast<int64_t>(kRowRegs) * blockDim.x) {
-    float v[kRowRegs], wv[kRowRegs], bv[kRowRegs];
+    float v[kRowRegs];
     LoadRowRegs(x, base, dim, v);
-    if (w_pre != nullptr) {
-#pragma unroll
-      for (int c = 0; c < kRowRegs; ++c) {
-        wv[c] = w_pre[c];
-        bv[c] = b_pre[c];
-      }
-    } else {
-      LoadRowRegs(w, 0, dim, wv);
-      LoadRowRegs(b, 0, dim, bv);
-    }
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < kRowRegs; ++c) s += v[c];
@@ -210,11 +193,11 @@ __device__ __forceinline__ void LayerNormRow(DevArray x, int64_t base, int64_t d
 __global__ void LayerNormKernel(DevArray x, int64_t dim, DevArray w, DevArray b, float eps,
                                 cpu::ActDType rt, DevMutArray out) {
   float wv[kRowRegs], bv[kRowRegs];
-  const bool pre = PreloadRowWeights(w, dim, wv) && PreloadRowWeights(b, dim, bv);
+  PreloadRowWeights(w, dim, wv);
+  PreloadRowWeights(b, dim, bv);
   PdlBegin();
   __shared__ float scratch[32];
-  LayerNormRow(x, static_cast<int64_t>(blockIdx.x) * dim, dim, w, b, eps, rt, out, scratch, pre ? wv : nullptr,
-               pre ? bv : nullptr);
+  LayerNormRow(x, static_cast<int64_t>(blockIdx.x) * dim, dim, w, b, eps, rt, out, scratch, wv, bv);
 }
 
 // RoPE of one pair at position `pos` (RopeKernel and HeadNormRopeKernel share it, so the two
@@ -352,7 +335,7 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
                                 int64_t qd, float pre_scale, int traditional, const float* inv_freq,
                                 int64_t offset, const int32_t* pos_at, cpu::ActDType rt) {
   float wv[kRowRegs];
-  const bool pre = blockIdx.x < tokens && PreloadRowWeights(w, kvl, wv);
+  if (blockIdx.x < tokens) PreloadRowWeights(w, kvl, wv);
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t ld = kvl + rope;
@@ -362,7 +345,7 @@ __global__ void MlaKvRopeKernel(const float* ckv, int64_t tokens, int64_t kvl, i
   if (blockIdx.x < tokens) {
     RmsNormRow(DevArray{ckv, DType::kF32}, static_cast<int64_t>(blockIdx.x) * ld, kvl, w, eps, rt,
                DevMutArray{latent, DType::kF32}, (row0 + blockIdx.x) * kvl, nullptr,
-               DevArray{nullptr, DType::kF32}, DevMutArray{nullptr, DType::kF32}, scratch, pre ? wv : nullptr);
+               DevArray{nullptr, DType::kF32}, DevMutArray{nullptr, DType::kF32}, scratch, wv);
     return;
   }
   const int64_t half = rope / 2;
@@ -392,7 +375,10 @@ __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, i
                                       const float* inv_freq, int64_t offset, const int32_t* pos_at,
                                       float* k_cache, float* w, int64_t n_w, float wscale, cpu::ActDType rt) {
   float nwv[kRowRegs], nbv[kRowRegs];
-  const bool pre = blockIdx.x < tokens && PreloadRowWeights(nw, d, nwv) && PreloadRowWeights(nb, d, nbv);
+  if (blockIdx.x < tokens) {
+    PreloadRowWeights(nw, d, nwv);
+    PreloadRowWeights(nb, d, nbv);
+  }
   PdlBegin();
   __shared__ float scratch[32];
   const int64_t half = dims / 2;
@@ -404,7 +390,7 @@ __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, i
     const int64_t row = blockIdx.x;
     float* out = k_cache != nullptr ? k_cache + (pos0 + row) * d : k + row * d;
     LayerNormRow(DevArray{k + row * d, DType::kF32}, 0, d, nw, nb, eps, rt, DevMutArray{out, DType::kF32},
-                 scratch, pre ? nwv : nullptr, pre ? nbv : nullptr);
+                 scratch, nwv, nbv);
     __syncthreads();  // the row's normed values, written by the block's threads
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) rotate(out, i, row);
     return;
