@@ -859,6 +859,71 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   TEST_SetQgemvTuning(restore, cap);
 }
 
+// The column-split 4-bit affine decode GEMV (qgemv_gemv.cu ColAffine4: s and b applied per
+// 32-element chunk on the mma accumulators, the chunks' sums of x staged in shared memory),
+// forced (variants 4: 32 rows a warp, 6: 16 rows) on row and K tails (72 x 384), several
+// batches and a K split (72 x 2944), a wide row (264 x 6144) and a long one (40 x 12288),
+// groups 32 / 64 / 128 with bf16 scales and 64 with fp16 ones, m = 1, 2 (column split) and
+// 3 (another kernel), against the CPU; then one wrong bias that must fail.
+TEST_F(GpuTest, AffineColumnSplitGemvVariants) {
+  struct Dims {
+    int64_t rows, cols;
+  };
+  int restore = -1, cap = 0;
+  if (const char* v = std::getenv("RING_QGEMV_VARIANT")) restore = std::atoi(v);
+  if (const char* c = std::getenv("RING_QGEMV_WK_CAP")) cap = std::atoi(c);
+  const FormatCase formats[] = {{{QuantMode::kAffine, 4, 32}, DType::kBF16},
+                                {{QuantMode::kAffine, 4, 64}, DType::kBF16},
+                                {{QuantMode::kAffine, 4, 128}, DType::kBF16},
+                                {{QuantMode::kAffine, 4, 64}, DType::kF16}};
+  int col_cases = 0;
+  for (int variant : {4, 6}) {
+    TEST_SetQgemvTuning(variant, cap);
+    uint32_t seed = 5100 + 100 * variant;
+    for (const FormatCase& f : formats) {
+      for (const Dims d : {Dims{72, 384}, Dims{72, 2944}, Dims{264, 6144}, Dims{40, 12288}}) {
+        if (d.cols % f.spec.group_size != 0) continue;
+        auto w = MakeWeight(f.spec, f.dtype, 1, d.rows, d.cols, ++seed);
+        ASSERT_NE(w, nullptr);
+        for (int64_t m : {1, 2, 3}) {
+          const std::vector<float> x = RandomFloats(m * d.cols, seed * 5 + m);
+          QMatmulArgs probe;
+          probe.x_dtype = DType::kBF16;
+          probe.m = m;
+          const absl::StatusOr<std::string> desc = DescribeQmm(w->dev.view, probe);
+          ASSERT_TRUE(desc.ok()) << desc.status();
+          const bool col = desc->find(" col-aff-smx") != std::string::npos;
+          if (KernelOf(*w, probe) == "gemv") {
+            EXPECT_EQ(col, m <= 2) << *desc;
+          }
+          col_cases += col;
+          Report(absl::StrFormat("qmm_t[%s] x=BF16 v%d%s", KernelOf(*w, probe), variant, col ? " col" : ""),
+                 absl::StrFormat("M%d %s", m, w->Shape()), w->Mode(),
+                 GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto), CpuMatmulT(*w, x, m), kTolMatmul, d.rows);
+        }
+      }
+    }
+    // One bias moved by 1 (device copy only) must fail.
+    auto w = MakeWeight(formats[1].spec, formats[1].dtype, 1, 72, 384, 1990 + variant);
+    ASSERT_NE(w, nullptr);
+    const std::vector<float> x = RandomFloats(384, 1991 + variant);
+    const std::vector<float> ref = CpuMatmulT(*w, x, 1);
+    std::vector<uint8_t> biases = w->bbytes;
+    const size_t at = 2 * (37 * (384 / 64) + 2);  // row 37, group 2 (bf16 bytes)
+    uint16_t b16 = 0;
+    std::memcpy(&b16, biases.data() + at, 2);
+    b16 = static_cast<uint16_t>(FloatToBf16(Bf16ToFloat(b16) + 1.f));
+    std::memcpy(biases.data() + at, &b16, 2);
+    ASSERT_EQ(cudaMemcpy(const_cast<void*>(w->dev.view.biases), biases.data(), biases.size(),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const std::vector<float> got = GpuMatmulT(*w, x, 1, DType::kBF16, QmmPath::kAuto);
+    EXPECT_GT(Nmse(got, ref), kTolMatmul) << "variant " << variant << ": a wrong group bias went unnoticed";
+  }
+  TEST_SetQgemvTuning(restore, cap);
+  EXPECT_GT(col_cases, 0);
+}
+
 // Decode GEMVs of few row tiles split each tile's K over a cluster of blocks (sm_90+,
 // qgemv_gemv.cu ClusterKReduce): a MoE router (GLM-5.2's 256 x 6144 bf16 gate, Qwen3-MoE's
 // 128 x 2048), a small affine and an mxfp8 matrix, m = 1, 2, 8, against the CPU; the path is

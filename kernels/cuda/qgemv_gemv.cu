@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #endif
 }
 
-// ---- column-split mxfp4 kernel (variants 2, 3 and 4) ------------------------------------
+// ---- column-split kernel: mxfp4 (variants 2..6), 4-bit affine (4 and 6) ------------------
 // The same work split, loads and operand order as QgemvKernel<OwnChunk<Mxfp4>, WR, U>, but
 // the group scale leaves the weight decode: the mma gets scale-free E2M1 values and the
 // scale is applied once per chunk, in fp32, on the accumulators. That is possible because
@@ -530,15 +530,85 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // kernel before that (overlap 2 behaves as overlap 1) and needs m * cols * 2 bytes (+16
 // per token) of shared memory.
 // Only m <= 2 (two token columns per quad lane); Launch never selects it otherwise.
-template <int WR, int U, bool kSubnormal, bool kSmemX>
+//
+// The 4-bit affine formats take the same kernel (ColAffine4, variants 4 and 6 only): each
+// chunk's A operand is 128 + q (exact, Affine4BiasedPairs) and its fragment c = sum x (128 +
+// q) gets the group's s and b on the accumulators, acc += s c + (b - 128 s) sum x, where the
+// chunk's sum x per token comes from shared memory (summed once per block while staging x,
+// in a fixed order). Against QgemvKernel<Affine4> (a quad shares one group a step, 8-byte
+// loads, sum x from extra mmas) a lane reads 16 bytes a row and step and the mma count per
+// weight halves. Same numerics as the reference up to fp32 summation order, but not the same
+// order as QgemvKernel<Affine4> at m >= 3 (batching changes the last bits, as for mxfp4).
+template <bool kSubnormal>
+struct ColMxfp4 {
+  static constexpr bool kAffine = false;
+  static constexpr bool kVote = kSubnormal;   // batches with huge scales take two multiplies
+  static constexpr bool kXTwo64 = kSubnormal;  // B = x * 2^64
+  static constexpr bool kSumX = false;
+  // Raw scale of chunk c of the row whose scales start at `row` (bdelta unused).
+  __device__ static uint32_t LoadScale(const uint8_t* row, int64_t, uint32_t c) { return __ldg(row + c); }
+  __device__ static bool Small(uint32_t su) { return su <= 192u; }
+  __device__ static void Decode(uint32_t v, uint32_t (&a)[4]) {
+    if constexpr (kSubnormal) {
+      qdec::Mxfp4::PairsTiny(v, a);
+    } else {
+      qdec::Mxfp4::PairsUnit(v, a);
+    }
+  }
+  // acc[0..1] += the chunk's fragment c[0..1] (tokens 0 and 1 of one row) scaled.
+  template <bool kBig>
+  __device__ static void Apply(float* acc, const float* c, uint32_t su, float2) {
+    if constexpr (kSubnormal) {
+      if constexpr (!kBig) {
+        const float f = __uint_as_float((su + 62u) << 23);  // 2^(u-65), u <= 192
+        acc[0] = fmaf(c[0], f, acc[0]);
+        acc[1] = fmaf(c[1], f, acc[1]);
+      } else {
+        const float f = qdec::E8M0ToF32(su);
+        acc[0] = fmaf(c[0] * 0x1p62f, f, acc[0]);
+        acc[1] = fmaf(c[1] * 0x1p62f, f, acc[1]);
+      }
+    } else {
+      const float f = qdec::E8M0ToF32(su);
+      acc[0] = fmaf(c[0], f, acc[0]);
+      acc[1] = fmaf(c[1], f, acc[1]);
+    }
+  }
+};
+template <int kGroupShift, class ST>
+struct ColAffine4 {
+  static constexpr bool kAffine = true;
+  static constexpr bool kVote = false;
+  static constexpr bool kXTwo64 = false;
+  static constexpr bool kSumX = true;
+  // (bias << 16) | scale of chunk c's group; the row's biases sit `bdelta` bytes after its
+  // scales.
+  __device__ static uint32_t LoadScale(const uint8_t* row, int64_t bdelta, uint32_t c) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(row) + (c >> kGroupShift);
+    const uint32_t sv = __ldg(s);
+    const uint32_t bv = __ldg(reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(s) + bdelta));
+    return sv | (bv << 16);
+  }
+  __device__ static bool Small(uint32_t) { return true; }
+  __device__ static void Decode(uint32_t v, uint32_t (&a)[4]) { qdec::Affine4BiasedPairs(v, a); }
+  template <bool kBig>
+  __device__ static void Apply(float* acc, const float* c, uint32_t sb, float2 sx) {
+    const float sc = ST::Load(sb & 0xffffu);
+    const float bb = fmaf(-128.f, sc, ST::Load(sb >> 16));
+    acc[0] = fmaf(bb, sx.x, fmaf(sc, c[0], acc[0]));
+    acc[1] = fmaf(bb, sx.y, fmaf(sc, c[1], acc[1]));
+  }
+};
+
+template <class C, int WR, int U, bool kSmemX>
 __global__ void __launch_bounds__(kGemvMaxThreads, 1)
-    QgemvMx4ColKernel(QmmParams p, int warps_k, int tiles_pb, int pdl) {
+    QgemvColKernel(QmmParams p, int warps_k, int tiles_pb, int pdl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using F = qdec::Mxfp4;
-  using CS = ChunkScale<F>;
-  constexpr int KW = F::kWords;  // 4 words = one 32-element chunk per lane and row
+  static_assert(kSmemX || !C::kSumX, "the chunks' sums of x are staged with x");
+  constexpr int KW = 4;  // 4 words = one 32-element chunk per lane and row
   constexpr int NB = 4;
   constexpr int SE = qdec::kChunk;
+  constexpr int kScaleBytes = C::kAffine ? 2 : 1;
   constexpr uint32_t kX2Two64 = 0x5f805f80u;  // bf16x2 (2^64, 2^64)
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp = threadIdx.x >> 5;
@@ -568,9 +638,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
     for (int h = 0; h < 2; ++h) {
       const int64_t row = min(row_base + wr * 16 + g + 8 * h, wv.rows - 1);
       wp[wr][h] = RowPtr(wv, b, row) + t * KW;
-      sp[wr][h] = static_cast<const uint8_t*>(wv.scales) + ScaleRow(wv, b, row);
+      sp[wr][h] = static_cast<const uint8_t*>(wv.scales) + ScaleRow(wv, b, row) * kScaleBytes;
     }
   }
+  int64_t bdelta = 0;
+  if constexpr (C::kAffine) {
+    bdelta = static_cast<const uint8_t*>(wv.biases) - static_cast<const uint8_t*>(wv.scales);
+  }
+  (void)bdelta;
   // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
   // g >> 1 == t (see above).
   const int xtok = g & 1;
@@ -579,32 +654,54 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   // keeps the two tokens' planes on different banks), then U * 16 zero blocks: lanes whose
   // B operand is zero read those, so full batches need no predicate (xb below).
   const int n8 = nslices * 4;
+  // C::kSumX: then chunk c's sums of x for tokens 0 and 1 at sums[c] (token 1's 0 when m = 1).
   const uint4* xsl = nullptr;
+  const float2* sums = nullptr;
   int xstride = 0;
   if constexpr (kSmemX) {
     uint4* xs = dyn_smem + (warps_k > 1 ? (blockDim.x >> 5) * V * 32 / 4 : 0);
     const int ntok = p.m < 2 ? static_cast<int>(p.m) : 2;
     uint4* zeros = xs + ntok * (n8 + 1);
+    float* sum_out = reinterpret_cast<float*>(zeros + U * 16);
     for (int i = threadIdx.x; i < U * 16; i += blockDim.x) zeros[i] = make_uint4(0u, 0u, 0u, 0u);
-    for (int i = threadIdx.x; i < ntok * n8; i += blockDim.x) {
+    // Whole warps iterate together (the sums' shuffles); blocks of a chunk are 4 aligned lanes.
+    for (int base = 0; base < ntok * n8; base += blockDim.x) {
+      const int i = base + static_cast<int>(threadIdx.x);
+      const bool in = i < ntok * n8;
       const int tok = i >= n8 ? 1 : 0;
       const int j = i - tok * n8;
-      const uint4 v = LoadProduced(reinterpret_cast<const uint4*>(XRow(p, prob, tok)) + j);
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (in) v = LoadProduced(reinterpret_cast<const uint4*>(XRow(p, prob, tok)) + j);
       uint32_t q[4];
       qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, q);
-      if constexpr (kSubnormal) {
+      if constexpr (C::kXTwo64) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) q[k] = qdec::Bf16x2Mul(q[k], kX2Two64);
       }
-      xs[tok * (n8 + 1) + j] = make_uint4(q[0], q[1], q[2], q[3]);
+      if (in) xs[tok * (n8 + 1) + j] = make_uint4(q[0], q[1], q[2], q[3]);
+      if constexpr (C::kSumX) {
+        // Fixed order: the block's 8 values left to right, then (b0 + b1) + (b2 + b3).
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        float s8 = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s8 = (s8 + qdec::Bf16ToF32(w[k])) + qdec::Bf16ToF32(w[k] >> 16);
+        s8 += __shfl_xor_sync(kFullMask, s8, 1);
+        s8 += __shfl_xor_sync(kFullMask, s8, 2);
+        if (in && (j & 3) == 0) {
+          sum_out[2 * (j >> 2) + tok] = s8;
+          if (ntok == 1) sum_out[2 * (j >> 2) + 1] = 0.f;
+        }
+      }
     }
     __syncthreads();
     xsl = tv ? xs + (g & 1) * (n8 + 1) + t * 4 : zeros;  // this lane's token and slice
     xstride = tv ? 16 : 0;
+    sums = reinterpret_cast<const float2*>(sum_out) + t;  // this lane's chunk in step 0
   }
   (void)n8;
   (void)xsl;
   (void)xstride;
+  (void)sums;
   const uint16_t* xg = static_cast<const uint16_t*>(XRow(p, prob, tv ? xtok : 0)) + t * SE;
 
   float acc[WR][4];
@@ -627,30 +724,29 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t* q = wp[wr][h] + static_cast<uint32_t>(s0 * (4 * KW));
-        const uint8_t* sq = sp[wr][h] + static_cast<uint32_t>(4 * s0 + t);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if (sv[u]) {
             LoadStream<KW>(q + u * (4 * KW), raw[u][wr][h]);
-            sr[u][wr][h] = CS::LoadAt(sq, 4 * u);
+            sr[u][wr][h] = C::LoadScale(sp[wr][h], bdelta, static_cast<uint32_t>(4 * (s0 + u) + t));
           } else {
 #pragma unroll
             for (int i = 0; i < KW; ++i) raw[u][wr][h][i] = 0u;
-            sr[u][wr][h] = 0u;  // zero fragment times 2^-127 or 2^-65: 0
+            sr[u][wr][h] = 0u;  // zero fragment times 2^-127 or 2^-65, or s = b = 0: 0
           }
         }
       }
     }
     if (early) PdlWait();
 
-    // kSubnormal: one vote per batch for the single-FFMA scale (every u <= 192).
+    // mxfp4 kSubnormal: one vote per batch for the single-FFMA scale (every u <= 192).
     bool big = false;
-    if constexpr (kSubnormal) {
+    if constexpr (C::kVote) {
       bool mine = true;
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int wr = 0; wr < WR; ++wr) mine = mine && sr[u][wr][0] <= 192u && sr[u][wr][1] <= 192u;
+        for (int wr = 0; wr < WR; ++wr) mine = mine && C::Small(sr[u][wr][0]) && C::Small(sr[u][wr][1]);
       big = !__all_sync(kFullMask, mine);
     }
 
@@ -677,7 +773,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
             } else {
               const uint4 v = LoadProduced(reinterpret_cast<const uint4*>(xg + xoff + 8 * w));
               qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, xq[w]);
-              if constexpr (kSubnormal) {
+              if constexpr (C::kXTwo64) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) xq[w][i] = qdec::Bf16x2Mul(xq[w][i], kX2Two64);
               }
@@ -692,13 +788,8 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
           for (int wr = 0; wr < WR; ++wr) {
             uint32_t a0[4], a1[4];
-            if constexpr (kSubnormal) {
-              F::PairsTiny(raw[u][wr][0][w], a0);
-              F::PairsTiny(raw[u][wr][1][w], a1);
-            } else {
-              F::PairsUnit(raw[u][wr][0][w], a0);
-              F::PairsUnit(raw[u][wr][1][w], a1);
-            }
+            C::Decode(raw[u][wr][0][w], a0);
+            C::Decode(raw[u][wr][1][w], a1);
             if (w == 0) {
               MmaBf16Zero(c[wr], a0[0], a1[0], a0[1], a1[1], xq[w][0], xq[w][1]);
             } else {
@@ -708,27 +799,14 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
           }
         }
         // c0/c1: row g, tokens 0/1; c2/c3: row g+8. One scale per row and chunk.
+        float2 sx = make_float2(0.f, 0.f);
+        if constexpr (C::kSumX) {
+          if (sv[u]) sx = sums[4 * (s0 + u)];
+        }
 #pragma unroll
         for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t su = sr[u][wr][h];
-            if constexpr (kSubnormal) {
-              if constexpr (!kBig) {
-                const float f = __uint_as_float((su + 62u) << 23);  // 2^(u-65), u <= 192
-                acc[wr][2 * h] = fmaf(c[wr][2 * h], f, acc[wr][2 * h]);
-                acc[wr][2 * h + 1] = fmaf(c[wr][2 * h + 1], f, acc[wr][2 * h + 1]);
-              } else {
-                const float f = qdec::E8M0ToF32(su);
-                acc[wr][2 * h] = fmaf(c[wr][2 * h] * 0x1p62f, f, acc[wr][2 * h]);
-                acc[wr][2 * h + 1] = fmaf(c[wr][2 * h + 1] * 0x1p62f, f, acc[wr][2 * h + 1]);
-              }
-            } else {
-              const float f = qdec::E8M0ToF32(su);
-              acc[wr][2 * h] = fmaf(c[wr][2 * h], f, acc[wr][2 * h]);
-              acc[wr][2 * h + 1] = fmaf(c[wr][2 * h + 1], f, acc[wr][2 * h + 1]);
-            }
-          }
+          for (int h = 0; h < 2; ++h) C::template Apply<kBig>(&acc[wr][2 * h], &c[wr][2 * h], sr[u][wr][h], sx);
         }
       }
     };
@@ -767,12 +845,13 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // needed to fill the GPU with about one wave of 16 warps per SM; blocks stay at <= 4 warps
 // (several per SM, so one block's tail does not idle its SM) unless the matrix has fewer row
 // tiles than SMs.
-// Variants 2 and 3 are the column-split mxfp4 kernels (QgemvMx4ColKernel, kSubnormal and
-// kUnit), 32 rows and BPR 32 as variant 1, and variant 4 is variant 2 with the activations
-// staged in shared memory (kSmemX); 5 and 6 are 2 and 4 with 16 rows per warp and BPR 64.
-// They exist for mxfp4 at m <= 2 only (elsewhere a forced 2..6 falls back to the automatic
-// choice). AutoVariant picks 5 and 6; 2, 3 and 4 run only when forced (TEST_SetQgemvTuning:
-// gpu_gemv_bench --sweep, RING_QGEMV_VARIANT).
+// Variants 2 and 3 are the column-split mxfp4 kernels (QgemvColKernel<ColMxfp4>, kSubnormal
+// and kUnit), 32 rows and BPR 32 as variant 1, and variant 4 is variant 2 with the
+// activations staged in shared memory (kSmemX); 5 and 6 are 2 and 4 with 16 rows per warp
+// and BPR 64. They exist at m <= 2 only, for mxfp4 and, staged (4 and 6), for 4-bit affine
+// (ColAffine4); elsewhere a forced 2..6 falls back to the automatic choice. AutoVariant picks
+// 5 and 6; 2, 3 and 4 run only when forced (TEST_SetQgemvTuning: gpu_gemv_bench --sweep,
+// RING_QGEMV_VARIANT). The column split's step is 4 chunks of 32 whatever the format.
 struct Variant {
   int wr, bpr;
   int col;  // 0: QgemvKernel; column split: 1 subnormal operand, 2 unit, 3 = 1 + staged x
@@ -797,6 +876,17 @@ int ClusterKCap() {
   return cap;
 }
 
+// RING_QGEMV_AFFINE_COL (read once): "0" keeps 4-bit affine on QgemvKernel at every m (A/B
+// runs; batched decode then also bit for bit with m <= 2); unset or else: the column split
+// at m <= 2.
+bool AffineColumnSplit() {
+  static const bool on = [] {
+    const char* v = std::getenv("RING_QGEMV_AFFINE_COL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 int PowerOfTwoAtLeast(int64_t v) {
   int p = 1;
   while (p < v) p *= 2;
@@ -808,21 +898,49 @@ int PowerOfTwoAtMost(int64_t v) {
   return p;
 }
 
+// Words of a lane slice and elements of a slice under variant v (the column split's slice
+// is one 32-element chunk, 4 words, for every format it serves).
 template <class P>
-constexpr int UFor(int bpr) {
-  const int u = bpr / (4 * P::kWords);
+constexpr int SliceWords(const Variant& v) {
+  return v.col != 0 ? 4 : P::kWords;
+}
+template <class P>
+constexpr int SliceElems(const Variant& v) {
+  return v.col != 0 ? qdec::kChunk : P::kSliceElems;
+}
+template <class P>
+constexpr int UFor(const Variant& v) {
+  const int u = v.bpr / (4 * SliceWords<P>(v));
   return u < 1 ? 1 : u;
 }
+
+// The column split's format policy for P (void: none).
+template <class P>
+struct ColPolicy {
+  template <int kCol>
+  using T = void;
+};
+template <>
+struct ColPolicy<OwnChunk<qdec::Mxfp4>> {
+  template <int kCol>
+  using T = ColMxfp4<kCol != 2>;
+};
+template <int LW, class ST>
+struct ColPolicy<Affine4<LW, ST>> {
+  template <int kCol>
+  using T = ColAffine4<LW == 1 ? 0 : (LW == 2 ? 1 : 2), ST>;
+};
 
 template <class P, int kV>
 void* KernelFor() {
   constexpr Variant v = kVariants[kV];
   if constexpr (v.col != 0) {
-    static_assert(std::is_same_v<P, OwnChunk<qdec::Mxfp4>>);
-    return reinterpret_cast<void*>(
-        &QgemvMx4ColKernel<v.wr, UFor<P>(v.bpr), v.col != 2, v.col == 3>);
+    using C = typename ColPolicy<P>::template T<v.col>;
+    static_assert(!std::is_void_v<C>);
+    static_assert(!C::kAffine || v.col == 3, "the affine column split needs staged x");
+    return reinterpret_cast<void*>(&QgemvColKernel<C, v.wr, UFor<P>(v), v.col == 3>);
   } else {
-    return reinterpret_cast<void*>(&QgemvKernel<P, v.wr, UFor<P>(v.bpr)>);
+    return reinterpret_cast<void*>(&QgemvKernel<P, v.wr, UFor<P>(v)>);
   }
 }
 
@@ -866,12 +984,12 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
   const Variant v = kVariants[vi];
   LaunchShape sh{};
   sh.wr = v.wr;
-  sh.u = UFor<P>(v.bpr);
+  sh.u = UFor<P>(v);
   const int64_t want = static_cast<int64_t>(sms) * 16;  // one wave of 16 warps per SM
   const int64_t tile_rows = 16 * v.wr;
   const int64_t row_tiles = (p.w.rows + tile_rows - 1) / tile_rows;
   const int64_t tiles = row_tiles * problems;
-  const int64_t nsteps = (p.w.cols / P::kSliceElems + 3) / 4;
+  const int64_t nsteps = (p.w.cols / SliceElems<P>(v) + 3) / 4;
   const int forced_cap = tuned ? g_wk_cap.load(std::memory_order_relaxed) : 0;
   // Fill: the K split (any count up to 16 whose warps all get at least 90% of an even share
   // of the steps) that keeps the most warps resident per SM over the launch's waves, an SM
@@ -952,10 +1070,23 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
 // (gpu_gemv_bench --moe, session 16, us for 1 / 2 / 8 tokens: gate+up 37.5 / 67.1 / 249.6
 // -> 36.7 / 62.9 / 223.8 against the 32-row kernel, down 23.5 / 41.4 / 130.9 -> 21.4 / 35.4
 // / 126.7).
+//
+// 4-bit affine at m <= 2 takes the column split with staged x: 32-row tiles (variant 4) on
+// matrices of >= 48 Mi weights up to 65536 rows, 16-row tiles (variant 6) elsewhere; a
+// single matrix of few row tiles keeps the cluster K split of variant 0 (Launch). H200 sweep
+// (session 26, run 1, us at m = 1 / 2, variant 6 vs 4): Qwen3-8B down 4096 x 12288 16.5 /
+// 19.0 vs 15.8 / 17.5, gate+up 24576 x 4096 15.5 / 17.3 vs 15.0 / 16.8, 6144 x 16384 28.4 /
+// 43.6 (16-row tiles with 64 KB of staged x: 3 blocks an SM) vs 27.8 / 31.4; 16384 x 2048
+// 10.7 / 11.6 vs 11.0 / 11.9, q/o 4096 x 4096 8.8 vs 9.9, lm_head 151936 x 4096 166.8 /
+// 178.7 vs 185.6 / 194.7.
 template <class P>
 int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) {
   if constexpr (P::kAffine) {
-    return 0;
+    (void)subnormals;
+    const bool few_tiles = problems == 1 && p.nparts <= 1 && ClusterKCap() > 1 && (p.w.rows + 15) / 16 * 4 <= sms;
+    if (p.m > 2 || few_tiles || !AffineColumnSplit()) return 0;
+    const bool big = p.w.rows * p.w.cols >= (int64_t{48} << 20) && p.w.rows <= 65536;
+    return big ? 4 : 6;
   } else {
     const LaunchShape s1 = ShapeFor<P>(1, p, problems, sms, false);
     bool wr2 = s1.warps >= static_cast<int64_t>(sms) * 11;
@@ -998,19 +1129,20 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
   int vi = AutoVariant<P>(p, problems, sms, subn);
   if (forced >= 0 && forced < kNumVariants) vi = forced;
   constexpr bool kMx4 = std::is_same_v<P, OwnChunk<qdec::Mxfp4>>;
-  // The column-split kernels exist for mxfp4 at m <= 2; the subnormal-operand ones (col 1
-  // and 3) also need an MMA that keeps subnormals.
+  // The column-split kernels exist at m <= 2: for mxfp4 (the subnormal-operand ones, col 1
+  // and 3, also need an MMA that keeps subnormals) and, with staged x (col 3), for affine.
   const int col = kVariants[vi].col;
-  if ((col != 0 && (!kMx4 || p.m > 2 || (col != 2 && !subn)))) {
-    vi = AutoVariant<P>(p, problems, sms, subn);
-  }
-  if (P::kAffine) vi = 0;  // no 32-row affine kernel (see AutoVariant)
+  const bool col_ok = p.m <= 2 && (kMx4 ? (col == 2 || subn) : (P::kAffine && col == 3));
+  if (col != 0 && !col_ok) vi = AutoVariant<P>(p, problems, sms, subn);
+  if (P::kAffine && kVariants[vi].col == 0) vi = 0;  // no 32-row affine kernel (see AutoVariant)
   LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
-  if (kVariants[vi].col == 3) {  // staged activations (QgemvMx4ColKernel kSmemX)
-    const size_t xbytes =
+  if (kVariants[vi].col == 3) {  // staged activations (QgemvColKernel kSmemX)
+    // x planes and the zero blocks; affine: the chunks' sums of x (a float pair per chunk).
+    size_t xbytes =
         (static_cast<size_t>(std::min<int64_t>(p.m, 2)) * (p.w.cols / 8 + 1) + sh.u * 16) * 16;
+    if (P::kAffine) xbytes += static_cast<size_t>(p.w.cols / qdec::kChunk) * 2 * sizeof(float);
     if (static_cast<int64_t>(sh.smem + xbytes) > (*dev)->smem_per_block_optin) {
-      vi = AutoVariant<P>(p, problems, sms, false);
+      vi = P::kAffine ? 0 : AutoVariant<P>(p, problems, sms, false);
       sh = ShapeFor<P>(vi, p, problems, sms);
     } else {
       sh.smem += xbytes;
@@ -1055,14 +1187,14 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
     *describe = absl::StrFormat("gemv wr%d u%d wk%d%s blk%d grid%dx%d%s%s%s", sh.wr, sh.u, sh.wk,
                                 p.kblocks > 1 ? absl::StrFormat(" cluster-k%d", p.kblocks) : "",
                                 sh.threads, sh.gx, problems,
-                                col == 1 ? " col-sub" : (col == 2 ? " col-unit" : (col == 3 ? " col-sub-smx" : "")),
+                                col == 1 ? " col-sub" : (col == 2 ? " col-unit" : (col == 3 ? (P::kAffine ? " col-aff-smx" : " col-sub-smx") : "")),
                                 p.nparts > 1 ? absl::StrFormat(" parts%d", p.nparts) : "",
                                 pdl ? absl::StrFormat(" pdl%d", pdl) : "");
     return absl::OkStatus();
   }
   void* fn = nullptr;
   if constexpr (P::kAffine) {
-    fn = KernelFor<P, 0>();
+    fn = vi == 4 ? KernelFor<P, 4>() : (vi == 6 ? KernelFor<P, 6>() : KernelFor<P, 0>());
   } else if constexpr (kMx4) {
     switch (vi) {
       case 1: fn = KernelFor<P, 1>(); break;
