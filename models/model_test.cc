@@ -266,11 +266,46 @@ void ExpectSameOutput(const StageOutput& a, const StageOutput& b, const std::str
   EXPECT_EQ(a.topk.indices, b.topk.indices) << what;
 }
 
+// Float outputs of another summation order: NMSE <= 1e-3 against `want` (the GPU-vs-CPU
+// parity gate: with bf16 activations a last-bit difference in one GEMV's fp32 sum can move
+// an activation by one bf16 step, and later layers carry it on; measured on the tiny Qwen3
+// model on the H200: <= 9e-5).
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    ref += static_cast<double>(want[i]) * want[i];
+  }
+  EXPECT_LE(err, 1e-3 * ref) << what;
+}
+
+// ExpectSameOutput with the floats compared by ExpectNear (tokens and DSA selections equal).
+void ExpectNearOutput(const StageOutput& a, const StageOutput& b, const std::string& what) {
+  EXPECT_EQ(a.rows, b.rows) << what;
+  ExpectNear(a.hidden, b.hidden, what + " (hidden)");
+  ExpectNear(a.logits, b.logits, what + " (logits)");
+  EXPECT_EQ(a.argmax, b.argmax) << what;
+  ASSERT_EQ(a.sampled.has_value(), b.sampled.has_value()) << what;
+  if (a.sampled) {
+    EXPECT_EQ(a.sampled->id, b.sampled->id) << what;
+    EXPECT_NEAR(a.sampled->logprob, b.sampled->logprob, 0.1) << what;
+  }
+  EXPECT_EQ(a.topk.source_layer, b.topk.source_layer) << what;
+  EXPECT_EQ(a.topk.dense, b.topk.dense) << what;
+  EXPECT_EQ(a.topk.indices, b.topk.indices) << what;
+}
+
 // Four sequences of different lengths (short ones still dense in the DSA layers, long ones
 // sparse) run alone and as batches: every output is bit-identical, for one stage and for a
 // split whose second stage gets hidden rows and the IndexShare carry. With batch_prefill the
 // prompts (3, 6, 2 and 9 rows) also go as one batch: segments of several rows each.
-void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batch_prefill) {
+// exact_decode false (a GPU whose decode GEMV for this format sums 1-2 rows in another
+// grouping than 3-8: the column split, qgemv_gemv.cu): a first decode step of two of the
+// sequences is bit-identical batched and alone, the 4-row batches after it are compared by
+// ExpectNearOutput.
+void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batch_prefill,
+                            bool exact_decode = true) {
   auto cfg = LoadModelConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   const int64_t L = cfg->num_hidden_layers;
@@ -311,6 +346,19 @@ void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batc
       ASSERT_TRUE(batch[j].ok()) << batch[j].status();
       ExpectSameOutput(*batch[j], *alone[j], absl::StrCat("prompt of sequence ", j));
     }
+    if (!exact_decode) {  // two rows, before any batch of more: bit for bit
+      const std::vector<size_t> two = {0, 3};
+      std::vector<StageInput> ins2(2);
+      ins2[0].tokens = {30};
+      ins2[1].tokens = {31};
+      alone = PipeStep(stages, seqs[0], two, ins2, false);
+      batch = PipeStep(stages, seqs[1], two, ins2, true);
+      for (size_t j = 0; j < 2; ++j) {
+        ASSERT_TRUE(alone[j].ok()) << alone[j].status();
+        ASSERT_TRUE(batch[j].ok()) << batch[j].status();
+        ExpectSameOutput(*batch[j], *alone[j], absl::StrCat("two-row decode step, sequence ", two[j]));
+      }
+    }
     Sampler sampler({.top_k = 20, .seed = 3, .top_logprobs = 2, .logprobs = true});
     for (int step = 0; step < 3; ++step) {
       std::vector<StageInput> ins(n);
@@ -322,12 +370,17 @@ void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batc
       for (size_t j = 0; j < n; ++j) {
         ASSERT_TRUE(alone[j].ok()) << alone[j].status();
         ASSERT_TRUE(batch[j].ok()) << batch[j].status();
-        ExpectSameOutput(*batch[j], *alone[j],
-                         absl::StrCat("decode step ", step, " of sequence ", j, " on ",
-                                      ranges.size(), " stage(s)"));
+        const std::string what =
+            absl::StrCat("decode step ", step, " of sequence ", j, " on ", ranges.size(), " stage(s)");
+        if (exact_decode) {
+          ExpectSameOutput(*batch[j], *alone[j], what);
+        } else {
+          ExpectNearOutput(*batch[j], *alone[j], what);
+        }
       }
       sampler.Accept(alone[1]->sampled->id);
     }
+
     // A step that fails its checks fails alone and leaves its sequence where it was.
     std::vector<StageInput> ins(n);
     for (size_t j = 0; j < n; ++j) ins[j].tokens = {static_cast<int32_t>(40 + j)};
@@ -342,7 +395,12 @@ void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batc
         continue;
       }
       ASSERT_TRUE(batch[j].ok()) << batch[j].status();
-      ExpectSameOutput(*batch[j], *alone[j], absl::StrCat("step beside a failed one, sequence ", j));
+      const std::string what = absl::StrCat("step beside a failed one, sequence ", j);
+      if (exact_decode) {
+        ExpectSameOutput(*batch[j], *alone[j], what);
+      } else {
+        ExpectNearOutput(*batch[j], *alone[j], what);
+      }
     }
   }
 }
@@ -358,15 +416,17 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::ValuesIn(AllFamilies()), FamilyName);
 
 // On a GPU the prompts run alone (a 20-row batch takes the prefill GEMM, whose sums differ
-// from the decode GEMV's) and the decode steps as a 4-row batch.
-TEST(BatchTest, CudaBatchedDecodeIsBitIdenticalToSteppingAlone) {
+// from the decode GEMV's) and the decode steps as a 4-row batch: bit for bit for mxfp8; for
+// mxfp4 and 4-bit affine (column split at 1-2 rows) up to the last bits, and bit for bit in
+// batches of two.
+TEST(BatchTest, CudaBatchedDecodeMatchesSteppingAlone) {
   DeviceSpec d;
   d.kind = DeviceSpec::Kind::kCuda;
   for (const Family& f : {Family{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
                           Family{"qwen3", {QuantMode::kAffine, 4, 64}},
                           Family{"qwen3_moe", {QuantMode::kMxfp8, 8, 32}}}) {
     SCOPED_TRACE(f.arch);
-    CheckBatchMatchesAlone(TinyModel(f.arch, f.quant), d, false);
+    CheckBatchMatchesAlone(TinyModel(f.arch, f.quant), d, false, f.quant.mode == QuantMode::kMxfp8);
     if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
   }
 }

@@ -595,46 +595,59 @@ TEST_F(GpuTest, PdlGemvWaitsForItsProducer) {
                                                                            cudaStreamDestroy);
   uint32_t seed = 2100;
   int gemv_cases = 0;
-  for (const FormatCase& f : AllFormats()) {
-    const int64_t cols = 2048, rows = 1024;
-    auto w = MakeWeight(f.spec, f.dtype, 1, rows, cols, ++seed, f.global_scale);
-    ASSERT_NE(w, nullptr);
-    for (int64_t m : {1, 2, 8}) {
-      const std::vector<uint16_t> xb = ToBf16Bits(RandomFloats(m * cols, seed * 3 + m));
-      absl::StatusOr<DeviceBuffer> src = DeviceBuffer::FromVector(xb);
-      absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(xb.size() * 2);
-      absl::StatusOr<DeviceBuffer> want = DeviceBuffer::Allocate(m * rows * sizeof(float));
-      absl::StatusOr<DeviceBuffer> got = DeviceBuffer::Allocate(m * rows * sizeof(float));
-      ASSERT_TRUE(src.ok() && x.ok() && want.ok() && got.ok());
-      QMatmulArgs a;
-      a.x = src->data();
-      a.x_dtype = DType::kBF16;
-      a.m = m;
-      a.y = want->as<float>();
-      if (KernelOf(*w, a) != "gemv") continue;  // the overlap is the decode GEMV's
-      ++gemv_cases;
-      ASSERT_TRUE(QMatmulT(w->dev.view, a, stream).ok());
-      for (int overlap : {1, 2}) {
-        for (int round = 0; round < 3; ++round) {
-          ASSERT_EQ(cudaMemsetAsync(x->data(), 0xff, xb.size() * 2, stream), cudaSuccess);
-          ASSERT_TRUE(TEST_SlowCopy(src->data(), x->data(), static_cast<int64_t>(xb.size() / 2),
-                                    200000, stream)
-                          .ok());
-          QMatmulArgs b = a;
-          b.x = x->data();
-          b.y = got->as<float>();
-          b.overlap = overlap;
-          ASSERT_TRUE(QMatmulT(w->dev.view, b, stream).ok());
-          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-          absl::StatusOr<std::vector<float>> g = got->ToVector<float>(m * rows);
-          absl::StatusOr<std::vector<float>> r = want->ToVector<float>(m * rows);
-          ASSERT_TRUE(g.ok() && r.ok());
-          EXPECT_EQ(0, std::memcmp(g->data(), r->data(), g->size() * sizeof(float)))
-              << w->Mode() << " M" << m << " overlap " << overlap << " round " << round;
+  int restore = -1, cap = 0;
+  if (const char* v = std::getenv("RING_QGEMV_VARIANT")) restore = std::atoi(v);
+  if (const char* c = std::getenv("RING_QGEMV_WK_CAP")) cap = std::atoi(c);
+  // The automatic choice for every format, then the staged-x column splits forced (variants
+  // 4 and 6: x goes to shared memory after the wait) for mxfp4 and 4-bit affine.
+  for (const int variant : {-1, 4, 6}) {
+    for (const FormatCase& f : AllFormats()) {
+      const bool col_format = f.spec.mode == QuantMode::kMxfp4 ||
+                              (f.spec.mode == QuantMode::kAffine && f.spec.bits == 4 && f.dtype != DType::kF32);
+      if (variant >= 0 && !col_format) continue;
+      TEST_SetQgemvTuning(variant, cap);
+      const int64_t cols = 2048, rows = 1024;
+      auto w = MakeWeight(f.spec, f.dtype, 1, rows, cols, ++seed, f.global_scale);
+      ASSERT_NE(w, nullptr);
+      for (int64_t m : {1, 2, 8}) {
+        const std::vector<uint16_t> xb = ToBf16Bits(RandomFloats(m * cols, seed * 3 + m));
+        absl::StatusOr<DeviceBuffer> src = DeviceBuffer::FromVector(xb);
+        absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(xb.size() * 2);
+        absl::StatusOr<DeviceBuffer> want = DeviceBuffer::Allocate(m * rows * sizeof(float));
+        absl::StatusOr<DeviceBuffer> got = DeviceBuffer::Allocate(m * rows * sizeof(float));
+        ASSERT_TRUE(src.ok() && x.ok() && want.ok() && got.ok());
+        QMatmulArgs a;
+        a.x = src->data();
+        a.x_dtype = DType::kBF16;
+        a.m = m;
+        a.y = want->as<float>();
+        if (KernelOf(*w, a) != "gemv") continue;  // the overlap is the decode GEMV's
+        ++gemv_cases;
+        ASSERT_TRUE(QMatmulT(w->dev.view, a, stream).ok());
+        for (int overlap : {1, 2}) {
+          for (int round = 0; round < 3; ++round) {
+            ASSERT_EQ(cudaMemsetAsync(x->data(), 0xff, xb.size() * 2, stream), cudaSuccess);
+            ASSERT_TRUE(
+                TEST_SlowCopy(src->data(), x->data(), static_cast<int64_t>(xb.size() / 2), 200000, stream)
+                    .ok());
+            QMatmulArgs b = a;
+            b.x = x->data();
+            b.y = got->as<float>();
+            b.overlap = overlap;
+            ASSERT_TRUE(QMatmulT(w->dev.view, b, stream).ok());
+            ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+            absl::StatusOr<std::vector<float>> g = got->ToVector<float>(m * rows);
+            absl::StatusOr<std::vector<float>> r = want->ToVector<float>(m * rows);
+            ASSERT_TRUE(g.ok() && r.ok());
+            EXPECT_EQ(0, std::memcmp(g->data(), r->data(), g->size() * sizeof(float)))
+                << w->Mode() << " M" << m << " variant " << variant << " overlap " << overlap << " round "
+                << round;
+          }
         }
       }
     }
   }
+  TEST_SetQgemvTuning(restore, cap);
   EXPECT_GT(gemv_cases, 0) << "no format took the decode GEMV: nothing was tested";
 }
 
