@@ -874,8 +874,9 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
 
 // The column-split 4-bit affine decode GEMV (qgemv_gemv.cu ColAffine4: s and b applied per
 // 32-element chunk on the mma accumulators, the chunks' sums of x staged in shared memory),
-// forced (variants 4: 32 rows a warp, 6: 16 rows) on row and K tails (72 x 384), several
-// batches and a K split (72 x 2944), a wide row (264 x 6144) and a long one (40 x 12288),
+// forced (variants 4: 32 rows a warp, 6: 16 rows) on a row tail (72 x 384), a K tail of
+// half a step (72 x 2880, 40 x 12352: 90 and 386 chunks), several batches and a K split
+// (72 x 2944), a wide row (264 x 6144) and a long one (40 x 12288),
 // groups 32 / 64 / 128 with bf16 scales and 64 with fp16 ones, m = 1, 2 (column split) and
 // 3 (another kernel), against the CPU; then one wrong bias that must fail.
 TEST_F(GpuTest, AffineColumnSplitGemvVariants) {
@@ -894,7 +895,8 @@ TEST_F(GpuTest, AffineColumnSplitGemvVariants) {
     TEST_SetQgemvTuning(variant, cap);
     uint32_t seed = 5100 + 100 * variant;
     for (const FormatCase& f : formats) {
-      for (const Dims d : {Dims{72, 384}, Dims{72, 2944}, Dims{264, 6144}, Dims{40, 12288}}) {
+      for (const Dims d : {Dims{72, 384}, Dims{72, 2880}, Dims{72, 2944}, Dims{264, 6144}, Dims{40, 12288},
+                           Dims{40, 12352}}) {
         if (d.cols % f.spec.group_size != 0) continue;
         auto w = MakeWeight(f.spec, f.dtype, 1, d.rows, d.cols, ++seed);
         ASSERT_NE(w, nullptr);
