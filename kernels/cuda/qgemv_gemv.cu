@@ -40,7 +40,8 @@
 //                sum x from one extra mma against ones. No weight is ever rounded: the
 //                result is the fp32 weights' dot product up to summation order (the CPU
 //                reference computes w = fma(s, q, b) in fp32, MLX's CPU/Metal kernels do
-//                the same per-group sums).
+//                the same per-group sums). At m <= 2 affine takes the column split instead
+//                (QgemvColKernel<ColAffine4>, below).
 //
 // Programmatic dependent launch (QMatmulArgs::overlap, sm_90): every block triggers its
 // dependents at once, so the next kernel in the stream can become resident while this one
