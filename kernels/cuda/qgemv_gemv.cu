@@ -851,8 +851,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // activations staged in shared memory (kSmemX); 5 and 6 are 2 and 4 with 16 rows per warp
 // and BPR 64. They exist at m <= 2 only, for mxfp4 and, staged (4 and 6), for 4-bit affine
 // (ColAffine4); elsewhere a forced 2..6 falls back to the automatic choice. AutoVariant picks
-// 5 and 6; 2, 3 and 4 run only when forced (TEST_SetQgemvTuning: gpu_gemv_bench --sweep,
-// RING_QGEMV_VARIANT). The column split's step is 4 chunks of 32 whatever the format.
+// 5 and 6 for mxfp4, 4 and 6 for affine; the others run only when forced
+// (TEST_SetQgemvTuning: gpu_gemv_bench --sweep, RING_QGEMV_VARIANT). The column split's step
+// is 4 chunks of 32 whatever the format.
 struct Variant {
   int wr, bpr;
   int col;  // 0: QgemvKernel; column split: 1 subnormal operand, 2 unit, 3 = 1 + staged x
@@ -878,8 +879,8 @@ int ClusterKCap() {
 }
 
 // RING_QGEMV_AFFINE_COL (read once): "0" keeps 4-bit affine on QgemvKernel at every m (A/B
-// runs; batched decode then also bit for bit with m <= 2); unset or else: the column split
-// at m <= 2.
+// runs, or a batch-invariant decode: one summation order at every batch size); unset or
+// anything else: the column split at m <= 2.
 bool AffineColumnSplit() {
   static const bool on = [] {
     const char* v = std::getenv("RING_QGEMV_AFFINE_COL");
