@@ -296,6 +296,15 @@ void ExpectNearOutput(const StageOutput& a, const StageOutput& b, const std::str
   EXPECT_EQ(a.topk.indices, b.topk.indices) << what;
 }
 
+// ExpectSameOutput, or ExpectNearOutput where the decode batch is not bit for bit.
+void ExpectBatchOutput(bool exact, const StageOutput& a, const StageOutput& b, const std::string& what) {
+  if (exact) {
+    ExpectSameOutput(a, b, what);
+  } else {
+    ExpectNearOutput(a, b, what);
+  }
+}
+
 // Four sequences of different lengths (short ones still dense in the DSA layers, long ones
 // sparse) run alone and as batches: every output is bit-identical, for one stage and for a
 // split whose second stage gets hidden rows and the IndexShare carry. With batch_prefill the
@@ -370,17 +379,12 @@ void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batc
       for (size_t j = 0; j < n; ++j) {
         ASSERT_TRUE(alone[j].ok()) << alone[j].status();
         ASSERT_TRUE(batch[j].ok()) << batch[j].status();
-        const std::string what =
-            absl::StrCat("decode step ", step, " of sequence ", j, " on ", ranges.size(), " stage(s)");
-        if (exact_decode) {
-          ExpectSameOutput(*batch[j], *alone[j], what);
-        } else {
-          ExpectNearOutput(*batch[j], *alone[j], what);
-        }
+        ExpectBatchOutput(exact_decode, *batch[j], *alone[j],
+                          absl::StrCat("decode step ", step, " of sequence ", j, " on ", ranges.size(),
+                                       " stage(s)"));
       }
       sampler.Accept(alone[1]->sampled->id);
     }
-
     // A step that fails its checks fails alone and leaves its sequence where it was.
     std::vector<StageInput> ins(n);
     for (size_t j = 0; j < n; ++j) ins[j].tokens = {static_cast<int32_t>(40 + j)};
@@ -395,12 +399,7 @@ void CheckBatchMatchesAlone(const std::string& dir, DeviceSpec device, bool batc
         continue;
       }
       ASSERT_TRUE(batch[j].ok()) << batch[j].status();
-      const std::string what = absl::StrCat("step beside a failed one, sequence ", j);
-      if (exact_decode) {
-        ExpectSameOutput(*batch[j], *alone[j], what);
-      } else {
-        ExpectNearOutput(*batch[j], *alone[j], what);
-      }
+      ExpectBatchOutput(exact_decode, *batch[j], *alone[j], absl::StrCat("step beside a failed one, sequence ", j));
     }
   }
 }
@@ -417,8 +416,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // On a GPU the prompts run alone (a 20-row batch takes the prefill GEMM, whose sums differ
 // from the decode GEMV's) and the decode steps as a 4-row batch: bit for bit for mxfp8; for
-// mxfp4 and 4-bit affine (column split at 1-2 rows) up to the last bits, and bit for bit in
-// batches of two.
+// mxfp4 and 4-bit affine (column split at 1-2 rows) bit for bit in batches of two and within
+// ExpectNearOutput's bounds in batches of four.
 TEST(BatchTest, CudaBatchedDecodeMatchesSteppingAlone) {
   DeviceSpec d;
   d.kind = DeviceSpec::Kind::kCuda;
