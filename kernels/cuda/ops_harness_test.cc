@@ -872,13 +872,62 @@ TEST_F(GpuTest, Mxfp4ColumnSplitGemvVariants) {
   TEST_SetQgemvTuning(restore, cap);
 }
 
+// The column-split mxfp4 kernels with x from global memory (variant 5) and staged in shared
+// memory (variant 6) sum alike: the same bits at m = 1 and 2 (row and K tails, a K split,
+// huge scales). AutoVariant relies on it to stage x for one row but not for two on tall
+// matrices: a two-row batch still gets each row's bits alone (checked on such a matrix).
+TEST_F(GpuTest, Mxfp4StagedColumnSplitMatchesUnstaged) {
+  if (!dev_->mma_bf16_subnormals) GTEST_SKIP() << "no subnormal-operand column split on this device";
+  const QuantSpec spec{QuantMode::kMxfp4, 4, 32};
+  int restore = -1, cap = 0;
+  if (const char* v = std::getenv("RING_QGEMV_VARIANT")) restore = std::atoi(v);
+  if (const char* c = std::getenv("RING_QGEMV_WK_CAP")) cap = std::atoi(c);
+  uint32_t seed = 7300;
+  struct Dims {
+    int64_t rows, cols;
+  };
+  for (const Dims d : {Dims{72, 320}, Dims{72, 2944}, Dims{264, 6144}, Dims{40, 12352}}) {
+    auto w = MakeWeight(spec, DType::kU8, 1, d.rows, d.cols, ++seed);
+    ASSERT_NE(w, nullptr);
+    for (int i = 0; i < 8; ++i) w->sbytes[(seed * 13 + 97 * i) % w->sbytes.size()] = 200;  // huge scales
+    ASSERT_EQ(cudaMemcpy(const_cast<void*>(w->dev.view.scales), w->sbytes.data(), w->sbytes.size(),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    for (int64_t m : {1, 2}) {
+      const std::vector<float> x = RandomFloats(m * d.cols, seed * 3 + m);
+      TEST_SetQgemvTuning(5, cap);
+      const std::vector<float> plain = GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto);
+      TEST_SetQgemvTuning(6, cap);
+      const std::vector<float> staged = GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto);
+      ASSERT_EQ(plain.size(), staged.size());
+      int diff = 0;
+      for (size_t i = 0; i < plain.size(); ++i) diff += plain[i] != staged[i];
+      EXPECT_EQ(diff, 0) << w->Shape() << " M" << m << ": staged x sums differently";
+    }
+  }
+  TEST_SetQgemvTuning(-1, cap);
+  auto w = MakeWeight(spec, DType::kU8, 1, 6144, 2048, ++seed);
+  ASSERT_NE(w, nullptr);
+  const std::vector<float> x = RandomFloats(2 * 2048, seed);
+  const std::vector<float> both = GpuMatmulT(*w, x, 2, DType::kBF16, QmmPath::kAuto);
+  for (int64_t r : {0, 1}) {
+    const std::vector<float> xr(x.begin() + r * 2048, x.begin() + (r + 1) * 2048);
+    const std::vector<float> alone = GpuMatmulT(*w, xr, 1, DType::kBF16, QmmPath::kAuto);
+    int diff = 0;
+    for (int64_t i = 0; i < 6144; ++i) diff += alone[i] != both[r * 6144 + i];
+    EXPECT_EQ(diff, 0) << "row " << r << " of a two-row batch differs from the row alone";
+  }
+  TEST_SetQgemvTuning(restore, cap);
+}
+
 // The column-split 4-bit affine decode GEMV (qgemv_gemv.cu ColAffine4: s and b applied per
 // 32-element chunk on the mma accumulators, the chunks' sums of x staged in shared memory),
 // forced (variants 4: 32 rows a warp, 6: 16 rows) on a row tail (72 x 384), a K tail of
 // half a step (72 x 2880, 40 x 12352: 90 and 386 chunks), several batches and a K split
 // (72 x 2944), a wide row (264 x 6144) and a long one (40 x 12288),
 // groups 32 / 64 / 128 with bf16 scales and 64 with fp16 ones, m = 1, 2 (column split) and
-// 3 (another kernel), against the CPU; then one wrong bias that must fail.
+// 3 (another kernel), against the CPU; each row of a two-row batch equals the row alone bit
+// for bit; then one wrong bias that must fail.
 TEST_F(GpuTest, AffineColumnSplitGemvVariants) {
   struct Dims {
     int64_t rows, cols;
@@ -912,9 +961,22 @@ TEST_F(GpuTest, AffineColumnSplitGemvVariants) {
             EXPECT_EQ(col, m <= 2) << *desc;
           }
           col_cases += col;
+          const std::vector<float> got = GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto);
           Report(absl::StrFormat("qmm_t[%s] x=BF16 v%d%s", KernelOf(*w, probe), variant, col ? " col" : ""),
-                 absl::StrFormat("M%d %s", m, w->Shape()), w->Mode(),
-                 GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto), CpuMatmulT(*w, x, m), kTolMatmul, d.rows);
+                 absl::StrFormat("M%d %s", m, w->Shape()), w->Mode(), got, CpuMatmulT(*w, x, m), kTolMatmul,
+                 d.rows);
+          // Two rows sum as each does alone (the batch-invariant decode of 1-2 sequences).
+          if (col && m == 2) {
+            for (int64_t r : {0, 1}) {
+              const std::vector<float> xr(x.begin() + r * d.cols, x.begin() + (r + 1) * d.cols);
+              const std::vector<float> alone = GpuMatmulT(*w, xr, 1, DType::kBF16, QmmPath::kAuto);
+              ASSERT_EQ(alone.size(), static_cast<size_t>(d.rows));
+              int diff = 0;
+              for (int64_t i = 0; i < d.rows; ++i) diff += alone[i] != got[r * d.rows + i];
+              EXPECT_EQ(diff, 0) << "v" << variant << " " << w->Mode() << " " << w->Shape() << " row " << r
+                                 << ": batched differs from alone";
+            }
+          }
         }
       }
     }

@@ -58,6 +58,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/launch.cuh"
@@ -87,6 +88,11 @@ __device__ __forceinline__ void LoadStream(const uint32_t* p, uint32_t* raw) {
     static_assert(kWords == 1);
     asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(raw[0]) : "l"(p));
   }
+}
+
+// A hint that brings the line holding p into L2 (no register holds the data).
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // ---- decode policies -----------------------------------------------------------------------
@@ -548,6 +554,7 @@ struct ColMxfp4 {
   static constexpr bool kSumX = false;
   // Raw scale of chunk c of the row whose scales start at `row` (bdelta unused).
   __device__ static uint32_t LoadScale(const uint8_t* row, int64_t, uint32_t c) { return __ldg(row + c); }
+  __device__ static const void* ScalePtr(const uint8_t* row, uint32_t c) { return row + c; }
   __device__ static bool Small(uint32_t su) { return su <= 192u; }
   __device__ static void Decode(uint32_t v, uint32_t (&a)[4]) {
     if constexpr (kSubnormal) {
@@ -590,6 +597,9 @@ struct ColAffine4 {
     const uint32_t bv = __ldg(reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(s) + bdelta));
     return sv | (bv << 16);
   }
+  __device__ static const void* ScalePtr(const uint8_t* row, uint32_t c) {
+    return reinterpret_cast<const uint16_t*>(row) + (c >> kGroupShift);
+  }
   __device__ static bool Small(uint32_t) { return true; }
   __device__ static void Decode(uint32_t v, uint32_t (&a)[4]) { qdec::Affine4BiasedPairs(v, a); }
   template <bool kBig>
@@ -615,7 +625,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, tl = warp / warps_k;
   if (pdl != 0) PdlLaunchDependents();
-  const bool early = !kSmemX && pdl == 2 && p.ids == nullptr;
+  // overlap 2: the unstaged kernels load their first weights before the wait; the staged
+  // ones (which stage x first) only ask L2 for them (no registers held across the staging).
+  const bool early = pdl == 2 && p.ids == nullptr;
   if (pdl != 0 && !early) PdlWait();
 
   const int64_t prob = blockIdx.z;
@@ -630,6 +642,8 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int nsteps = (nslices + 3) >> 2;
   constexpr int V = WR * 4;
   extern __shared__ uint4 dyn_smem[];  // [K-split reduction][staged x]
+  const StepRange range = WarpSteps<U>(nsteps, nslices, warps_k, wk);
+  const int s_begin = range.begin, s_end = range.end, full_end = range.full_end;
 
   const uint32_t* wp[WR][2];
   const uint8_t* sp[WR][2];
@@ -647,6 +661,22 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
     bdelta = static_cast<const uint8_t*>(wv.biases) - static_cast<const uint8_t*>(wv.scales);
   }
   (void)bdelta;
+  if constexpr (kSmemX) {
+    if (early) {
+      // Lane t asks for step s_begin + t of its rows (a quad's 4 lanes: the first 4 steps)
+      // and lane 0 for the rows' first scales.
+      if (s_begin + t < s_end) {
+#pragma unroll
+        for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            PrefetchL2(wp[wr][h] + (s_begin + t) * (4 * KW));
+            if (t == 0) PrefetchL2(C::ScalePtr(sp[wr][h], static_cast<uint32_t>(4 * s_begin)));
+          }
+      }
+      PdlWait();
+    }
+  }
   // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
   // g >> 1 == t (see above).
   const int xtok = g & 1;
@@ -665,32 +695,43 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
     uint4* zeros = xs + ntok * (n8 + 1);
     float* sum_out = reinterpret_cast<float*>(zeros + U * 16);
     for (int i = threadIdx.x; i < U * 16; i += blockDim.x) zeros[i] = make_uint4(0u, 0u, 0u, 0u);
+    // The tokens' rows land in shared memory with every copy in flight at once (through
+    // registers each 16 bytes a thread cost one L2 round trip in turn), then each block of 8
+    // is permuted in place.
+    for (int tok = 0; tok < ntok; ++tok) {
+      const uint4* src = reinterpret_cast<const uint4*>(XRow(p, prob, tok));
+      for (int j = threadIdx.x; j < n8; j += blockDim.x) CpAsync16(xs + tok * (n8 + 1) + j, src + j, true);
+    }
+    CpAsyncCommit();
+    CpAsyncWaitAll();
+    __syncthreads();
     // Whole warps iterate together (the sums' shuffles); blocks of a chunk are 4 aligned lanes.
-    for (int base = 0; base < ntok * n8; base += blockDim.x) {
-      const int i = base + static_cast<int>(threadIdx.x);
-      const bool in = i < ntok * n8;
-      const int tok = i >= n8 ? 1 : 0;
-      const int j = i - tok * n8;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (in) v = LoadProduced(reinterpret_cast<const uint4*>(XRow(p, prob, tok)) + j);
-      uint32_t q[4];
-      qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, q);
-      if constexpr (C::kXTwo64) {
+    for (int tok = 0; tok < ntok; ++tok) {
+      for (int jb = 0; jb < n8; jb += blockDim.x) {
+        const int j = jb + static_cast<int>(threadIdx.x);
+        const bool in = j < n8;
+        uint4* at = xs + tok * (n8 + 1) + j;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (in) v = *at;
+        uint32_t q[4];
+        qdec::PairsOf16bitQuad(v.x, v.y, v.z, v.w, q);
+        if constexpr (C::kXTwo64) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) q[k] = qdec::Bf16x2Mul(q[k], kX2Two64);
-      }
-      if (in) xs[tok * (n8 + 1) + j] = make_uint4(q[0], q[1], q[2], q[3]);
-      if constexpr (C::kSumX) {
-        // Fixed order: the block's 8 values left to right, then (b0 + b1) + (b2 + b3).
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-        float s8 = 0.f;
+          for (int k = 0; k < 4; ++k) q[k] = qdec::Bf16x2Mul(q[k], kX2Two64);
+        }
+        if (in) *at = make_uint4(q[0], q[1], q[2], q[3]);
+        if constexpr (C::kSumX) {
+          // Fixed order: the block's 8 values left to right, then (b0 + b1) + (b2 + b3).
+          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+          float s8 = 0.f;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) s8 = (s8 + qdec::Bf16ToF32(w[k])) + qdec::Bf16ToF32(w[k] >> 16);
-        s8 += __shfl_xor_sync(kFullMask, s8, 1);
-        s8 += __shfl_xor_sync(kFullMask, s8, 2);
-        if (in && (j & 3) == 0) {
-          sum_out[2 * (j >> 2) + tok] = s8;
-          if (ntok == 1) sum_out[2 * (j >> 2) + 1] = 0.f;
+          for (int k = 0; k < 4; ++k) s8 = (s8 + qdec::Bf16ToF32(w[k])) + qdec::Bf16ToF32(w[k] >> 16);
+          s8 += __shfl_xor_sync(kFullMask, s8, 1);
+          s8 += __shfl_xor_sync(kFullMask, s8, 2);
+          if (in && (j & 3) == 0) {
+            sum_out[2 * (j >> 2) + tok] = s8;
+            if (ntok == 1) sum_out[2 * (j >> 2) + 1] = 0.f;
+          }
         }
       }
     }
@@ -710,9 +751,6 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (int wr = 0; wr < WR; ++wr)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[wr][i] = 0.f;
-
-  const StepRange range = WarpSteps<U>(nsteps, nslices, warps_k, wk);
-  const int s_begin = range.begin, s_end = range.end, full_end = range.full_end;
 
   auto batch = [&]<bool kFull>(int s0) {
     uint32_t raw[U][WR][2][KW];
@@ -738,7 +776,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
         }
       }
     }
-    if (early) PdlWait();
+    if (!kSmemX && early) PdlWait();
 
     // mxfp4 kSubnormal: one vote per batch for the single-FFMA scale (every u <= 192).
     bool big = false;
@@ -821,7 +859,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   int s0 = s_begin;
   for (; s0 + U <= full_end; s0 += U) batch.template operator()<true>(s0);
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
-  if (early) PdlWait();
+  if (!kSmemX && early) PdlWait();
 
   if (!KSplitReduce<WR>(acc, reinterpret_cast<float*>(dyn_smem), warps_k)) return;
   // The quad's 4 chunks: a fixed butterfly (lane 0 gets (a0 + a1) + (a2 + a3)).
@@ -1105,7 +1143,11 @@ int AutoVariant(const QmmParams& p, int64_t problems, int sms, bool subnormals) 
         // Several problems a launch (MoE experts, MLA's per-head absorbed matrices): staged
         // x on 16-row tiles (Launch falls back where x does not fit in shared memory).
         if (problems > 1) return 6;
-        if (!wr2) return 5;
+        // One row on a tall matrix: the same sums with x staged (variant 6 gives variant 5's
+        // bits, so two rows, which stay on 5, still sum as each alone). H200, session 27 run
+        // 2, us: o_proj 6144 x 16384 22.1 -> 21.2, dense down 6144 x 12288 18.1 -> 17.8;
+        // at m = 2 staging both rows costs more than it saves (o_proj 25.1 -> 32.7).
+        if (!wr2) return p.m == 1 && p.w.rows >= 4096 ? 6 : 5;
       }
     }
     return wr2 ? 1 : 0;
