@@ -90,11 +90,6 @@ __device__ __forceinline__ void LoadStream(const uint32_t* p, uint32_t* raw) {
   }
 }
 
-// A hint that brings the line holding p into L2 (no register holds the data).
-__device__ __forceinline__ void PrefetchL2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // ---- decode policies -----------------------------------------------------------------------
 // Raw scale bits of one chunk (kept in one register while the loads are in flight).
 template <class F>
@@ -554,7 +549,6 @@ struct ColMxfp4 {
   static constexpr bool kSumX = false;
   // Raw scale of chunk c of the row whose scales start at `row` (bdelta unused).
   __device__ static uint32_t LoadScale(const uint8_t* row, int64_t, uint32_t c) { return __ldg(row + c); }
-  __device__ static const void* ScalePtr(const uint8_t* row, uint32_t c) { return row + c; }
   __device__ static bool Small(uint32_t su) { return su <= 192u; }
   __device__ static void Decode(uint32_t v, uint32_t (&a)[4]) {
     if constexpr (kSubnormal) {
@@ -597,9 +591,6 @@ struct ColAffine4 {
     const uint32_t bv = __ldg(reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(s) + bdelta));
     return sv | (bv << 16);
   }
-  __device__ static const void* ScalePtr(const uint8_t* row, uint32_t c) {
-    return reinterpret_cast<const uint16_t*>(row) + (c >> kGroupShift);
-  }
   __device__ static bool Small(uint32_t) { return true; }
   __device__ static void Decode(uint32_t v, uint32_t (&a)[4]) { qdec::Affine4BiasedPairs(v, a); }
   template <bool kBig>
@@ -625,9 +616,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, tl = warp / warps_k;
   if (pdl != 0) PdlLaunchDependents();
-  // overlap 2: the unstaged kernels load their first weights before the wait; the staged
-  // ones (which stage x first) only ask L2 for them (no registers held across the staging).
-  const bool early = pdl == 2 && p.ids == nullptr;
+  const bool early = !kSmemX && pdl == 2 && p.ids == nullptr;
   if (pdl != 0 && !early) PdlWait();
 
   const int64_t prob = blockIdx.z;
@@ -642,8 +631,6 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int nsteps = (nslices + 3) >> 2;
   constexpr int V = WR * 4;
   extern __shared__ uint4 dyn_smem[];  // [K-split reduction][staged x]
-  const StepRange range = WarpSteps<U>(nsteps, nslices, warps_k, wk);
-  const int s_begin = range.begin, s_end = range.end, full_end = range.full_end;
 
   const uint32_t* wp[WR][2];
   const uint8_t* sp[WR][2];
@@ -661,22 +648,6 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
     bdelta = static_cast<const uint8_t*>(wv.biases) - static_cast<const uint8_t*>(wv.scales);
   }
   (void)bdelta;
-  if constexpr (kSmemX) {
-    if (early) {
-      // Lane t asks for step s_begin + t of its rows (a quad's 4 lanes: the first 4 steps)
-      // and lane 0 for the rows' first scales.
-      if (s_begin + t < s_end) {
-#pragma unroll
-        for (int wr = 0; wr < WR; ++wr)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            PrefetchL2(wp[wr][h] + (s_begin + t) * (4 * KW));
-            if (t == 0) PrefetchL2(C::ScalePtr(sp[wr][h], static_cast<uint32_t>(4 * s_begin)));
-          }
-      }
-      PdlWait();
-    }
-  }
   // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
   // g >> 1 == t (see above).
   const int xtok = g & 1;
@@ -752,6 +723,9 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[wr][i] = 0.f;
 
+  const StepRange range = WarpSteps<U>(nsteps, nslices, warps_k, wk);
+  const int s_begin = range.begin, s_end = range.end, full_end = range.full_end;
+
   auto batch = [&]<bool kFull>(int s0) {
     uint32_t raw[U][WR][2][KW];
     uint32_t sr[U][WR][2];
@@ -776,7 +750,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
         }
       }
     }
-    if (!kSmemX && early) PdlWait();
+    if (early) PdlWait();
 
     // mxfp4 kSubnormal: one vote per batch for the single-FFMA scale (every u <= 192).
     bool big = false;
@@ -859,7 +833,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   int s0 = s_begin;
   for (; s0 + U <= full_end; s0 += U) batch.template operator()<true>(s0);
   for (; s0 < s_end; s0 += U) batch.template operator()<false>(s0);
-  if (!kSmemX && early) PdlWait();
+  if (early) PdlWait();
 
   if (!KSplitReduce<WR>(acc, reinterpret_cast<float*>(dyn_smem), warps_k)) return;
   // The quad's 4 chunks: a fixed butterfly (lane 0 gets (a0 + a1) + (a2 + a3)).
