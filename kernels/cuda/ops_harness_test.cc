@@ -900,9 +900,8 @@ TEST_F(GpuTest, Mxfp4StagedColumnSplitMatchesUnstaged) {
       TEST_SetQgemvTuning(6, cap);
       const std::vector<float> staged = GpuMatmulT(*w, x, m, DType::kBF16, QmmPath::kAuto);
       ASSERT_EQ(plain.size(), staged.size());
-      int diff = 0;
-      for (size_t i = 0; i < plain.size(); ++i) diff += plain[i] != staged[i];
-      EXPECT_EQ(diff, 0) << w->Shape() << " M" << m << ": staged x sums differently";
+      EXPECT_EQ(0, std::memcmp(plain.data(), staged.data(), plain.size() * 4))
+          << w->Shape() << " M" << m << ": staged x sums differently";
     }
   }
   TEST_SetQgemvTuning(-1, cap);
@@ -913,9 +912,9 @@ TEST_F(GpuTest, Mxfp4StagedColumnSplitMatchesUnstaged) {
   for (int64_t r : {0, 1}) {
     const std::vector<float> xr(x.begin() + r * 2048, x.begin() + (r + 1) * 2048);
     const std::vector<float> alone = GpuMatmulT(*w, xr, 1, DType::kBF16, QmmPath::kAuto);
-    int diff = 0;
-    for (int64_t i = 0; i < 6144; ++i) diff += alone[i] != both[r * 6144 + i];
-    EXPECT_EQ(diff, 0) << "row " << r << " of a two-row batch differs from the row alone";
+    ASSERT_EQ(alone.size(), size_t{6144});
+    EXPECT_EQ(0, std::memcmp(alone.data(), both.data() + r * 6144, alone.size() * 4))
+        << "row " << r << " of a two-row batch differs from the row alone";
   }
   TEST_SetQgemvTuning(restore, cap);
 }
@@ -971,10 +970,9 @@ TEST_F(GpuTest, AffineColumnSplitGemvVariants) {
               const std::vector<float> xr(x.begin() + r * d.cols, x.begin() + (r + 1) * d.cols);
               const std::vector<float> alone = GpuMatmulT(*w, xr, 1, DType::kBF16, QmmPath::kAuto);
               ASSERT_EQ(alone.size(), static_cast<size_t>(d.rows));
-              int diff = 0;
-              for (int64_t i = 0; i < d.rows; ++i) diff += alone[i] != got[r * d.rows + i];
-              EXPECT_EQ(diff, 0) << "v" << variant << " " << w->Mode() << " " << w->Shape() << " row " << r
-                                 << ": batched differs from alone";
+              EXPECT_EQ(0, std::memcmp(alone.data(), got.data() + r * d.rows, alone.size() * 4))
+                  << "v" << variant << " " << w->Mode() << " " << w->Shape() << " row " << r
+                  << ": batched differs from alone";
             }
           }
         }
