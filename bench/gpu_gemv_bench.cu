@@ -287,17 +287,21 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
   Weights gate = MakeWeights(Shape{"GLM-5.2", "expert gate", kInter, kHidden}, spec, 0, st, kE);
   Weights up = MakeWeights(Shape{"GLM-5.2", "expert up", kInter, kHidden}, spec, 0, st, kE);
   Weights down = MakeWeights(Shape{"GLM-5.2", "expert down", kHidden, kInter}, spec, 0, st, kE);
+  // The shared expert's gate and up, as the joint launch's last problems (one a token).
+  Weights sg = MakeWeights(Shape{"GLM-5.2", "shared gate", kInter, kHidden}, spec, dev.l2_bytes, st);
+  Weights su = MakeWeights(Shape{"GLM-5.2", "shared up", kInter, kHidden}, spec, dev.l2_bytes, st);
   const double per_expert = static_cast<double>(gate.bytes + up.bytes) / kE;
   const double per_expert_down = static_cast<double>(down.bytes) / kE;
   const Cfg cfgs[] = {{"auto", -1, 0, 0},       {"wr2", 1, 0, 0},          {"col1-sub", 5, 0, 0},
                       {"col1-smx", 6, 0, 0},    {"fill", -1, -1, 0},       {"auto+pdl", -1, 0, 1},
-                      {"fill+pdl", -1, -1, 1},  {"col1-sub+pdl", 5, 0, 1}};
+                      {"fill+pdl", -1, -1, 1},  {"col1-sub+pdl", 5, 0, 1}, {"wk1", -1, 1, 0},
+                      {"wk1+pdl", -1, 1, 1},    {"wk2", -1, 102, 0},       {"wk2+pdl", -1, 102, 1}};
   std::printf("\nrouted experts of one decode step (GLM-5.2, mxfp4, 256 experts, 8 a token): us and %% of probe\n"
               "| %-7s | %2s |", "launch", "T");
   for (const Cfg& c : cfgs) std::printf(" %14s |", c.name);
   std::printf(" auto config\n");
-  DeviceBuffer gy = Must(DeviceBuffer::Allocate(64 * kInter * 4));
-  DeviceBuffer uy = Must(DeviceBuffer::Allocate(64 * kInter * 4));
+  DeviceBuffer gy = Must(DeviceBuffer::Allocate(72 * kInter * 4));  // 8 tokens x (8 + shared)
+  DeviceBuffer uy = Must(DeviceBuffer::Allocate(72 * kInter * 4));
   DeviceBuffer xd = Must(DeviceBuffer::Allocate(64 * kInter * 2));
   FillBf16<<<64, 256, 0, st>>>(xd.as<uint16_t>(), 64 * kInter, 9, 0.5f);
   for (int64_t T : {1, 2, 8}) {
@@ -323,11 +327,14 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
     }
     DeviceBuffer dids = Must(DeviceBuffer::Allocate(ids.size() * 4));
     BENCH_CHECK(dids.CopyFromHost(ids.data(), ids.size() * 4));
-    for (int which = 0; which < 2; ++which) {
-      std::printf("| %-7s | %2ld |", which == 0 ? "gate+up" : "down", static_cast<long>(T));
+    // which 2: gate+up with the shared expert (alt problems), as ExpertsSwiGlu runs it.
+    for (int which = 0; which < 3; ++which) {
+      std::printf("| %-7s | %2ld |", which == 0 ? "gate+up" : (which == 1 ? "down" : "+shared"), static_cast<long>(T));
       std::string auto_name;
-      const double bytes = which == 0 ? uniq * per_expert + T * kHidden * 2.0
-                                      : uniq * per_expert_down + np * kInter * 2.0;
+      const double bytes = which == 0   ? uniq * per_expert + T * kHidden * 2.0
+                           : which == 1 ? uniq * per_expert_down + np * kInter * 2.0
+                                        : uniq * per_expert + static_cast<double>(sg.bytes + su.bytes) +
+                                              T * kHidden * 2.0;
       for (const Cfg& c : cfgs) {
         TEST_SetQgemvTuning(c.variant, c.cap);
         QMatmulArgs a;
@@ -336,11 +343,18 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
         a.problems = np;
         a.overlap = c.overlap;
         a.round_bf16 = true;
-        if (which == 0) {
+        if (which != 1) {
           a.x = x.data();
           a.x_problem_stride = kHidden;
           a.x_problem_div = kK;
           a.y_problem_stride = kInter;
+          if (which == 2) {
+            a.problems = np + T;
+            a.alt_problems = T;
+            a.alt[0] = &sg.views[0];
+            a.alt[1] = &su.views[0];
+            a.alt_x_row0 = 0;
+          }
         } else {
           a.x = xd.data();
           a.x_problem_stride = kInter;
@@ -352,11 +366,11 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
         float* gu_out[] = {gy.as<float>(), uy.as<float>()};
         a.expert_ids = dids.as<int32_t>();
         if (c.variant == -1 && c.cap == 0 && c.overlap == 0) {
-          auto_name = which == 0 ? Must(DescribeQmmMany(gu, a)) : Must(DescribeQmm(down.views[0], a));
+          auto_name = which != 1 ? Must(DescribeQmmMany(gu, a)) : Must(DescribeQmm(down.views[0], a));
         }
         const float us = MedianMs(st, iters, [&](int i) {
           a.expert_ids = dids.as<int32_t>() + (i % kSets) * np;
-          if (which == 0) {
+          if (which != 1) {
             BENCH_CHECK(QMatmulTMany(gu, gu_out, a, st));
           } else {
             BENCH_CHECK(QMatmulT(down.views[0], a, st));
@@ -468,6 +482,18 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
                   joint ? "shared expert with the routed launches:" : "shared expert in launches of its own:",
                   ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
     }
+  }
+  // The K split of every GEMV of the block capped at 1, automatic, or 2 (TEST_SetQgemvTuning):
+  // 9 problems of 256 row tiles (gate+up with the shared expert) are 2304 warps at one a tile,
+  // past one wave.
+  for (int cap : {1, 0, 102, 1, 0, 102}) {
+    TEST_SetQgemvTuning(-1, cap);
+    const float ms = MedianMs(st, iters, [&](int i) { block(i, true); });
+    TEST_SetQgemvTuning(-1, 0);
+    std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
+                absl::StrFormat("with the routed launches, K split %s:",
+                                cap == 1 ? "1" : (cap == 0 ? "auto" : std::to_string(cap - 100))).c_str(),
+                ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
   }
 }
 

@@ -181,7 +181,7 @@ absl::StatusOr<int64_t> TEST_CountFastDecodeMismatches(const DeviceQuantWeight& 
 // is 2 with the activations staged in shared memory; 5 / 6 = 2 / 4 with 16 rows per warp;
 // see qgemv_gemv.cu; other formats and m > 2 fall back to the automatic choice);
 // wk_cap = most warps splitting K in a block (0 = automatic, -1 = the fill rule, -2 the fill
-// rule restricted to splits that fit in one wave).
+// rule restricted to splits that fit in one wave, 100 + n = exactly n).
 void TEST_SetQgemvTuning(int variant, int wk_cap);
 
 // Test hook for the prefill GEMM: -1 = automatic tile choice, 0 = 256 rows x 128 tokens,

@@ -1030,7 +1030,9 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
     return pick;
   };
   int wk = 1;
-  if (forced_cap == -1 || forced_cap == -2) {
+  if (forced_cap > 100) {
+    wk = std::min(forced_cap - 100, 16);  // exactly that many (bench)
+  } else if (forced_cap == -1 || forced_cap == -2) {
     // fill(true) is 0 when no split fits in one wave (lm_head): then no split.
     wk = std::max(1, fill(forced_cap == -2));
   } else {
@@ -1053,6 +1055,23 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
     if (tuned && forced_cap == 0 && tiles * wk > static_cast<int64_t>(sms) * 16) {
       const int f = fill(true);
       if (f > 0) wk = f;
+    }
+    // Several problems on long rows with staged x whose one-warp-a-tile launch runs a little
+    // past a whole number of waves (a decode token's routed experts' gate and up with the
+    // shared expert, GLM-5.2 on an H200: 9 x 256 row tiles = 1.09 waves) take two warps a
+    // tile, so that the last partial wave is half as long. At 1-2 rows of x the launch is
+    // judged by one row's problems, so that two tokens sum as each alone. H200, session 28
+    // run 5 (gpu_gemv_bench --moe, us): that launch ("+shared") 45.3 -> 41.6 at one token,
+    // 72.0 -> 70.5 at two; the MoE block of a token 81.6 -> 78.2. Where the launch fits its
+    // waves two warps a tile lose: 8 experts without the shared one 33.7 -> 35.2 (2048 tiles,
+    // one wave), 8 tokens with it 253.0 -> 280.7.
+    if (tuned && forced_cap == 0 && problems > 1 && v.col == 3 && wk == 1 && nsteps >= 32 &&
+        nsteps % (2 * sh.u) == 0) {
+      const int64_t xrows = p.alt_from < problems ? problems - p.alt_from
+                                                  : problems / std::max<int64_t>(1, p.x_pdiv);
+      const int64_t judged = xrows >= 1 && xrows <= 2 ? tiles / xrows : tiles;
+      const int64_t wave = static_cast<int64_t>(sms) * 16, over = judged % wave;
+      if (judged > wave && over > 0 && over * 4 <= wave) wk = 2;
     }
   }
   sh.wk = wk;
