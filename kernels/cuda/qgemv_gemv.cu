@@ -1056,6 +1056,18 @@ LaunchShape ShapeFor(int vi, const QmmParams& p, int64_t problems, int sms, bool
       const int f = fill(true);
       if (f > 0) wk = f;
     }
+    // One matrix on the column split whose split leaves 11-16 warps an SM (o_proj, the dense
+    // down projection: 384 row tiles x 4 warps) takes the fill rule's fullest one-wave split
+    // (5 warps a tile). gpu_gemv_bench --sweep, H200, session 27 run 2 / session 28 run 1,
+    // mxfp4 M = 1, us, with PDL: o_proj 6144 x 16384 22.8 / 22.8 -> 19.4 / 20.0, dense down
+    // 6144 x 12288 17.7 / 18.7 -> 15.1 / 16.5 (M = 2: 24.7 -> 21.4, 19.5 -> 16.9); without
+    // PDL within 2% either way (o_proj 22.1 / 20.9 -> 22.4 / 21.0, dense down 18.1 / 17.8 ->
+    // 18.2 / 17.4), so the sums do not depend on PDL.
+    if (tuned && forced_cap == 0 && v.col != 0 && problems == 1 && tiles * wk >= sms * 11 &&
+        tiles * wk < static_cast<int64_t>(sms) * 16) {
+      const int f = fill(true);
+      if (f > wk) wk = f;
+    }
     // Several problems on long rows with staged x whose one-warp-a-tile launch runs a little
     // past a whole number of waves (a decode token's routed experts' gate and up with the
     // shared expert, GLM-5.2 on an H200: 9 x 256 row tiles = 1.09 waves) take two warps a

@@ -114,10 +114,23 @@ constexpr size_t kMaxKernelDownload = size_t{64} << 10;
 constexpr size_t kDownloadArea = size_t{256} << 10;
 // Uploads up to this size go through Upload's pinned area of this size.
 constexpr size_t kMaxPinnedUpload = size_t{1} << 20;
-// Decode GEMVs of weights up to this size start under the previous kernel (PDL). Raising
-// it to 64 or 128 MB (o_proj, the dense down and gate_up projections too) did not change
-// the GLM-5.2 slice's decode time beyond its run-to-run spread (session 18, run 3).
-constexpr int64_t kOverlapMaxBytes = int64_t{32} << 20;
+// A decode GEMV of one weight up to this size starts under the previous kernel (PDL):
+// RING_CUDA_PDL_MAX_MB (read once) or 64 MB, which takes GLM-5.2's o_proj (50 MB) and dense
+// down projection (38 MB) in and leaves lm_head out. gpu_gemv_bench --sweep, H200, mxfp4
+// M = 1, us without / with PDL: o_proj 20.9 / 20.0 and dense down 17.4 / 16.5 on their
+// 5-warp splits (session 28 run 1); at 32 MB with 4-warp splits raising it was within the
+// slice's spread (session 18). Launches of several weights keep 32 MB: GLM-5.2's dense
+// gate_up (75 MB) is slower with PDL (26.9 / 29.6 us), and Qwen3-8B's gate/up alone (25 MB)
+// gains nothing (14.6 / 15.3 us, affine).
+int64_t OverlapMaxBytes() {
+  static const int64_t bytes = [] {
+    const char* v = std::getenv("RING_CUDA_PDL_MAX_MB");
+    const int64_t mb = v != nullptr ? std::strtoll(v, nullptr, 10) : 64;
+    return std::max<int64_t>(0, mb) << 20;
+  }();
+  return bytes;
+}
+constexpr int64_t kOverlapManyMaxBytes = int64_t{32} << 20;
 // Executable graphs kept; past this the cache is emptied at the next EndStep.
 constexpr size_t kMaxGraphs = 4096;
 // Distinct sequence positions a step can hand its kernels on the device (one per sequence
@@ -594,7 +607,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     bool reuse = false;
     RING_RETURN_IF_ERROR(Bf16Input(x, span, &xb, &reuse));
     NoteOutput(x, span, y, m * d->rows);
-    const int overlap = m <= 8 && PackedBytes(*d) <= kOverlapMaxBytes ? 2 : 0;
+    const int overlap = m <= 8 && PackedBytes(*d) <= OverlapMaxBytes() ? 2 : 0;
     return Submit(OpRecord('B').Add(d, x, m, y, xb, reuse, overlap).Take(),
                   [=, this]() -> absl::Status {
       if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
@@ -627,7 +640,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       NoteOutput(x, span, ys[i], m * ds[i]->rows);
       rec.Add(ds[i], ys[i]);
     }
-    const int overlap = packed <= kOverlapMaxBytes ? 2 : 0;
+    const int overlap = packed <= kOverlapManyMaxBytes ? 2 : 0;
     rec.Add(overlap);
     std::vector<float*> yv(ys.begin(), ys.end());
     return Submit(rec.Take(), [=, this]() -> absl::Status {
