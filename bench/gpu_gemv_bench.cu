@@ -4,7 +4,7 @@
 // cuBLAS bf16 GEMV on the same shapes for a per-weight-element speed ratio.
 //
 //   gpu_gemv_bench [--quick] [--no-cublas] [--iters N] [--only NAME] [--modes mxfp4,affine4] [--sweep | --many | --moe]
-//                  [--sweep] [--no-probe]
+//                  [--sweep [--cfgs NAME,..] [--ms 1,2,4,8]] [--no-probe]
 //
 // Table columns: "us" = plain launches (QMatmulArgs::overlap = 0); "PDL us" = the same with
 // programmatic dependent launch (overlap = 2: the next launch streams its first weights
@@ -12,7 +12,8 @@
 // --many times weights that share x (q/k/v, gate/up, GLM-5.2's x projections) as separate
 // launches and as one QMatmulTMany launch.
 // --moe times GLM-5.2's routed-expert launches of a decode step (gate+up, down; 1, 2 and 8
-// tokens) under the --sweep configurations, then one token's whole MoE block (MoeBlock).
+// tokens; gate+up with the shared expert, also writing SwiGLU's output as ExpertsSwiGlu runs
+// it) under the --sweep configurations, then one token's whole MoE block (MoeBlock).
 // --sweep times the decode GEMV's configurations side by side (TEST_SetQgemvTuning) for
 // M = 1, 2 and 8 (tuning aid).
 // --only NAME keeps the shapes whose matrix name contains NAME (e.g. for ncu).
@@ -32,6 +33,7 @@
 #include <algorithm>
 #include <functional>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -73,6 +75,8 @@ struct Opts {
   bool quick = false, use_cublas = true, sweep = false, probe = true, many = false, moe = false;
   int iters = 40;
   std::string only, modes = "mxfp4,affine4";
+  std::string cfgs;           // --cfgs a,b: only these --sweep configurations (empty: all)
+  std::vector<int> ms{1, 2, 8};  // --ms 1,2,4,8: the sweep's rows of x
 };
 
 // One QMatmulT configuration's time per launch (us).
@@ -110,6 +114,10 @@ float ReadPassUs(const Weights& w, const DeviceInfo& dev, uint32_t* sink, cudaSt
 // tiles x wk warps reads rows g and g + 8 of its 16-row tile, 16 bytes at 16 * t + 64 * u
 // (u < 4) of each 256-byte batch of its K range, as the 16-row kernels do. Against the
 // sequential read pass it separates the cost of that address pattern from the kernel's.
+// kHalf: the same bytes in 8-byte loads (lane t reads 8 * t and 32 + 8 * t of each 64-byte
+// step: a quad's load is 32 contiguous bytes a row), what a kernel whose lanes split a chunk
+// in two would read (session 29: a split of two lanes a chunk for 3..8 rows of x, not kept).
+template <bool kHalf>
 __global__ void PatternReadKernel(const uint8_t* w, int64_t rows, int64_t row_bytes, int wk, uint32_t* sink) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32 / wk) + warp / wk;
@@ -122,8 +130,19 @@ __global__ void PatternReadKernel(const uint8_t* w, int64_t rows, int64_t row_by
     uint4 v[8];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      v[u] = __ldcs(reinterpret_cast<const uint4*>(r0 + k + 64 * u));
-      v[4 + u] = __ldcs(reinterpret_cast<const uint4*>(r1 + k + 64 * u));
+      if constexpr (kHalf) {
+        const uint8_t* q0 = r0 - 8 * t + k + 64 * u;  // r0 holds 16 * t
+        const uint8_t* q1 = r1 - 8 * t + k + 64 * u;
+        const uint2 a0 = __ldcs(reinterpret_cast<const uint2*>(q0));
+        const uint2 b0 = __ldcs(reinterpret_cast<const uint2*>(q0 + 32));
+        const uint2 a1 = __ldcs(reinterpret_cast<const uint2*>(q1));
+        const uint2 b1 = __ldcs(reinterpret_cast<const uint2*>(q1 + 32));
+        v[u] = make_uint4(a0.x, a0.y, b0.x, b0.y);
+        v[4 + u] = make_uint4(a1.x, a1.y, b1.x, b1.y);
+      } else {
+        v[u] = __ldcs(reinterpret_cast<const uint4*>(r0 + k + 64 * u));
+        v[4 + u] = __ldcs(reinterpret_cast<const uint4*>(r1 + k + 64 * u));
+      }
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
@@ -131,13 +150,18 @@ __global__ void PatternReadKernel(const uint8_t* w, int64_t rows, int64_t row_by
   if (acc == 0x12345678u) *sink = acc;
 }
 
-float PatternPassUs(const Weights& w, int wk, uint32_t* sink, cudaStream_t st, int iters) {
+float PatternPassUs(const Weights& w, int wk, uint32_t* sink, cudaStream_t st, int iters, bool half = false) {
   const int64_t rows = w.views[0].rows, row_bytes = w.views[0].cols / 2;
   const int tpb = std::max(1, 4 / wk);
   const unsigned grid = static_cast<unsigned>(((rows + 15) / 16 + tpb - 1) / tpb);
   return MedianMs(st, iters, [&](int i) {
-           PatternReadKernel<<<grid, tpb * wk * 32, 0, st>>>(w.w[i % w.w.size()].as<uint8_t>(), rows,
-                                                             row_bytes, wk, sink);
+           if (half) {
+             PatternReadKernel<true><<<grid, tpb * wk * 32, 0, st>>>(w.w[i % w.w.size()].as<uint8_t>(), rows,
+                                                                     row_bytes, wk, sink);
+           } else {
+             PatternReadKernel<false><<<grid, tpb * wk * 32, 0, st>>>(w.w[i % w.w.size()].as<uint8_t>(), rows,
+                                                                      row_bytes, wk, sink);
+           }
          }) * 1e3f;
 }
 
@@ -145,17 +169,24 @@ float PatternPassUs(const Weights& w, int wk, uint32_t* sink, cudaStream_t st, i
 // the same bytes: the automatic choice, forced variants, the fill rule's K split, with and
 // without PDL overlap 2.
 void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs, const DeviceInfo& dev,
-           double probe, const DeviceBuffer& x, DeviceBuffer& y, cudaStream_t st, int iters) {
+           double probe, const DeviceBuffer& x, DeviceBuffer& y, cudaStream_t st, int iters,
+           const std::string& only_cfgs, const std::vector<int>& ms) {
   // col-smx: the column-split mxfp4 kernel with staged x (variant 4, 32 rows a warp);
   // col1-sub / col1-smx: variants 5 and 6, 16 rows a warp (M <= 2 only, elsewhere they time
   // the automatic choice again); fill: the automatic variant with the fill rule's K split
   // (ShapeFor, TEST_SetQgemvTuning wk_cap -1); fill1: the same restricted to splits that fit
   // in one wave (wk_cap -2); wk<=N: the automatic split capped at N warps a tile.
-  const Cfg cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},       {"wr2", 1, 0, 0},
-                      {"auto+pdl", -1, 0, 2}, {"col-smx", 4, 0, 0},   {"col1-sub", 5, 0, 0},
-                      {"col1-smx", 6, 0, 0},  {"fill", -1, -1, 0},    {"fill+pdl", -1, -1, 2},
-                      {"fill1", -1, -2, 0},   {"fill1+pdl", -1, -2, 2}, {"wk<=1", -1, 1, 0},
-                      {"wk<=2", -1, 2, 0}};
+  const Cfg all_cfgs[] = {{"auto", -1, 0, 0},     {"wr1", 0, 0, 0},         {"wr2", 1, 0, 0},
+                          {"auto+pdl", -1, 0, 2}, {"col-smx", 4, 0, 0},     {"col1-sub", 5, 0, 0},
+                          {"col1-smx", 6, 0, 0},  {"fill", -1, -1, 0},      {"fill+pdl", -1, -1, 2},
+                          {"fill1", -1, -2, 0},   {"fill1+pdl", -1, -2, 2}, {"wk<=1", -1, 1, 0},
+                          {"wk<=2", -1, 2, 0}};
+  std::vector<Cfg> cfgs;
+  for (const Cfg& c : all_cfgs) {
+    if (only_cfgs.empty() || ("," + only_cfgs + ",").find("," + std::string(c.name) + ",") != std::string::npos) {
+      cfgs.push_back(c);
+    }
+  }
   std::printf("\nsweep (us and %% of probe; the automatic choice is described last)\n| %-15s | %-16s | %2s |", "matrix",
               "mode", "M");
   for (const Cfg& c : cfgs) std::printf(" %15s |", c.name);
@@ -173,10 +204,14 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
             const float pu = PatternPassUs(w, wk, y.as<uint32_t>(), st, iters);
             std::printf(" GEMV order wk%d %.2f us (%.1f%%)", wk, pu, 100.0 * bytes / (pu * 1e-6) / 1e9 / probe);
           }
+          for (int wk : {1, 4, 16}) {  // the same order in 8-byte loads
+            const float pu = PatternPassUs(w, wk, y.as<uint32_t>(), st, iters, true);
+            std::printf(" 8B order wk%d %.2f us (%.1f%%)", wk, pu, 100.0 * bytes / (pu * 1e-6) / 1e9 / probe);
+          }
         }
         std::printf("\n");
       }
-      for (int m : {1, 2, 8}) {
+      for (int m : ms) {
         const double bytes = static_cast<double>(w.bytes) + static_cast<double>(m) * sh.cols * 2;
         std::printf("| %-15s | %-16s | %2d |", sh.name, ModeName(spec).c_str(), m);
         std::string auto_name;
@@ -295,7 +330,9 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
   const Cfg cfgs[] = {{"auto", -1, 0, 0},       {"wr2", 1, 0, 0},          {"col1-sub", 5, 0, 0},
                       {"col1-smx", 6, 0, 0},    {"fill", -1, -1, 0},       {"auto+pdl", -1, 0, 1},
                       {"fill+pdl", -1, -1, 1},  {"col1-sub+pdl", 5, 0, 1}, {"wk1", -1, 1, 0},
-                      {"wk1+pdl", -1, 1, 1},    {"wk2", -1, 102, 0},       {"wk2+pdl", -1, 102, 1}};
+                      {"wk1+pdl", -1, 1, 1},    {"wk2", -1, 102, 0},       {"wk2+pdl", -1, 102, 1},
+                      {"wk4", -1, 104, 0},      {"wk4+pdl", -1, 104, 1},   {"col-smx", 4, 0, 0},
+                      {"col-smx+pdl", 4, 0, 1}, {"col-smx-wk2", 4, 102, 0}};
   std::printf("\nrouted experts of one decode step (GLM-5.2, mxfp4, 256 experts, 8 a token): us and %% of probe\n"
               "| %-7s | %2s |", "launch", "T");
   for (const Cfg& c : cfgs) std::printf(" %14s |", c.name);
@@ -327,9 +364,13 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
     }
     DeviceBuffer dids = Must(DeviceBuffer::Allocate(ids.size() * 4));
     BENCH_CHECK(dids.CopyFromHost(ids.data(), ids.size() * 4));
-    // which 2: gate+up with the shared expert (alt problems), as ExpertsSwiGlu runs it.
-    for (int which = 0; which < 3; ++which) {
-      std::printf("| %-7s | %2ld |", which == 0 ? "gate+up" : (which == 1 ? "down" : "+shared"), static_cast<long>(T));
+    // which 2: gate+up with the shared expert (alt problems); 3: the same launch writing
+    // SwiGLU's output (QMatmulTSwiGlu), as ExpertsSwiGlu runs it ("n/a" where a configuration
+    // leaves the column split, which alone has that output).
+    DeviceBuffer sb = Must(DeviceBuffer::Allocate(72 * kInter * 2));
+    for (int which = 0; which < 4; ++which) {
+      const char* names[] = {"gate+up", "down", "+shared", "+sh+swi"};
+      std::printf("| %-7s | %2ld |", names[which], static_cast<long>(T));
       std::string auto_name;
       const double bytes = which == 0   ? uniq * per_expert + T * kHidden * 2.0
                            : which == 1 ? uniq * per_expert_down + np * kInter * 2.0
@@ -348,7 +389,7 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
           a.x_problem_stride = kHidden;
           a.x_problem_div = kK;
           a.y_problem_stride = kInter;
-          if (which == 2) {
+          if (which >= 2) {
             a.problems = np + T;
             a.alt_problems = T;
             a.alt[0] = &sg.views[0];
@@ -365,12 +406,24 @@ void Moe(const DeviceInfo& dev, double probe, const DeviceBuffer& x, DeviceBuffe
         const DeviceQuantWeight* gu[] = {&gate.views[0], &up.views[0]};
         float* gu_out[] = {gy.as<float>(), uy.as<float>()};
         a.expert_ids = dids.as<int32_t>();
+        if (which == 3) {
+          a.y = gy.as<float>();
+          a.y_bf16 = sb.as<uint16_t>();
+          if (!DescribeQmmSwiGlu(gate.views[0], up.views[0], a).ok()) {
+            std::printf(" %14s |", "n/a");
+            continue;
+          }
+        }
         if (c.variant == -1 && c.cap == 0 && c.overlap == 0) {
-          auto_name = which != 1 ? Must(DescribeQmmMany(gu, a)) : Must(DescribeQmm(down.views[0], a));
+          auto_name = which == 3   ? Must(DescribeQmmSwiGlu(gate.views[0], up.views[0], a))
+                      : which != 1 ? Must(DescribeQmmMany(gu, a))
+                                   : Must(DescribeQmm(down.views[0], a));
         }
         const float us = MedianMs(st, iters, [&](int i) {
           a.expert_ids = dids.as<int32_t>() + (i % kSets) * np;
-          if (which != 1) {
+          if (which == 3) {
+            BENCH_CHECK(QMatmulTSwiGlu(gate.views[0], up.views[0], a, st));
+          } else if (which != 1) {
             BENCH_CHECK(QMatmulTMany(gu, gu_out, a, st));
           } else {
             BENCH_CHECK(QMatmulT(down.views[0], a, st));
@@ -483,17 +536,25 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
                   ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
     }
   }
-  // The K split of every GEMV of the block capped at 1, automatic, or 2 (TEST_SetQgemvTuning):
-  // 9 problems of 256 row tiles (gate+up with the shared expert) are 2304 warps at one a tile,
-  // past one wave.
-  for (int cap : {1, 0, 102, 1, 0, 102}) {
-    TEST_SetQgemvTuning(-1, cap);
-    const float ms = MedianMs(st, iters, [&](int i) { block(i, true); });
-    TEST_SetQgemvTuning(-1, 0);
-    std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
-                absl::StrFormat("with the routed launches, K split %s:",
-                                cap == 1 ? "1" : (cap == 0 ? "auto" : std::to_string(cap - 100))).c_str(),
-                ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
+  // The K split of every GEMV of the block capped at 1, automatic, exactly 2 or 4, and the
+  // experts on 32-row tiles (variant 4; TEST_SetQgemvTuning): 9 problems of 256 row tiles
+  // (gate+up with the shared expert) are 2304 warps at one a tile, past one wave.
+  struct BlockCfg {
+    int variant, cap;
+  };
+  for (int rep = 0; rep < 2; ++rep) {
+    for (const BlockCfg bc : {BlockCfg{-1, 1}, BlockCfg{-1, 0}, BlockCfg{-1, 102}, BlockCfg{-1, 104},
+                              BlockCfg{4, 0}, BlockCfg{4, 102}}) {
+      TEST_SetQgemvTuning(bc.variant, bc.cap);
+      const float ms = MedianMs(st, iters, [&](int i) { block(i, true); });
+      TEST_SetQgemvTuning(-1, 0);
+      const std::string split = bc.cap == 1 ? "1" : (bc.cap == 0 ? "auto" : std::to_string(bc.cap - 100));
+      std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
+                  absl::StrFormat("with the routed launches, %sK split %s:", bc.variant == 4 ? "32-row tiles, " : "",
+                                  split)
+                      .c_str(),
+                  ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
+    }
   }
 }
 
@@ -509,6 +570,18 @@ int Main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
     else if (!std::strcmp(argv[i], "--modes") && i + 1 < argc) o.modes = argv[++i];
+    else if (!std::strcmp(argv[i], "--cfgs") && i + 1 < argc) o.cfgs = argv[++i];
+    else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) {
+      o.ms.clear();
+      for (const char* q = argv[++i]; *q != '\0';) {
+        char* end = nullptr;
+        const long v = std::strtol(q, &end, 10);
+        if (end == q) break;
+        if (v >= 1 && v <= 8) o.ms.push_back(static_cast<int>(v));
+        q = *end == ',' ? end + 1 : end;
+      }
+      if (o.ms.empty()) o.ms = {1, 2, 8};
+    }
   }
   const std::optional<DeviceInfo> found = FirstDevice();
   if (!found) return 0;
@@ -557,7 +630,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (o.sweep) {
-    Sweep(shapes, specs, dev, probe, x, y, st, o.iters);
+    Sweep(shapes, specs, dev, probe, x, y, st, o.iters, o.cfgs, o.ms);
     BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));
     return 0;
   }

@@ -405,13 +405,6 @@ __global__ void IndexerNormRopeKernel(float* q, int64_t tokens, int64_t heads, i
   }
 }
 
-// silu(g) * u with cpu::SwiGlu's roundings.
-__device__ __forceinline__ float SwiGluOne(float g, float u, cpu::ActDType rt) {
-  const float sig = DevRoundAct(1.f / (1.f + DevRoundAct(expf(-g), rt)), rt);
-  const float silu = DevRoundAct(g * sig, rt);
-  return DevRoundAct(silu * u, rt);
-}
-
 __global__ void SwiGluKernel(DevArray gate, DevArray up, int64_t n, cpu::ActDType rt,
                              DevMutArray out, uint16_t* out_bf16) {
   PdlBegin();

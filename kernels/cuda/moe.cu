@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/act_round.cuh"
@@ -428,6 +430,17 @@ absl::Status ExpertsGrouped(const DeviceQuantWeight& gate, const DeviceQuantWeig
 // (32768 slots of GLM-5.2: 0.4 GB of bf16 rows, 2 x 0.27 GB fp32 gate/up).
 constexpr int64_t kMaxGroupedSlots = 32768;
 
+// RING_MOE_FUSED_SWIGLU (read once): "0" keeps the routed experts' gate and up as two GEMV
+// outputs and a SwiGLU launch (A/B runs); unset or anything else: one GEMV that writes
+// SwiGLU's output where QMatmulTSwiGlu applies.
+bool FusedSwiGluOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("RING_MOE_FUSED_SWIGLU");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 // Whether ExpertsSwiGlu takes the grouped GEMM (ExpertsPath).
 bool UseGrouped(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                 const DeviceQuantWeight& down, int64_t T, int64_t k, cpu::ActDType round,
@@ -505,7 +518,6 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     const int64_t nt = std::min(tok_per_chunk, T - t0), nr = nt * k;
     const int64_t alt = shared != nullptr ? nt : 0, np = nr + alt;
     RING_ASSIGN_OR_RETURN(StreamBuffer g, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
-    RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
     // The GEMVs may become resident while the kernel before them drains (overlap 1: they
     // wait for it before reading the ids or x): gpu_gemv_bench --moe, H200, one token:
     // gate+up 36.8 -> 35.4 us, down 21.3 -> 20.2 (session 16).
@@ -524,26 +536,43 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
       a.alt[1] = shared->up;
       a.alt_x_row0 = 0;  // the shared expert of token j reads x row j
     }
-    const DeviceQuantWeight* gu[] = {&gate, &up};
-    float* gu_out[] = {g.as<float>(), u.as<float>()};
-    if (x_bf16 != nullptr && round == cpu::ActDType::kBF16) {
-      // What LinearTMany runs after its own conversion of x.
-      a.x = x_bf16 + t0 * hidden;
-      a.x_dtype = DType::kBF16;
-      a.round_bf16 = true;
-      RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, a, stream));
-    } else {
-      RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
-    }
     // bf16 activations: SwiGLU also writes the bf16 copy down's GEMV reads (LinearT would
     // make the same copy in a launch of its own; same bits, the products are bf16 numbers).
     StreamBuffer gb;
     if (round == cpu::ActDType::kBF16) {
       RING_ASSIGN_OR_RETURN(gb, StreamBuffer::Allocate(np * inter * 2, stream));
     }
-    RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
-                                np * inter, round, DevMutArray{g.data(), DType::kF32}, stream,
-                                gb.as<uint16_t>()));
+    const DeviceQuantWeight* gu[] = {&gate, &up};
+    if (x_bf16 != nullptr && round == cpu::ActDType::kBF16) {
+      // What LinearTMany runs after its own conversion of x.
+      a.x = x_bf16 + t0 * hidden;
+      a.x_dtype = DType::kBF16;
+      a.round_bf16 = true;
+      // Where the GEMV can give SwiGLU's output itself (QMatmulTSwiGlu: the same bits as the
+      // two launches below), gate and up never reach memory and SwiGLU has no launch.
+      QMatmulArgs f = a;
+      f.y = g.as<float>();
+      f.y_bf16 = gb.as<uint16_t>();
+      absl::Status fused = absl::FailedPreconditionError("off");
+      if (FusedSwiGluOn()) fused = QMatmulTSwiGlu(gate, up, f, stream);
+      if (!absl::IsFailedPrecondition(fused)) {
+        RING_RETURN_IF_ERROR(fused);
+      } else {
+        RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
+        float* gu_out[] = {g.as<float>(), u.as<float>()};
+        RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, a, stream));
+        RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
+                                    np * inter, round, DevMutArray{g.data(), DType::kF32}, stream,
+                                    gb.as<uint16_t>()));
+      }
+    } else {
+      RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
+      float* gu_out[] = {g.as<float>(), u.as<float>()};
+      RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
+      RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
+                                  np * inter, round, DevMutArray{g.data(), DType::kF32}, stream,
+                                  gb.as<uint16_t>()));
+    }
     QMatmulArgs d;
     d.overlap = 1;
     d.x = g.data();

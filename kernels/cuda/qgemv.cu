@@ -48,6 +48,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
@@ -1389,7 +1390,50 @@ absl::StatusOr<bool> LaunchGemvParts(absl::Span<const DeviceQuantWeight* const> 
   return launched;
 }
 
+// QMatmulTSwiGlu's launch (or, with `describe`, its line).
+absl::Status LaunchGemvSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up, const QMatmulArgs& a,
+                              cudaStream_t stream, std::string* describe) {
+  auto refuse = [](const char* why) {
+    return absl::FailedPreconditionError(absl::StrCat("no fused SwiGLU GEMV: ", why));
+  };
+  if (!SameGemvLayout(gate, up) || gate.rows != up.rows) return refuse("gate and up differ");
+  if (gate.spec.mode != QuantMode::kMxfp4) return refuse("mxfp4 only");
+  if (!a.round_bf16) return refuse("it needs round_bf16");
+  if (a.row_offsets != nullptr) return refuse("grouped rows");
+  return WithFormat(gate, [&](auto fmt) -> absl::Status {
+    using F = decltype(fmt);
+    RING_ASSIGN_OR_RETURN(const Family fam, PickFamily(Bf16Exact(F::kBf16Exact, gate), gate, a));
+    if (fam != Family::kTcGemv) return refuse("not a decode GEMV");
+    RING_ASSIGN_OR_RETURN(QmmParams p, MakeParams(gate, a, gate.cols, gate.rows));
+    p.nparts = 2;
+    for (int i = 0; i < 2; ++i) {
+      const DeviceQuantWeight& w = i == 0 ? gate : up;
+      const WeightView v = MakeView(w);
+      p.parts[i] = GemvPart{v.w, v.scales, v.biases, v.rows, p.y, p.ldy, 0};
+      if (a.alt_problems != 0) RING_RETURN_IF_ERROR(SetAlt(w, a.alt[i], &p.alt[i]));
+    }
+    p.swiglu = 1 + static_cast<int>(cpu::ActDType::kBF16);
+    return LaunchGemv(gate, p, a.problems, a.overlap, stream, describe);
+  });
+}
+
 }  // namespace
+
+absl::Status QMatmulTSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up, const QMatmulArgs& a,
+                            cudaStream_t stream) {
+  return LaunchGemvSwiGlu(gate, up, a, stream, nullptr);
+}
+
+absl::StatusOr<std::string> DescribeQmmSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                                              const QMatmulArgs& a) {
+  alignas(16) static float dummy[4] = {};
+  QMatmulArgs probe = a;
+  if (probe.x == nullptr) probe.x = dummy;
+  if (probe.y == nullptr) probe.y = dummy;
+  std::string out;
+  RING_RETURN_IF_ERROR(LaunchGemvSwiGlu(gate, up, probe, nullptr, &out));
+  return out;
+}
 
 absl::Status QMatmulTMany(absl::Span<const DeviceQuantWeight* const> ws,
                           absl::Span<float* const> ys, const QMatmulArgs& a,

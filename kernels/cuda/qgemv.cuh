@@ -153,6 +153,21 @@ absl::Status QMatmulTMany(absl::Span<const DeviceQuantWeight* const> ws,
 absl::StatusOr<std::string> DescribeQmmMany(absl::Span<const DeviceQuantWeight* const> ws,
                                             const QMatmulArgs& a);
 
+// SwiGLU of two weights on one x in one decode-GEMV launch: y = cpu::SwiGlu(x @ gate^T,
+// x @ up^T) with bf16 roundings, the two products rounded to bf16 first (a.round_bf16 is
+// required), written where `a` says (y dense [m, rows] per problem at y_problem_stride; with
+// a.y_bf16 also its bf16 bits), so that no gate/up outputs and no SwiGLU launch exist. The
+// rows' sums are QMatmulTMany's, bit for bit. Expert ids and alt problems as for
+// QMatmulTMany (alt[0] gate's, alt[1] up's). Only where the launch takes the mxfp4 column
+// split (gate and up alike with the same rows, m <= 2, bf16 x, a device whose MMA keeps
+// subnormals): elsewhere FailedPrecondition and nothing is launched, and the caller runs
+// QMatmulTMany and SwiGlu instead.
+absl::Status QMatmulTSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up, const QMatmulArgs& a,
+                            cudaStream_t stream);
+// Its launch line, or the FailedPrecondition it would return (bench, tests, callers' choice).
+absl::StatusOr<std::string> DescribeQmmSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                                              const QMatmulArgs& a);
+
 // The family QMatmulT will run for these arguments on the current device (InvalidArgument
 // when a forced kTensorCore is not applicable).
 absl::StatusOr<QmmPath> ResolveQmmPath(const DeviceQuantWeight& w, const QMatmulArgs& a);

@@ -58,6 +58,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
@@ -268,6 +269,32 @@ __device__ __forceinline__ void StoreRowTokens(const float (&acc)[WR][4], const 
         ybase[tok * ldy + row] = v;
         // v is a bf16 number (round_bf16): its high half is its bf16 encoding.
         if (bbase != nullptr) bbase[tok * ldy + row] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+      }
+    }
+  }
+}
+
+// The fused SwiGLU output of a paired tile (QmmParams::swiglu), for the column split's lane
+// t = 0 (its sums of tokens 0 and 1): c0/c1 are gate's sums of row r_base + 8 wr + g, c2/c3
+// up's of the same row. Each is finished as a plain output (bf16 rounding, NaN for a bad
+// expert id), then combined as cpu::SwiGlu does; y and its bf16 copy as StoreRowTokens.
+template <int WR>
+__device__ __forceinline__ void StoreSwiGluRows(const float (&acc)[WR][4], const QmmParams& p, int64_t prob,
+                                                int64_t r_base, int64_t rows, bool bad) {
+  const int g = (threadIdx.x & 31) >> 2;
+  const auto rt = static_cast<cpu::ActDType>(p.swiglu - 1);
+  float* ybase = p.y + prob * p.y_pstride;
+  uint16_t* bbase = p.y_bf16 != nullptr ? p.y_bf16 + prob * p.y_pstride : nullptr;
+#pragma unroll
+  for (int wr = 0; wr < WR; ++wr) {
+    const int64_t row = r_base + wr * 8 + g;
+#pragma unroll
+    for (int tok = 0; tok < 2; ++tok) {
+      if (row < rows && tok < p.m) {
+        const float v = SwiGluOne(FinishOutput(acc[wr][tok], bad, p.round_bf16),
+                                  FinishOutput(acc[wr][2 + tok], bad, p.round_bf16), rt);
+        ybase[tok * p.ldy + row] = v;
+        if (bbase != nullptr) bbase[tok * p.ldy + row] = static_cast<uint16_t>(qdec::F32ToBf16Bits(v));
       }
     }
   }
@@ -541,6 +568,13 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // loads, sum x from extra mmas) a lane reads 16 bytes a row and step and the mma count per
 // weight halves. Same numerics as the reference up to fp32 summation order, but not the same
 // order as QgemvKernel<Affine4> at m >= 3 (batching changes the last bits, as for mxfp4).
+//
+// Fused SwiGLU (QmmParams::swiglu, mxfp4; QMatmulTSwiGlu): a launch of gate and up whose
+// tiles hold 8 rows of gate in their first half (rows g) and the same 8 rows of up in their
+// second (rows g + 8), so lane t = 0 ends with both products of its rows and stores
+// SwiGLU(gate, up) instead of the two (StoreSwiGluRows). Each row's sum is the one the
+// plain two-weight launch computes (same K split: the launch is shaped as the same number of
+// weight rows), so the output equals that launch followed by the SwiGLU kernel bit for bit.
 template <bool kSubnormal>
 struct ColMxfp4 {
   static constexpr bool kAffine = false;
@@ -622,10 +656,23 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int64_t prob = blockIdx.z;
   WeightView wv = p.w;
   int64_t bx = blockIdx.x;
-  const int part = p.nparts > 1 ? SelectGemvPart(p, &wv, &bx) : 0;
+  // Fused SwiGLU (QmmParams::swiglu, mxfp4): row half h of every tile reads part h (gate,
+  // up) at the same 8 rows, so each lane ends with both sums of its rows.
+  const bool paired = !C::kAffine && p.swiglu != 0;
+  const int part = p.nparts > 1 && !paired ? SelectGemvPart(p, &wv, &bx) : 0;
   int64_t b = 0;
-  const bool bad = !ProblemWeight(p, part, prob, &wv, &b);
-  if (bad) b = 0;
+  bool bad = !ProblemWeight(p, part, prob, &wv, &b);
+  WeightView wv_up = wv;
+  int64_t b_up = b;
+  if constexpr (!C::kAffine) {
+    if (paired) {
+      wv_up.w = p.parts[1].w;
+      wv_up.scales = p.parts[1].scales;
+      wv_up.rows = p.parts[1].rows;
+      bad = !ProblemWeight(p, 1, prob, &wv_up, &b_up) || bad;
+    }
+  }
+  if (bad) b = b_up = 0;
   const int64_t row_base = (bx * tiles_pb + tl) * (16 * WR);
   const int nslices = static_cast<int>(wv.cols / SE);
   const int nsteps = (nslices + 3) >> 2;
@@ -638,9 +685,18 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   for (int wr = 0; wr < WR; ++wr) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = min(row_base + wr * 16 + g + 8 * h, wv.rows - 1);
-      wp[wr][h] = RowPtr(wv, b, row) + t * KW;
-      sp[wr][h] = static_cast<const uint8_t*>(wv.scales) + ScaleRow(wv, b, row) * kScaleBytes;
+      int64_t row = min(row_base + wr * 16 + g + 8 * h, wv.rows - 1);
+      const WeightView* vh = &wv;
+      int64_t bh = b;
+      if (paired) {
+        row = min(row_base / 2 + wr * 8 + g, wv.rows - 1);
+        if (h == 1) {
+          vh = &wv_up;
+          bh = b_up;
+        }
+      }
+      wp[wr][h] = RowPtr(*vh, bh, row) + t * KW;
+      sp[wr][h] = static_cast<const uint8_t*>(vh->scales) + ScaleRow(*vh, bh, row) * kScaleBytes;
     }
   }
   int64_t bdelta = 0;
@@ -845,7 +901,11 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       acc[wr][i] += __shfl_xor_sync(kFullMask, acc[wr][i], 2);
     }
   if (t != 0) return;
-  StoreRowTokens<WR>(acc, p, part, prob, row_base, wv.rows, bad, 0);
+  if (paired) {
+    StoreSwiGluRows<WR>(acc, p, prob, row_base / 2, wv.rows, bad);
+  } else {
+    StoreRowTokens<WR>(acc, p, part, prob, row_base, wv.rows, bad, 0);
+  }
 #else
   __trap();  // host dispatch never selects this kernel below sm_80
 #endif
@@ -1184,6 +1244,12 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
   const bool col_ok = p.m <= 2 && (kMx4 ? (col == 2 || subn) : (P::kAffine && col == 3));
   if (col != 0 && !col_ok) vi = AutoVariant<P>(p, problems, sms, subn);
   if (P::kAffine && kVariants[vi].col == 0) vi = 0;  // no 32-row affine kernel (see AutoVariant)
+  // The fused SwiGLU output exists on the mxfp4 column split only; elsewhere QMatmulTSwiGlu
+  // returns this FailedPrecondition with nothing launched and its caller launches the plain
+  // way.
+  const bool paired = p.swiglu != 0;
+  auto no_fused = [] { return absl::FailedPreconditionError("no fused SwiGLU GEMV for this launch"); };
+  if (paired && (!kMx4 || kVariants[vi].col == 0 || p.nparts != 2)) return no_fused();
   LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
   if (kVariants[vi].col == 3) {  // staged activations (QgemvColKernel kSmemX)
     // x planes and the zero blocks; affine: the chunks' sums of x (a float pair per chunk).
@@ -1192,6 +1258,7 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
     if (P::kAffine) xbytes += static_cast<size_t>(p.w.cols / qdec::kChunk) * 2 * sizeof(float);
     if (static_cast<int64_t>(sh.smem + xbytes) > (*dev)->smem_per_block_optin) {
       vi = P::kAffine ? 0 : AutoVariant<P>(p, problems, sms, false);
+      if (paired && kVariants[vi].col == 0) return no_fused();
       sh = ShapeFor<P>(vi, p, problems, sms);
     } else {
       sh.smem += xbytes;
@@ -1221,7 +1288,9 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
       }
     }
   }
-  if (p.nparts > 1) {
+  if (paired) {
+    p.w.rows = p_in.w.rows;  // the kernel's row count: gate's (= up's)
+  } else if (p.nparts > 1) {
     const int64_t block_rows = 16 * sh.wr * static_cast<int64_t>(sh.tiles_pb);
     p.w.rows = p_in.w.rows;
     sh.gx = 0;
@@ -1237,7 +1306,7 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
                                 p.kblocks > 1 ? absl::StrFormat(" cluster-k%d", p.kblocks) : "",
                                 sh.threads, sh.gx, problems,
                                 col == 1 ? " col-sub" : (col == 2 ? " col-unit" : (col == 3 ? (P::kAffine ? " col-aff-smx" : " col-sub-smx") : "")),
-                                p.nparts > 1 ? absl::StrFormat(" parts%d", p.nparts) : "",
+                                p.nparts > 1 ? absl::StrFormat(" parts%d%s", p.nparts, paired ? " swiglu" : "") : "",
                                 pdl ? absl::StrFormat(" pdl%d", pdl) : "");
     return absl::OkStatus();
   }
