@@ -2789,11 +2789,12 @@ Experts MakeExperts(const FormatCase& f, int64_t E, int64_t hidden, int64_t inte
 
 // The decode GEMV with SwiGLU fused into its output (QMatmulTSwiGlu): the same bits, f32 and
 // bf16 copy, as QMatmulTMany (gate, up) + SwiGlu, and within the bf16 elementwise tolerance
-// of the CPU (cpu::SwiGlu over the reference products rounded to bf16). mxfp4 single matrices
-// with row and K tails at m = 1 and 2, a lm_head-wide row, and stacked experts with ids (one
-// out of range: NaN rows in both) plus the shared expert as alt problems. Refused with
-// FailedPrecondition (nothing written) where it does not apply: 4-bit affine, m = 3, gate and
-// up of different rows, no round_bf16.
+// of the CPU (cpu::SwiGlu over the reference products rounded to bf16). mxfp4 and 4-bit
+// affine (groups 32 / 64 / 128 with bf16 scales, 64 with fp16): single matrices with row and
+// K tails at m = 1 and 2, a lm_head-wide row, and stacked experts with ids (one out of range:
+// NaN rows in both) plus the shared expert as alt problems. Refused with FailedPrecondition
+// (nothing written) where it does not apply: 8-bit affine, m = 3, gate and up of different
+// rows, no round_bf16.
 TEST_F(GpuTest, SwiGluGemvMatchesSeparateLaunches) {
   if (!dev_->mma_bf16_subnormals) GTEST_SKIP() << "no mxfp4 column split on this device";
   const QuantSpec mx{QuantMode::kMxfp4, 4, 32};
@@ -2802,80 +2803,88 @@ TEST_F(GpuTest, SwiGluGemvMatchesSeparateLaunches) {
     int64_t E, rows, cols, m, T, k;  // E > 1: T tokens x k slots + T shared-expert problems
   };
   int fused_cases = 0;
-  for (const Case c : {Case{1, 72, 2944, 1, 1, 1}, Case{1, 72, 2944, 2, 1, 1}, Case{1, 264, 6144, 1, 1, 1},
-                       Case{1, 40, 12352, 2, 1, 1}, Case{8, 136, 1024, 1, 2, 3}}) {
-    auto gate = MakeWeight(mx, DType::kU8, c.E, c.rows, c.cols, ++seed);
-    auto up = MakeWeight(mx, DType::kU8, c.E, c.rows, c.cols, ++seed);
-    auto sg = MakeWeight(mx, DType::kU8, 1, c.rows, c.cols, ++seed);
-    auto su = MakeWeight(mx, DType::kU8, 1, c.rows, c.cols, ++seed);
-    ASSERT_TRUE(gate && up && sg && su);
-    const bool experts = c.E > 1;
-    const int64_t xrows = experts ? c.T : c.m;
-    const int64_t problems = experts ? c.T * c.k + c.T : 1;
-    const std::vector<float> x = RandomFloats(xrows * c.cols, ++seed);
-    absl::StatusOr<DeviceBuffer> dx = DeviceBuffer::FromVector(ToBf16Bits(x));
-    ASSERT_TRUE(dx.ok()) << dx.status();
-    std::vector<int32_t> ids;
-    for (int64_t s = 0; s < c.T * c.k; ++s) ids.push_back(static_cast<int32_t>((3 * s + 1) % c.E));
-    if (experts) ids[4] = 99;  // out of range: NaN rows
-    DeviceBuffer di = UpI(ids.empty() ? std::vector<int32_t>{0} : ids);
-    QMatmulArgs a;
-    a.x = dx->data();
-    a.x_dtype = DType::kBF16;
-    a.m = c.m;
-    a.round_bf16 = true;
-    if (experts) {
-      a.problems = problems;
-      a.expert_ids = di.as<int32_t>();
-      a.x_problem_stride = c.cols;
-      a.x_problem_div = c.k;
-      a.y_problem_stride = c.rows;
-      a.alt_problems = c.T;
-      a.alt[0] = &sg->dev.view;
-      a.alt[1] = &su->dev.view;
+  const FormatCase formats[] = {{mx, DType::kU8},
+                                {{QuantMode::kAffine, 4, 32}, DType::kBF16},
+                                {{QuantMode::kAffine, 4, 64}, DType::kBF16},
+                                {{QuantMode::kAffine, 4, 128}, DType::kBF16},
+                                {{QuantMode::kAffine, 4, 64}, DType::kF16}};
+  for (const FormatCase& f : formats) {
+    for (const Case c : {Case{1, 72, 2944, 1, 1, 1}, Case{1, 72, 2944, 2, 1, 1}, Case{1, 264, 6144, 1, 1, 1},
+                         Case{1, 40, 12352, 2, 1, 1}, Case{8, 136, 1024, 1, 2, 3}}) {
+      if (c.cols % f.spec.group_size != 0) continue;
+      auto gate = MakeWeight(f.spec, f.dtype, c.E, c.rows, c.cols, ++seed);
+      auto up = MakeWeight(f.spec, f.dtype, c.E, c.rows, c.cols, ++seed);
+      auto sg = MakeWeight(f.spec, f.dtype, 1, c.rows, c.cols, ++seed);
+      auto su = MakeWeight(f.spec, f.dtype, 1, c.rows, c.cols, ++seed);
+      ASSERT_TRUE(gate && up && sg && su);
+      const bool experts = c.E > 1;
+      const int64_t xrows = experts ? c.T : c.m;
+      const int64_t problems = experts ? c.T * c.k + c.T : 1;
+      const std::vector<float> x = RandomFloats(xrows * c.cols, ++seed);
+      absl::StatusOr<DeviceBuffer> dx = DeviceBuffer::FromVector(ToBf16Bits(x));
+      ASSERT_TRUE(dx.ok()) << dx.status();
+      std::vector<int32_t> ids;
+      for (int64_t s = 0; s < c.T * c.k; ++s) ids.push_back(static_cast<int32_t>((3 * s + 1) % c.E));
+      if (experts) ids[4] = 99;  // out of range: NaN rows
+      DeviceBuffer di = UpI(ids.empty() ? std::vector<int32_t>{0} : ids);
+      QMatmulArgs a;
+      a.x = dx->data();
+      a.x_dtype = DType::kBF16;
+      a.m = c.m;
+      a.round_bf16 = true;
+      if (experts) {
+        a.problems = problems;
+        a.expert_ids = di.as<int32_t>();
+        a.x_problem_stride = c.cols;
+        a.x_problem_div = c.k;
+        a.y_problem_stride = c.rows;
+        a.alt_problems = c.T;
+        a.alt[0] = &sg->dev.view;
+        a.alt[1] = &su->dev.view;
+      }
+      const size_t n = static_cast<size_t>(problems * c.m * c.rows);
+      DeviceBuffer fy = Zeros(n), fb = Zeros((n + 1) / 2), g = Zeros(n), u = Zeros(n), sy = Zeros(n),
+                   sb = Zeros((n + 1) / 2);
+      QMatmulArgs f = a;
+      f.y = fy.as<float>();
+      f.y_bf16 = reinterpret_cast<uint16_t*>(fb.data());
+      const absl::StatusOr<std::string> desc = DescribeQmmSwiGlu(gate->dev.view, up->dev.view, f);
+      ASSERT_TRUE(desc.ok()) << desc.status();
+      EXPECT_NE(desc->find(" swiglu"), std::string::npos) << *desc;
+      ASSERT_TRUE(QMatmulTSwiGlu(gate->dev.view, up->dev.view, f, nullptr).ok());
+      const DeviceQuantWeight* gu[] = {&gate->dev.view, &up->dev.view};
+      float* gu_out[] = {g.as<float>(), u.as<float>()};
+      ASSERT_TRUE(QMatmulTMany(gu, gu_out, a, nullptr).ok());
+      ASSERT_TRUE(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32}, static_cast<int64_t>(n),
+                         cpu::ActDType::kBF16, DevMutArray{sy.data(), DType::kF32}, nullptr,
+                         reinterpret_cast<uint16_t*>(sb.data()))
+                      .ok());
+      const std::vector<float> fused = Dl(fy.as<float>(), n), separate = Dl(sy.as<float>(), n);
+      const std::vector<float> fused_b = Dl(fb.as<float>(), (n + 1) / 2), separate_b = Dl(sb.as<float>(), (n + 1) / 2);
+      const std::string shape = absl::StrFormat("M%d %s%s", c.m, gate->Shape(), experts ? " experts+shared" : "");
+      EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), n * 4)) << shape << ": f32 output differs";
+      EXPECT_EQ(0, std::memcmp(fused_b.data(), separate_b.data(), n * 2)) << shape << ": bf16 copy differs";
+      ++fused_cases;
+      if (experts) {
+        int64_t nan_rows = 0;
+        for (int64_t r = 0; r < c.rows; ++r) nan_rows += std::isnan(fused[4 * c.rows + r]);
+        EXPECT_EQ(nan_rows, c.rows) << "a bad expert id must give NaN rows";
+        continue;
+      }
+      // Against the CPU: products rounded to bf16, then cpu::SwiGlu.
+      std::vector<float> rg = CpuMatmulT(*gate, x, c.m), ru = CpuMatmulT(*up, x, c.m), ref(n);
+      for (float& v : rg) v = cpu::RoundAct(v, cpu::ActDType::kBF16);
+      for (float& v : ru) v = cpu::RoundAct(v, cpu::ActDType::kBF16);
+      cpu::SwiGlu(rg.data(), ru.data(), static_cast<int64_t>(n), cpu::ActDType::kBF16, ref.data());
+      Report("qmm_t swiglu[gemv] x=BF16", shape, gate->Mode(), fused, ref, kTolEwBf16, c.rows);
     }
-    const size_t n = static_cast<size_t>(problems * c.m * c.rows);
-    DeviceBuffer fy = Zeros(n), fb = Zeros((n + 1) / 2), g = Zeros(n), u = Zeros(n), sy = Zeros(n),
-                 sb = Zeros((n + 1) / 2);
-    QMatmulArgs f = a;
-    f.y = fy.as<float>();
-    f.y_bf16 = reinterpret_cast<uint16_t*>(fb.data());
-    const absl::StatusOr<std::string> desc = DescribeQmmSwiGlu(gate->dev.view, up->dev.view, f);
-    ASSERT_TRUE(desc.ok()) << desc.status();
-    EXPECT_NE(desc->find(" swiglu"), std::string::npos) << *desc;
-    ASSERT_TRUE(QMatmulTSwiGlu(gate->dev.view, up->dev.view, f, nullptr).ok());
-    const DeviceQuantWeight* gu[] = {&gate->dev.view, &up->dev.view};
-    float* gu_out[] = {g.as<float>(), u.as<float>()};
-    ASSERT_TRUE(QMatmulTMany(gu, gu_out, a, nullptr).ok());
-    ASSERT_TRUE(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32}, static_cast<int64_t>(n),
-                       cpu::ActDType::kBF16, DevMutArray{sy.data(), DType::kF32}, nullptr,
-                       reinterpret_cast<uint16_t*>(sb.data()))
-                    .ok());
-    const std::vector<float> fused = Dl(fy.as<float>(), n), separate = Dl(sy.as<float>(), n);
-    const std::vector<float> fused_b = Dl(fb.as<float>(), (n + 1) / 2), separate_b = Dl(sb.as<float>(), (n + 1) / 2);
-    const std::string shape = absl::StrFormat("M%d %s%s", c.m, gate->Shape(), experts ? " experts+shared" : "");
-    EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), n * 4)) << shape << ": f32 output differs";
-    EXPECT_EQ(0, std::memcmp(fused_b.data(), separate_b.data(), n * 2)) << shape << ": bf16 copy differs";
-    ++fused_cases;
-    if (experts) {
-      int64_t nan_rows = 0;
-      for (int64_t r = 0; r < c.rows; ++r) nan_rows += std::isnan(fused[4 * c.rows + r]);
-      EXPECT_EQ(nan_rows, c.rows) << "a bad expert id must give NaN rows";
-      continue;
-    }
-    // Against the CPU: products rounded to bf16, then cpu::SwiGlu.
-    std::vector<float> rg = CpuMatmulT(*gate, x, c.m), ru = CpuMatmulT(*up, x, c.m), ref(n);
-    for (float& v : rg) v = cpu::RoundAct(v, cpu::ActDType::kBF16);
-    for (float& v : ru) v = cpu::RoundAct(v, cpu::ActDType::kBF16);
-    cpu::SwiGlu(rg.data(), ru.data(), static_cast<int64_t>(n), cpu::ActDType::kBF16, ref.data());
-    Report("qmm_t swiglu[gemv] x=BF16", shape, gate->Mode(), fused, ref, kTolEwBf16, c.rows);
   }
   EXPECT_GT(fused_cases, 0);
   // Refusals: nothing launched, FailedPrecondition.
   auto g1 = MakeWeight(mx, DType::kU8, 1, 64, 1024, ++seed);
   auto u2 = MakeWeight(mx, DType::kU8, 1, 128, 1024, ++seed);
-  auto ag = MakeWeight(QuantSpec{QuantMode::kAffine, 4, 64}, DType::kBF16, 1, 64, 1024, ++seed);
-  auto au = MakeWeight(QuantSpec{QuantMode::kAffine, 4, 64}, DType::kBF16, 1, 64, 1024, ++seed);
+  auto ag = MakeWeight(QuantSpec{QuantMode::kAffine, 8, 64}, DType::kBF16, 1, 64, 1024, ++seed);
+  auto au = MakeWeight(QuantSpec{QuantMode::kAffine, 8, 64}, DType::kBF16, 1, 64, 1024, ++seed);
   ASSERT_TRUE(g1 && u2 && ag && au);
   QMatmulArgs r;
   r.x_dtype = DType::kBF16;

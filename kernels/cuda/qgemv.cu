@@ -1397,7 +1397,8 @@ absl::Status LaunchGemvSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWe
     return absl::FailedPreconditionError(absl::StrCat("no fused SwiGLU GEMV: ", why));
   };
   if (!SameGemvLayout(gate, up) || gate.rows != up.rows) return refuse("gate and up differ");
-  if (gate.spec.mode != QuantMode::kMxfp4) return refuse("mxfp4 only");
+  const bool affine4 = gate.spec.mode == QuantMode::kAffine && gate.spec.bits == 4;
+  if (gate.spec.mode != QuantMode::kMxfp4 && !affine4) return refuse("mxfp4 and 4-bit affine only");
   if (!a.round_bf16) return refuse("it needs round_bf16");
   if (a.row_offsets != nullptr) return refuse("grouped rows");
   return WithFormat(gate, [&](auto fmt) -> absl::Status {

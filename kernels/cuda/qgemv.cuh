@@ -158,10 +158,10 @@ absl::StatusOr<std::string> DescribeQmmMany(absl::Span<const DeviceQuantWeight* 
 // required), written where `a` says (y dense [m, rows] per problem at y_problem_stride; with
 // a.y_bf16 also its bf16 bits), so that no gate/up outputs and no SwiGLU launch exist. The
 // rows' sums are QMatmulTMany's, bit for bit. Expert ids and alt problems as for
-// QMatmulTMany (alt[0] gate's, alt[1] up's). Only where the launch takes the mxfp4 column
-// split (gate and up alike with the same rows, m <= 2, bf16 x, a device whose MMA keeps
-// subnormals): elsewhere FailedPrecondition and nothing is launched, and the caller runs
-// QMatmulTMany and SwiGlu instead.
+// QMatmulTMany (alt[0] gate's, alt[1] up's). Only where the launch takes the column split
+// (gate and up alike with the same rows, m <= 2, bf16 x; mxfp4 on a device whose MMA keeps
+// subnormals, or 4-bit affine with its x staged): elsewhere FailedPrecondition and nothing is
+// launched, and the caller runs QMatmulTMany and SwiGlu instead.
 absl::Status QMatmulTSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up, const QMatmulArgs& a,
                             cudaStream_t stream);
 // Its launch line, or the FailedPrecondition it would return (bench, tests, callers' choice).

@@ -569,7 +569,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
 // weight halves. Same numerics as the reference up to fp32 summation order, but not the same
 // order as QgemvKernel<Affine4> at m >= 3 (batching changes the last bits, as for mxfp4).
 //
-// Fused SwiGLU (QmmParams::swiglu, mxfp4; QMatmulTSwiGlu): a launch of gate and up whose
+// Fused SwiGLU (QmmParams::swiglu; QMatmulTSwiGlu): a launch of gate and up whose
 // tiles hold 8 rows of gate in their first half (rows g) and the same 8 rows of up in their
 // second (rows g + 8), so lane t = 0 ends with both products of its rows and stores
 // SwiGLU(gate, up) instead of the two (StoreSwiGluRows). Each row's sum is the one the
@@ -656,21 +656,20 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int64_t prob = blockIdx.z;
   WeightView wv = p.w;
   int64_t bx = blockIdx.x;
-  // Fused SwiGLU (QmmParams::swiglu, mxfp4): row half h of every tile reads part h (gate,
-  // up) at the same 8 rows, so each lane ends with both sums of its rows.
-  const bool paired = !C::kAffine && p.swiglu != 0;
+  // Fused SwiGLU (QmmParams::swiglu): row half h of every tile reads part h (gate, up) at
+  // the same 8 rows, so each lane ends with both sums of its rows.
+  const bool paired = p.swiglu != 0;
   const int part = p.nparts > 1 && !paired ? SelectGemvPart(p, &wv, &bx) : 0;
   int64_t b = 0;
   bool bad = !ProblemWeight(p, part, prob, &wv, &b);
   WeightView wv_up = wv;
   int64_t b_up = b;
-  if constexpr (!C::kAffine) {
-    if (paired) {
-      wv_up.w = p.parts[1].w;
-      wv_up.scales = p.parts[1].scales;
-      wv_up.rows = p.parts[1].rows;
-      bad = !ProblemWeight(p, 1, prob, &wv_up, &b_up) || bad;
-    }
+  if (paired) {
+    wv_up.w = p.parts[1].w;
+    wv_up.scales = p.parts[1].scales;
+    wv_up.biases = p.parts[1].biases;
+    wv_up.rows = p.parts[1].rows;
+    bad = !ProblemWeight(p, 1, prob, &wv_up, &b_up) || bad;
   }
   if (bad) b = b_up = 0;
   const int64_t row_base = (bx * tiles_pb + tl) * (16 * WR);
@@ -699,9 +698,12 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       sp[wr][h] = static_cast<const uint8_t*>(vh->scales) + ScaleRow(*vh, bh, row) * kScaleBytes;
     }
   }
-  int64_t bdelta = 0;
+  // Affine: row half h's biases sit bdelta[h] bytes after its scales (paired: up's own).
+  int64_t bdelta[2] = {0, 0};
   if constexpr (C::kAffine) {
-    bdelta = static_cast<const uint8_t*>(wv.biases) - static_cast<const uint8_t*>(wv.scales);
+    bdelta[0] = static_cast<const uint8_t*>(wv.biases) - static_cast<const uint8_t*>(wv.scales);
+    bdelta[1] = paired ? static_cast<const uint8_t*>(wv_up.biases) - static_cast<const uint8_t*>(wv_up.scales)
+                       : bdelta[0];
   }
   (void)bdelta;
   // B operand of lane (g, t): token g & 1 at the lane's own slice, only in column g when
@@ -797,7 +799,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
         for (int u = 0; u < U; ++u) {
           if (sv[u]) {
             LoadStream<KW>(q + u * (4 * KW), raw[u][wr][h]);
-            sr[u][wr][h] = C::LoadScale(sp[wr][h], bdelta, static_cast<uint32_t>(4 * (s0 + u) + t));
+            sr[u][wr][h] = C::LoadScale(sp[wr][h], bdelta[h], static_cast<uint32_t>(4 * (s0 + u) + t));
           } else {
 #pragma unroll
             for (int i = 0; i < KW; ++i) raw[u][wr][h][i] = 0u;
@@ -1244,12 +1246,12 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
   const bool col_ok = p.m <= 2 && (kMx4 ? (col == 2 || subn) : (P::kAffine && col == 3));
   if (col != 0 && !col_ok) vi = AutoVariant<P>(p, problems, sms, subn);
   if (P::kAffine && kVariants[vi].col == 0) vi = 0;  // no 32-row affine kernel (see AutoVariant)
-  // The fused SwiGLU output exists on the mxfp4 column split only; elsewhere QMatmulTSwiGlu
-  // returns this FailedPrecondition with nothing launched and its caller launches the plain
-  // way.
+  // The fused SwiGLU output exists on the column split only (mxfp4, 4-bit affine); elsewhere
+  // QMatmulTSwiGlu returns this FailedPrecondition with nothing launched and its caller
+  // launches the plain way.
   const bool paired = p.swiglu != 0;
   auto no_fused = [] { return absl::FailedPreconditionError("no fused SwiGLU GEMV for this launch"); };
-  if (paired && (!kMx4 || kVariants[vi].col == 0 || p.nparts != 2)) return no_fused();
+  if (paired && ((!kMx4 && !P::kAffine) || kVariants[vi].col == 0 || p.nparts != 2)) return no_fused();
   LaunchShape sh = ShapeFor<P>(vi, p, problems, sms);
   if (kVariants[vi].col == 3) {  // staged activations (QgemvColKernel kSmemX)
     // x planes and the zero blocks; affine: the chunks' sums of x (a float pair per chunk).

@@ -87,7 +87,7 @@ struct QmmParams {
   // tile's K steps further, reduced through distributed shared memory in rank order; 0 or 1:
   // none (the grid's y extent is then 1).
   int kblocks;
-  // Fused SwiGLU output (QMatmulTSwiGlu; the mxfp4 column-split kernel only): 0 off, else
+  // Fused SwiGLU output (QMatmulTSwiGlu; the column-split kernel only): 0 off, else
   // 1 + the cpu::ActDType of its roundings. parts[0] is gate and parts[1] up (nparts = 2,
   // same rows): every 16-row tile holds 8 rows of gate in its first half and the same 8 rows
   // of up in its second, grid x covers the two as one matrix of twice the rows, and y (ldy =
