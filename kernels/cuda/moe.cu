@@ -542,33 +542,35 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     if (round == cpu::ActDType::kBF16) {
       RING_ASSIGN_OR_RETURN(gb, StreamBuffer::Allocate(np * inter * 2, stream));
     }
-    const DeviceQuantWeight* gu[] = {&gate, &up};
-    if (x_bf16 != nullptr && round == cpu::ActDType::kBF16) {
+    const bool bf16_x = x_bf16 != nullptr && round == cpu::ActDType::kBF16;
+    if (bf16_x) {
       // What LinearTMany runs after its own conversion of x.
       a.x = x_bf16 + t0 * hidden;
       a.x_dtype = DType::kBF16;
       a.round_bf16 = true;
-      // Where the GEMV can give SwiGLU's output itself (QMatmulTSwiGlu: the same bits as the
-      // two launches below), gate and up never reach memory and SwiGLU has no launch.
+    }
+    // Where the GEMV can give SwiGLU's output itself (QMatmulTSwiGlu: the same bits as the
+    // two launches below), gate and up never reach memory and SwiGLU has no launch.
+    bool fused = false;
+    if (bf16_x && FusedSwiGluOn()) {
       QMatmulArgs f = a;
       f.y = g.as<float>();
       f.y_bf16 = gb.as<uint16_t>();
-      absl::Status fused = absl::FailedPreconditionError("off");
-      if (FusedSwiGluOn()) fused = QMatmulTSwiGlu(gate, up, f, stream);
-      if (!absl::IsFailedPrecondition(fused)) {
-        RING_RETURN_IF_ERROR(fused);
-      } else {
-        RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
-        float* gu_out[] = {g.as<float>(), u.as<float>()};
-        RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, a, stream));
-        RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
-                                    np * inter, round, DevMutArray{g.data(), DType::kF32}, stream,
-                                    gb.as<uint16_t>()));
+      const absl::Status st = QMatmulTSwiGlu(gate, up, f, stream);
+      if (!absl::IsFailedPrecondition(st)) {
+        RING_RETURN_IF_ERROR(st);
+        fused = true;
       }
-    } else {
+    }
+    if (!fused) {
       RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
+      const DeviceQuantWeight* gu[] = {&gate, &up};
       float* gu_out[] = {g.as<float>(), u.as<float>()};
-      RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
+      if (bf16_x) {
+        RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, a, stream));
+      } else {
+        RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
+      }
       RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
                                   np * inter, round, DevMutArray{g.data(), DType::kF32}, stream,
                                   gb.as<uint16_t>()));
