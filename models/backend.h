@@ -212,6 +212,15 @@ class Backend {
   }
   virtual absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                               float* out) = 0;
+  // out[m, rows] = SwiGlu(round(x @ gate^T), round(x @ up^T)): the SwiGLU MLP's first half
+  // (gate and up of the same shape) as one op, exactly LinearMany({gate, up}) then SwiGlu, bit
+  // for bit. False, with nothing run, where a backend has no joint form for these arguments:
+  // the caller then runs the two itself (RunMlp).
+  virtual absl::StatusOr<bool> LinearSwiGlu(const QuantWeight& /*gate*/, const QuantWeight& /*up*/,
+                                            const float* /*x*/, int64_t /*m*/, ActDType /*t*/,
+                                            float* /*out*/) {
+    return false;
+  }
   virtual absl::Status Add(const float* a, const float* b, int64_t n, ActDType t,
                            float* out) = 0;
   // x[i] = round(x[i] * s).

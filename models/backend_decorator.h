@@ -91,6 +91,10 @@ class ForwardingBackend : public Backend {
     return inner_->IndexerNormRope(r, q, T, heads, d, k, norm_w, norm_b, eps, offset, w, n_w, wscale, t,
                                    k_rows);
   }
+  absl::StatusOr<bool> LinearSwiGlu(const QuantWeight& gate, const QuantWeight& up, const float* x,
+                                    int64_t m, ActDType t, float* out) override {
+    return inner_->LinearSwiGlu(gate, up, x, m, t, out);
+  }
   absl::Status SwiGlu(const float* gate, const float* up, int64_t n, ActDType t,
                       float* out) override {
     return inner_->SwiGlu(gate, up, n, t, out);

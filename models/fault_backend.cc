@@ -119,6 +119,10 @@ class FaultBackend final : public ForwardingBackend {
     for (const QuantWeight* w : ws) sub.push_back(&Sub(*w));
     return inner().LinearMany(sub, x, m, t, ys);
   }
+  absl::StatusOr<bool> LinearSwiGlu(const QuantWeight& gate, const QuantWeight& up, const float* x,
+                                    int64_t m, ActDType t, float* out) override {
+    return inner().LinearSwiGlu(Sub(gate), Sub(up), x, m, t, out);
+  }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
                      float* out) override {
     return inner().Embed(Sub(w), host_ids, n, t, out);

@@ -82,9 +82,12 @@ absl::Status RunMlp(Backend& b, const Mlp& mlp, const float* x, int64_t m, ActDT
                     float* out) {
   const int64_t inter = mlp.gate.rows();
   RING_ASSIGN_OR_RETURN(Buffer g, b.AllocF(m * inter));
-  RING_ASSIGN_OR_RETURN(Buffer u, b.AllocF(m * inter));
-  RING_RETURN_IF_ERROR(b.LinearMany({&mlp.gate, &mlp.up}, x, m, t, {g.f(), u.f()}));
-  RING_RETURN_IF_ERROR(b.SwiGlu(g.f(), u.f(), m * inter, t, g.f()));
+  RING_ASSIGN_OR_RETURN(const bool joint, b.LinearSwiGlu(mlp.gate, mlp.up, x, m, t, g.f()));
+  if (!joint) {
+    RING_ASSIGN_OR_RETURN(Buffer u, b.AllocF(m * inter));
+    RING_RETURN_IF_ERROR(b.LinearMany({&mlp.gate, &mlp.up}, x, m, t, {g.f(), u.f()}));
+    RING_RETURN_IF_ERROR(b.SwiGlu(g.f(), u.f(), m * inter, t, g.f()));
+  }
   return b.Linear(mlp.down, g.f(), m, t, out);
 }
 

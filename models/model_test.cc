@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <unistd.h>
 
@@ -477,6 +479,73 @@ TEST(MoeSharedExpert, JointOpMatchesSeparateLaunches) {
   EXPECT_GT(joint->calls, 0) << "the tiny GLM model has no MoE layer with a shared expert";
   ASSERT_EQ(got.size(), want->size());
   EXPECT_EQ(std::memcmp(got.data(), want->data(), got.size() * sizeof(float)), 0);
+}
+
+// On the CUDA backend: the dense MLP's gate, up and SwiGLU as one op (LinearSwiGlu: the fused
+// SwiGLU GEMV at one or two rows) or, with the op refused, as the layer program's LinearMany
+// and SwiGlu: the same logits bit for bit, and the joint op ran.
+class MlpSwiGluBackend final : public internal::ForwardingBackend {
+ public:
+  MlpSwiGluBackend(std::shared_ptr<Backend> inner, bool joint)
+      : ForwardingBackend(std::move(inner)), joint_(joint) {}
+  absl::StatusOr<bool> LinearSwiGlu(const QuantWeight& gate, const QuantWeight& up, const float* x,
+                                    int64_t m, cpu::ActDType t, float* out) override {
+    if (!joint_) return false;
+    RING_ASSIGN_OR_RETURN(const bool ran, inner().LinearSwiGlu(gate, up, x, m, t, out));
+    calls += ran;
+    return ran;
+  }
+  int calls = 0;
+
+ private:
+  const bool joint_;
+};
+
+TEST(MlpSwiGlu, CudaJointOpMatchesSeparateOps) {
+  if (const char* v = std::getenv("RING_FUSED_SWIGLU"); v != nullptr && std::strcmp(v, "0") == 0) {
+    GTEST_SKIP() << "RING_FUSED_SWIGLU=0";
+  }
+  struct Case {
+    const char* arch;
+    QuantSpec quant;
+  };
+  for (const Case& c : {Case{"qwen3", {QuantMode::kAffine, 4, 64}}, Case{"qwen3", {QuantMode::kMxfp4, 4, 32}},
+                        Case{"glm_moe_dsa", {QuantMode::kMxfp4, 4, 32}},
+                        Case{"deepseek_v3", {QuantMode::kAffine, 4, 64}}}) {
+    SCOPED_TRACE(std::string(c.arch) + " " + c.quant.ToString());
+    const std::string dir = TinyModel(c.arch, c.quant);
+    std::vector<float> logits[2];
+    int calls[2] = {0, 0};
+    for (int joint = 0; joint < 2; ++joint) {
+      absl::StatusOr<std::shared_ptr<internal::Backend>> cuda = internal::NewCudaBackend(0);
+      if (!cuda.ok()) GTEST_SKIP() << "no usable CUDA device: " << cuda.status();
+      auto b = std::make_shared<MlpSwiGluBackend>(*cuda, joint == 1);
+      LoadOptions lo;
+      lo.device.kind = DeviceSpec::Kind::kCuda;
+      absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, lo, b);
+      ASSERT_TRUE(st.ok()) << st.status();
+      std::unique_ptr<Sequence> seq = (*st)->NewSequence();
+      // A 9-token prompt (too many rows for the decode GEMV: the separate ops), then decode.
+      for (const std::vector<int32_t>& toks :
+           std::vector<std::vector<int32_t>>{Prompt(9), {5}, {17}, {3}, {44}}) {
+        StageInput in;
+        in.tokens = toks;
+        absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
+        ASSERT_TRUE(out.ok()) << out.status();
+        logits[joint].insert(logits[joint].end(), out->logits.begin(), out->logits.end());
+      }
+      calls[joint] = b->calls;
+    }
+    EXPECT_EQ(calls[0], 0);
+    std::printf("%s %s: %d fused MLP ops\n", c.arch, c.quant.ToString().c_str(), calls[1]);
+    // 4-bit affine takes the column-split GEMV on any device (mxfp4 only where the MMA keeps
+    // subnormals): the joint op must have run there.
+    if (c.quant.mode == QuantMode::kAffine) {
+      EXPECT_GT(calls[1], 0) << "the 4-bit affine MLP should take the fused GEMV at one row";
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0);
+  }
 }
 
 TEST(IndexShare, SharedLayerAtStageStartNeedsTheCarry) {

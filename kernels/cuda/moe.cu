@@ -430,17 +430,6 @@ absl::Status ExpertsGrouped(const DeviceQuantWeight& gate, const DeviceQuantWeig
 // (32768 slots of GLM-5.2: 0.4 GB of bf16 rows, 2 x 0.27 GB fp32 gate/up).
 constexpr int64_t kMaxGroupedSlots = 32768;
 
-// RING_MOE_FUSED_SWIGLU (read once): "0" keeps the routed experts' gate and up as two GEMV
-// outputs and a SwiGLU launch (A/B runs); unset or anything else: one GEMV that writes
-// SwiGLU's output where QMatmulTSwiGlu applies.
-bool FusedSwiGluOn() {
-  static const bool on = [] {
-    const char* v = std::getenv("RING_MOE_FUSED_SWIGLU");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
-
 // Whether ExpertsSwiGlu takes the grouped GEMM (ExpertsPath).
 bool UseGrouped(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                 const DeviceQuantWeight& down, int64_t T, int64_t k, cpu::ActDType round,
@@ -552,7 +541,7 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     // Where the GEMV can give SwiGLU's output itself (QMatmulTSwiGlu: the same bits as the
     // two launches below), gate and up never reach memory and SwiGLU has no launch.
     bool fused = false;
-    if (bf16_x && FusedSwiGluOn()) {
+    if (bf16_x && FusedSwiGluEnabled()) {
       QMatmulArgs f = a;
       f.y = g.as<float>();
       f.y_bf16 = gb.as<uint16_t>();

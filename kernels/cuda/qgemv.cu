@@ -42,6 +42,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -1419,6 +1421,14 @@ absl::Status LaunchGemvSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWe
 }
 
 }  // namespace
+
+bool FusedSwiGluEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RING_FUSED_SWIGLU");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
 
 absl::Status QMatmulTSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up, const QMatmulArgs& a,
                             cudaStream_t stream) {

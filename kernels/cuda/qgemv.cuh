@@ -164,6 +164,10 @@ absl::StatusOr<std::string> DescribeQmmMany(absl::Span<const DeviceQuantWeight* 
 // launched, and the caller runs QMatmulTMany and SwiGlu instead.
 absl::Status QMatmulTSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up, const QMatmulArgs& a,
                             cudaStream_t stream);
+// RING_FUSED_SWIGLU (read once): "0" has QMatmulTSwiGlu's callers (the routed experts, the
+// CUDA backend's dense MLP) run QMatmulTMany and SwiGlu instead, for A/B runs (session 29
+// called it RING_MOE_FUSED_SWIGLU, the experts' alone).
+bool FusedSwiGluEnabled();
 // Its launch line, or the FailedPrecondition it would return (bench, tests, callers' choice).
 absl::StatusOr<std::string> DescribeQmmSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                                               const QMatmulArgs& a);

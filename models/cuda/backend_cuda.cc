@@ -648,6 +648,34 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       return cuda::QMatmulTMany(ds, yv, Bf16Args(xb, m, overlap), stream_);
     });
   }
+  // The MLP's gate and up as one decode GEMV that writes SwiGLU's output and its bf16 copy
+  // (cuda::QMatmulTSwiGlu: LinearMany's and SwiGlu's bits, one launch and no gate/up outputs
+  // instead of two launches). The down projection's Linear then reuses that copy.
+  absl::StatusOr<bool> LinearSwiGlu(const QuantWeight& gate, const QuantWeight& up, const float* x,
+                                    int64_t m, ActDType t, float* out) override {
+    if (m > 8 || t != ActDType::kBF16 || !cuda::FusedSwiGluEnabled()) return false;
+    RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
+    RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
+    const int overlap = PackedBytes(*g) + PackedBytes(*u) <= kOverlapManyMaxBytes ? 2 : 0;
+    cuda::QMatmulArgs probe = Bf16Args(nullptr, m, overlap);
+    probe.y = out;
+    // Refused (FailedPrecondition) where the launch would not take the column split.
+    if (!cuda::DescribeQmmSwiGlu(*g, *u, probe).ok()) return false;
+    const int64_t span = m * g->cols, n = m * g->rows;
+    uint16_t* xb = nullptr;
+    bool reuse = false;
+    RING_RETURN_IF_ERROR(Bf16Input(x, span, &xb, &reuse));
+    RING_ASSIGN_OR_RETURN(uint16_t* ob, ConvertedOutputBeside(out, n));
+    RING_RETURN_IF_ERROR(Submit(OpRecord('W').Add(g, u, x, m, xb, reuse, out, ob, overlap).Take(),
+                                [=, this]() -> absl::Status {
+                                  if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
+                                  cuda::QMatmulArgs a = Bf16Args(xb, m, overlap);
+                                  a.y = out;
+                                  a.y_bf16 = ob;
+                                  return cuda::QMatmulTSwiGlu(*g, *u, a, stream_);
+                                }));
+    return true;
+  }
   absl::Status Embed(const QuantWeight& w, const int32_t* host_ids, int64_t n, ActDType t,
                      float* out) override {
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(w));
@@ -977,7 +1005,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   // fewer. Null when there is none (the experts then convert x themselves).
   const uint16_t* HeldBf16Copy(const float* x, int64_t span, ActDType t) const {
     return conv_src_ == x && conv_elems_ >= span && t == ActDType::kBF16
-               ? static_cast<const uint16_t*>(conv_bufs_.back())
+               ? static_cast<const uint16_t*>(conv_[cur_conv_].p)
                : nullptr;
   }
   // An op that may be held back and replayed from a graph (file comment).
@@ -990,7 +1018,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       conv_src_ = x;
       conv_elems_ = span;
     }
-    *xb = static_cast<uint16_t*>(conv_bufs_.back());
+    *xb = static_cast<uint16_t*>(conv_[cur_conv_].p);
     return absl::OkStatus();
   }
   // An output y[0, n) over x's floats makes the conversion stale for the next Linear.
@@ -1188,17 +1216,27 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_RETURN_IF_ERROR(ReserveConversion(n));
     conv_src_ = out;
     conv_elems_ = n;
-    return static_cast<uint16_t*>(conv_bufs_.back());
+    return static_cast<uint16_t*>(conv_[cur_conv_].p);
+  }
+  // ConvertedOutput for an op that also reads the current copy (LinearSwiGlu): its output's
+  // copy goes to the other buffer, which becomes the current one.
+  absl::StatusOr<uint16_t*> ConvertedOutputBeside(const float* out, int64_t n) {
+    RING_RETURN_IF_ERROR(ReserveConversion(n, 1 - cur_conv_));
+    cur_conv_ = 1 - cur_conv_;
+    conv_src_ = out;
+    conv_elems_ = n;
+    return static_cast<uint16_t*>(conv_[cur_conv_].p);
   }
 
-  // The bf16 conversion buffer holds at least `elems` values. Earlier buffers stay alive
-  // (graphs may name them) until the backend goes.
-  absl::Status ReserveConversion(int64_t elems) {
-    if (conv_elems_cap_ >= elems) return absl::OkStatus();
-    const int64_t want = std::max<int64_t>({elems, 2 * conv_elems_cap_, 1 << 16});
+  // Conversion buffer `slot` (default: the current one) holds at least `elems` values.
+  // Earlier buffers stay alive (graphs may name them) until the backend goes.
+  absl::Status ReserveConversion(int64_t elems, int slot = -1) {
+    ConvSlot& c = conv_[slot < 0 ? cur_conv_ : slot];
+    if (c.cap >= elems) return absl::OkStatus();
+    const int64_t want = std::max<int64_t>({elems, 2 * c.cap, 1 << 16});
     RING_ASSIGN_OR_RETURN(void* p, PoolAlloc(static_cast<size_t>(want) * 2));
     conv_bufs_.push_back(p);
-    conv_elems_cap_ = want;
+    c = ConvSlot{p, want};
     return absl::OkStatus();
   }
 
@@ -1304,9 +1342,16 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   std::vector<std::string> prev2_, prev_, cur_;  // op records of the last two steps and this one
   std::vector<HeldOp> held_;
   std::unordered_map<std::string, GraphExec> graphs_;
-  std::vector<void*> conv_bufs_;     // bf16 copies of Linear inputs; the last is current
-  int64_t conv_elems_cap_ = 0;       // values conv_bufs_.back() holds
-  const float* conv_src_ = nullptr;  // the fp32 input conv_bufs_.back() holds (null: none)
+  // bf16 copies of Linear inputs: two buffers (LinearSwiGlu reads x's copy from one and
+  // writes its output's to the other), conv_[cur_conv_] the current one.
+  struct ConvSlot {
+    void* p = nullptr;
+    int64_t cap = 0;  // values it holds
+  };
+  std::vector<void*> conv_bufs_;  // every conversion buffer made, for the destructor
+  ConvSlot conv_[2];
+  int cur_conv_ = 0;
+  const float* conv_src_ = nullptr;  // the fp32 input the current copy holds (null: none)
   int64_t conv_elems_ = 0;
   void* staging_ = nullptr;  // pinned, for Download
   size_t staging_bytes_ = 0;
