@@ -249,6 +249,7 @@ void Many(const std::vector<QuantSpec>& specs, const DeviceInfo& dev, double pro
   };
   const Group groups[] = {
       {"GLM-5.2", "q_a+kv_a+wk+wproj", 6144, {2048, 576, 128, 32}},
+      {"GLM-5.2", "q_b+indexer wq_b", 2048, {16384, 4096}},
       {"GLM-5.2", "dense gate+up", 6144, {12288, 12288}},
       {"Qwen3-8B", "q+k+v", 4096, {4096, 1024, 1024}},
       {"Qwen3-8B", "gate+up", 4096, {12288, 12288}},

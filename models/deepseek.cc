@@ -92,9 +92,11 @@ class MlaStage : public LayeredStage {
   // attention's (Backend::LinearMany): this step's keys k = wk(x), in scratch rows that each
   // sequence's cache then takes its share of (RunIndexer), so that the projections write the
   // same buffers at every position (a backend can replay them from a graph), and the head
-  // weights w = weights_proj(x).
+  // weights w = weights_proj(x). q: the indexer's queries wq_b(qr), which Attention makes in
+  // the call of q_b_proj on the same qr (one launch on CUDA) when it sets q_done.
   struct IndexerInputs {
-    Buffer k, w;
+    Buffer k, w, q;
+    bool q_done = false;
   };
   absl::StatusOr<IndexerInputs> PrepareIndexer(int64_t T) const;
   // Runs the indexer of a full layer and sets each segment's carry: dense when its context is
@@ -229,6 +231,7 @@ absl::StatusOr<MlaStage::IndexerInputs> MlaStage::PrepareIndexer(int64_t T) cons
   IndexerInputs in;
   RING_ASSIGN_OR_RETURN(in.k, b.AllocF(T * c.index_head_dim));
   RING_ASSIGN_OR_RETURN(in.w, b.AllocF(T * c.index_n_heads));
+  RING_ASSIGN_OR_RETURN(in.q, b.AllocF(T * c.index_n_heads * c.index_head_dim));
   return in;
 }
 
@@ -239,9 +242,9 @@ absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t ih = c.index_n_heads, id = c.index_head_dim;
-  RING_ASSIGN_OR_RETURN(Buffer q, b.AllocF(T * ih * id));
+  Buffer& q = in.q;
   float* k = in.k.f();
-  RING_RETURN_IF_ERROR(b.Linear(L.wq_b, qr, T, t, q.f()));
+  if (!in.q_done) RING_RETURN_IF_ERROR(b.Linear(L.wq_b, qr, T, t, q.f()));
   bool any_sparse = false;
   for (const Segment& s : segs) any_sparse = any_sparse || s.seq->position_ + s.rows > c.index_topk;
   // w = round(weights_proj(x) * heads^-0.5 * dim^-0.5), for the scores and top-k below.
@@ -333,7 +336,14 @@ absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs
   RING_RETURN_IF_ERROR(b.LinearMany(ws, x, T, t, ys));
   if (L.q_lora) {
     RING_RETURN_IF_ERROR(b.RmsNorm(qr.f(), T, *c.q_lora_rank, L.q_a_norm, 1e-6f, t, qr.f()));
-    RING_RETURN_IF_ERROR(b.Linear(L.q_b_proj, qr.f(), T, t, q.f()));
+    if (own_indexer) {
+      // The indexer's queries come from the same normed q_a rows: one call (one decode GEMV
+      // launch on CUDA for both weights).
+      RING_RETURN_IF_ERROR(b.LinearMany({&L.q_b_proj, &L.wq_b}, qr.f(), T, t, {q.f(), ix.q.f()}));
+      ix.q_done = true;
+    } else {
+      RING_RETURN_IF_ERROR(b.Linear(L.q_b_proj, qr.f(), T, t, q.f()));
+    }
   }
   for (const Segment& s : segs) {
     MlaCache& cache = CacheOf(layer, s);
