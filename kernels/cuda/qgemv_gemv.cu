@@ -651,7 +651,11 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
   const int wk = warp % warps_k, tl = warp / warps_k;
   if (pdl != 0) PdlLaunchDependents();
   const bool early = !kSmemX && pdl == 2 && p.ids == nullptr;
-  if (pdl != 0 && !early) PdlWait();
+  // The staged 4-bit affine kernel under overlap 2 (no earlier kernel writes its weights):
+  // the warp's first batch of weights is prefetched into L2 before the wait (below, once the
+  // row pointers exist), so that it arrives while the previous kernel drains and x is staged.
+  const bool prefetch = kSmemX && C::kAffine && pdl == 2 && p.ids == nullptr;
+  if (pdl != 0 && !early && !prefetch) PdlWait();
 
   const int64_t prob = blockIdx.z;
   WeightView wv = p.w;
@@ -697,6 +701,23 @@ __global__ void __launch_bounds__(kGemvMaxThreads, 1)
       wp[wr][h] = RowPtr(*vh, bh, row) + t * KW;
       sp[wr][h] = static_cast<const uint8_t*>(vh->scales) + ScaleRow(*vh, bh, row) * kScaleBytes;
     }
+  }
+  if (prefetch) {
+    // Then the wait the other staged launches do first; no registers stay held across it.
+    // (The same prefetch on the staged mxfp4 kernels made GLM-5.2 slower end to end, session
+    // 27; docs/benchmarks.md, session 30, for the affine figures.)
+    const StepRange first = WarpSteps<U>(nsteps, nslices, warps_k, wk);
+#pragma unroll
+    for (int wr = 0; wr < WR; ++wr)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (first.begin + u < first.end) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wp[wr][h] + (first.begin + u) * (4 * KW)));
+          }
+        }
+    PdlWait();
   }
   // Affine: row half h's biases sit bdelta[h] bytes after its scales (paired: up's own).
   int64_t bdelta[2] = {0, 0};
