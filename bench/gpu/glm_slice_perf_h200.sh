@@ -41,7 +41,10 @@ for b in "$@"; do
   timeout 240 "$bench" --model "$m" --prompt 2048 --decode ${DECODE:-64} --reps ${REPS:-2} \
     >> "$out/slice_$v.txt" 2>&1 || status=1
   for mode in plain marks nopdl; do
-    envs="CUDA_INJECTION64_PATH=$bundle/lib/libring_kernel_trace.so RING_KERNEL_TRACE=/tmp/trace_${v}_$mode.txt"
+    # RING_CUDA_KERNEL_COPIES=0: the step's hidden-row download as a copy-engine copy, the
+    # record glm_trace_report.py ends a step at (as a copy kernel into mapped memory, since
+    # session 22, the report found no steps).
+    envs="CUDA_INJECTION64_PATH=$bundle/lib/libring_kernel_trace.so RING_KERNEL_TRACE=/tmp/trace_${v}_$mode.txt RING_CUDA_KERNEL_COPIES=0"
     [ $mode = marks ] && envs="$envs RING_CUDA_LAYER_MARKS=1"
     [ $mode = nopdl ] && envs="$envs RING_CUDA_PDL=0"
     env $envs timeout 240 "$bench" --model "$m" --prompt 2048 --decode 32 --reps 1 \
