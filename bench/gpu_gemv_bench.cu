@@ -256,7 +256,7 @@ void Many(const std::vector<QuantSpec>& specs, const DeviceInfo& dev, double pro
       {"Qwen3-0.6B", "q+k+v", 1024, {2048, 1024, 1024}},
       {"Qwen3-0.6B", "gate+up", 1024, {3072, 3072}},
   };
-  constexpr int64_t kPdlMax = int64_t{32} << 20;
+  constexpr int64_t kPdlMax = int64_t{64} << 20;  // the CUDA backend's OverlapMaxBytes()
   std::printf("\nweights sharing x: separate launches vs one QMatmulTMany launch (us, %% of probe)\n"
               "| %-10s | %-18s | %-16s | %2s | %9s | %9s | %7s | %s\n",
               "model", "matrices", "mode", "M", "separate", "one", "speedup", "kernel");

@@ -114,14 +114,15 @@ constexpr size_t kMaxKernelDownload = size_t{64} << 10;
 constexpr size_t kDownloadArea = size_t{256} << 10;
 // Uploads up to this size go through Upload's pinned area of this size.
 constexpr size_t kMaxPinnedUpload = size_t{1} << 20;
-// A decode GEMV of one weight up to this size starts under the previous kernel (PDL):
-// RING_CUDA_PDL_MAX_MB (read once) or 64 MB, which takes GLM-5.2's o_proj (50 MB) and dense
-// down projection (38 MB) in and leaves lm_head out. gpu_gemv_bench --sweep, H200, mxfp4
-// M = 1, us without / with PDL: o_proj 20.9 / 20.0 and dense down 17.4 / 16.5 on their
-// 5-warp splits (session 28 run 1); at 32 MB with 4-warp splits raising it was within the
-// slice's spread (session 18). Launches of several weights keep 32 MB: GLM-5.2's dense
-// gate_up (75 MB) is slower with PDL (26.9 / 29.6 us), and Qwen3-8B's gate/up alone (25 MB)
-// gains nothing (14.6 / 15.3 us, affine).
+// A decode GEMV launch (one weight, or several on the same x) of up to this many weight
+// bytes starts under the previous kernel (PDL): RING_CUDA_PDL_MAX_MB (read once) or 64 MB,
+// which takes GLM-5.2's o_proj (50 MB) and dense down projection (38 MB) in and leaves
+// lm_head and its dense gate_up (75 MB, slower with PDL: 26.9 / 29.6 us) out.
+// gpu_gemv_bench --sweep, H200, mxfp4 M = 1, us without / with PDL: o_proj 20.9 / 20.0 and
+// dense down 17.4 / 16.5 on their 5-warp splits (session 28 run 1). Launches of several
+// weights had 32 MB until the staged 4-bit affine kernels prefetched under PDL: Qwen3-8B's
+// joint gate/up (56 MB) under PDL, one worker's decode step 2.660 -> 2.563 ms (affine) and
+// 2.583 -> 2.481 ms (mxfp4), 36 layers, the same rounds (session 30 runs 8, 9).
 int64_t OverlapMaxBytes() {
   static const int64_t bytes = [] {
     const char* v = std::getenv("RING_CUDA_PDL_MAX_MB");
@@ -130,7 +131,6 @@ int64_t OverlapMaxBytes() {
   }();
   return bytes;
 }
-constexpr int64_t kOverlapManyMaxBytes = int64_t{32} << 20;
 // Executable graphs kept; past this the cache is emptied at the next EndStep.
 constexpr size_t kMaxGraphs = 4096;
 // Distinct sequence positions a step can hand its kernels on the device (one per sequence
@@ -640,7 +640,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       NoteOutput(x, span, ys[i], m * ds[i]->rows);
       rec.Add(ds[i], ys[i]);
     }
-    const int overlap = packed <= kOverlapManyMaxBytes ? 2 : 0;
+    const int overlap = packed <= OverlapMaxBytes() ? 2 : 0;
     rec.Add(overlap);
     std::vector<float*> yv(ys.begin(), ys.end());
     return Submit(rec.Take(), [=, this]() -> absl::Status {
@@ -656,7 +656,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     if (m > 8 || t != ActDType::kBF16 || !cuda::FusedSwiGluEnabled()) return false;
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
-    const int overlap = PackedBytes(*g) + PackedBytes(*u) <= kOverlapManyMaxBytes ? 2 : 0;
+    const int overlap = PackedBytes(*g) + PackedBytes(*u) <= OverlapMaxBytes() ? 2 : 0;
     cuda::QMatmulArgs probe = Bf16Args(nullptr, m, overlap);
     probe.y = out;
     // Refused (FailedPrecondition) where the launch would not take the column split.
