@@ -236,9 +236,9 @@ void Sweep(const std::vector<Shape>& shapes, const std::vector<QuantSpec>& specs
 }
 
 // Weights that share x (GLM-5.2's x projections, q/k/v, gate/up): one launch per matrix in
-// a row, as a decode step issued them (PDL overlap 2 where each matrix is <= 32 MB, as the
+// a row, as a decode step issued them (PDL overlap 2 where each matrix is <= 64 MB, as the
 // CUDA backend does), against one QMatmulTMany launch for all of them (PDL where the total is
-// <= 32 MB).
+// <= 64 MB, as the backend does since session 30).
 void Many(const std::vector<QuantSpec>& specs, const DeviceInfo& dev, double probe,
           const DeviceBuffer& x, DeviceBuffer& y, cudaStream_t st, int iters) {
   struct Group {
