@@ -73,6 +73,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -657,10 +658,17 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* g, Weight(gate));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
     const int overlap = PackedBytes(*g) + PackedBytes(*u) <= OverlapMaxBytes() ? 2 : 0;
-    cuda::QMatmulArgs probe = Bf16Args(nullptr, m, overlap);
-    probe.y = out;
-    // Refused (FailedPrecondition) where the launch would not take the column split.
-    if (!cuda::DescribeQmmSwiGlu(*g, *u, probe).ok()) return false;
+    // Refused (FailedPrecondition) where the launch would not take the column split; asked
+    // once per weight pair and row count, not at every step.
+    const auto key = std::make_tuple(g, u, m);
+    auto fits = swiglu_fits_.find(key);
+    if (fits == swiglu_fits_.end()) {
+      cuda::QMatmulArgs probe = Bf16Args(nullptr, m, overlap);
+      alignas(16) static float dummy_y[4];
+      probe.y = dummy_y;
+      fits = swiglu_fits_.emplace(key, cuda::DescribeQmmSwiGlu(*g, *u, probe).ok()).first;
+    }
+    if (!fits->second) return false;
     const int64_t span = m * g->cols, n = m * g->rows;
     uint16_t* xb = nullptr;
     bool reuse = false;
@@ -1342,6 +1350,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   std::vector<std::string> prev2_, prev_, cur_;  // op records of the last two steps and this one
   std::vector<HeldOp> held_;
   std::unordered_map<std::string, GraphExec> graphs_;
+  // LinearSwiGlu: whether the fused launch takes (gate, up) at m rows.
+  std::map<std::tuple<const cuda::DeviceQuantWeight*, const cuda::DeviceQuantWeight*, int64_t>, bool>
+      swiglu_fits_;
   // bf16 copies of Linear inputs: two buffers (LinearSwiGlu reads x's copy from one and
   // writes its output's to the other), conv_[cur_conv_] the current one.
   struct ConvSlot {
