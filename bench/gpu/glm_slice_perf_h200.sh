@@ -10,7 +10,10 @@
 # kernel's traced duration includes the time it waits for its predecessor, so only the
 # PDL-off trace gives each kernel's own time (the busy time is the same).
 #
-#   bench/gpu/glm_slice_perf_h200.sh BUNDLE [BUNDLE...]
+#   [PROMPT=2048] [REPS=2] [DECODE=64] [MODES="plain marks nopdl"] \
+#     bench/gpu/glm_slice_perf_h200.sh BUNDLE [BUNDLE...]
+# PROMPT sets the long prompt (the context the decode steps run at); MODES the trace runs
+# (empty: timing only).
 # Each BUNDLE (deploy/bundle.sh) holds bin/glm_slice_bench, bin/ringctl (for synth) and
 # lib/libring_kernel_trace.so + lib/libcupti.so.13; the report script sits beside this one.
 # Output under $OUT: slice_<bundle>.txt (timing), trace_<bundle>.txt (reports).
@@ -38,16 +41,16 @@ for b in "$@"; do
   bench=$bundle/bin/glm_slice_bench
   export LD_LIBRARY_PATH="$bundle/lib"
   echo "== $v: timing" | tee -a "$out/slice_$v.txt"
-  timeout 240 "$bench" --model "$m" --prompt 2048 --decode ${DECODE:-64} --reps ${REPS:-2} \
+  timeout 240 "$bench" --model "$m" --prompt ${PROMPT:-2048} --decode ${DECODE:-64} --reps ${REPS:-2} \
     >> "$out/slice_$v.txt" 2>&1 || status=1
-  for mode in plain marks nopdl; do
+  for mode in ${MODES-plain marks nopdl}; do
     # RING_CUDA_KERNEL_COPIES=0: the step's hidden-row download as a copy-engine copy, the
     # record glm_trace_report.py ends a step at (as a copy kernel into mapped memory, since
     # session 22, the report found no steps).
     envs="CUDA_INJECTION64_PATH=$bundle/lib/libring_kernel_trace.so RING_KERNEL_TRACE=/tmp/trace_${v}_$mode.txt RING_CUDA_KERNEL_COPIES=0"
     [ $mode = marks ] && envs="$envs RING_CUDA_LAYER_MARKS=1"
     [ $mode = nopdl ] && envs="$envs RING_CUDA_PDL=0"
-    env $envs timeout 240 "$bench" --model "$m" --prompt 2048 --decode 32 --reps 1 \
+    env $envs timeout 240 "$bench" --model "$m" --prompt ${PROMPT:-2048} --decode 32 --reps 1 \
       > "/tmp/bench_${v}_$mode.txt" 2>&1 || status=1
     echo "== $v: kernel trace ($mode)" >> "$out/trace_$v.txt"
     grep -E "^(prefill|decode|  decode)" "/tmp/bench_${v}_$mode.txt" >> "$out/trace_$v.txt"

@@ -11,16 +11,22 @@
 // TopKRowsKernel: see indexer.cuh.
 #include "kernels/cuda/indexer.cuh"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/act_round.cuh"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/qgemv_internal.cuh"
 #include "kernels/cuda/quant_decode.cuh"
 #include "kernels/cuda/warp_scan.cuh"
 #include "kernels/status.h"
@@ -207,6 +213,178 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   }
 }
 
+// IndexerScoresMmaKernel: the scores with bf16 activations on the tensor cores, for prefill
+// rows and for the decode row (T = 1: blocks split the keys, tiles_per_block each; the key
+// count may come from the device, as IndexerScoresDecodeKernel's). q and the keys hold bf16 values then, so their bf16 copies are exact and so is every
+// product of the mma; only a dot's fp32 summation order differs from the reference's (as it
+// does in IndexerScoresKernel). A block takes kIdxRows (query row, head) pairs in q's memory
+// order, i.e. kIdxRows / heads whole query rows, and walks the keys in tiles of kIdxKeys up to
+// its last row's causal limit. Warp w holds the pairs [16 w, 16 w + 16) as mma A fragments for
+// the whole walk (read once from q and converted); a tile's fp32 key rows are loaded into
+// registers while the previous tile is used, then stored as bf16 into shared memory, where
+// the B fragments come from by ldmatrix. Each dot gets the reference's roundings in
+// registers (round, relu, round(* w_h)) and lands, bf16-exact, in a [kIdxRows][kIdxKeys]
+// tile, from which thread (query row, key) sums its heads in head order (T > 1: each partial
+// sum rounded; T = 1: an fp32 sum rounded once). Keys past a block's causal limit are
+// written -inf without being read. The fp32 kernel above ran the ~2.2 TFLOP of a GLM-5.2
+// layer's 16k-token prompt on the CUDA cores: 0.87 s a layer on the H200, this one 8 ms.
+constexpr int kIdxRows = 128;  // (query row, head) pairs a block: 8 warps x 16
+constexpr int kIdxKeys = 64;   // keys a tile
+constexpr int kIdxDim = 128;   // index head dim (GLM-5, DeepSeek-V3.2)
+constexpr int kIdxWarps = kIdxRows / 16;
+constexpr int kIdxKst = kIdxDim + 8;   // bf16 key row stride: ldmatrix rows on distinct banks
+constexpr int kIdxSst = kIdxKeys + 8;  // bf16 score row stride
+constexpr size_t kIdxSmem = sizeof(uint16_t) * (kIdxKeys * kIdxKst + kIdxRows * kIdxSst);
+constexpr int kIdxLoads = kIdxKeys * kIdxDim / 4 / (kIdxWarps * 32);  // float4 a thread a tile
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  return qdec::F32ToBf16Bits(lo) | (qdec::F32ToBf16Bits(hi) << 16);
+}
+
+__global__ void __launch_bounds__(kIdxWarps * 32, 2)
+    IndexerScoresMmaKernel(cpu::IndexerArgs a, const int32_t* pos_at, int tiles_per_block,
+                           float* scores) {
+  PdlBegin();
+  // With the position on the device (one row): a.S is the grid's bound, the row has
+  // *pos_at + 1 keys.
+  if (pos_at != nullptr) {
+    a.S = LoadProduced(pos_at) + 1;
+    a.offset = a.S - 1;
+  }
+  extern __shared__ __align__(16) uint16_t ism[];
+  uint16_t* kt = ism;                        // [kIdxKeys][kIdxKst]
+  uint16_t* st = ism + kIdxKeys * kIdxKst;   // [kIdxRows][kIdxSst]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int heads = static_cast<int>(a.heads);
+  const int R = kIdxRows / heads;  // query rows a block
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * R;
+  const int64_t pairs = a.T * a.heads;
+  const int64_t p0 = r0 * heads;  // the block's first (row, head) pair
+  const int64_t r_last = min(a.T - 1, r0 + R - 1);
+  const int64_t j_end = min(a.S, a.offset + r_last + 1);  // keys any of the rows sees
+  const int tiles = static_cast<int>((j_end + kIdxKeys - 1) / kIdxKeys);
+  const int t_begin = static_cast<int>(blockIdx.y) * tiles_per_block;
+  const int t_end = min(tiles, t_begin + tiles_per_block);
+  if (t_begin >= tiles) return;  // a decode block past the row's keys
+  // Warps whose 16 pairs are all past the last one (a decode row's 32 heads fill 2 of 8)
+  // only stage keys.
+  const bool live = 16 * warp < pairs - p0;
+  // A fragments of pairs pa = p0 + 16 warp + g and pb = pa + 8 (zero past the last pair).
+  const int64_t pa = p0 + 16 * warp + g, pb = pa + 8;
+  uint32_t af[kIdxDim / 16][4];
+  {
+    const float* qa = a.q + pa * kIdxDim + 2 * t4;
+    const float* qb = a.q + pb * kIdxDim + 2 * t4;
+#pragma unroll
+    for (int ks = 0; ks < kIdxDim / 16; ++ks) {
+      const float2 z = make_float2(0.f, 0.f);
+      const float2 x0 = pa < pairs ? *reinterpret_cast<const float2*>(qa + 16 * ks) : z;
+      const float2 x1 = pb < pairs ? *reinterpret_cast<const float2*>(qb + 16 * ks) : z;
+      const float2 x2 = pa < pairs ? *reinterpret_cast<const float2*>(qa + 16 * ks + 8) : z;
+      const float2 x3 = pb < pairs ? *reinterpret_cast<const float2*>(qb + 16 * ks + 8) : z;
+      af[ks][0] = PackBf16x2(x0.x, x0.y);
+      af[ks][1] = PackBf16x2(x1.x, x1.y);
+      af[ks][2] = PackBf16x2(x2.x, x2.y);
+      af[ks][3] = PackBf16x2(x3.x, x3.y);
+    }
+  }
+  const float wa = pa < pairs ? a.w[pa] : 0.f, wb = pb < pairs ? a.w[pb] : 0.f;
+  constexpr cpu::ActDType kRt = cpu::ActDType::kBF16;
+  float4 kr[kIdxLoads];
+  auto load_tile = [&](int tile) {
+#pragma unroll
+    for (int u = 0; u < kIdxLoads; ++u) {
+      const int f = tid + u * kIdxWarps * 32, key = f / (kIdxDim / 4), c4 = f % (kIdxDim / 4);
+      const int64_t j = static_cast<int64_t>(tile) * kIdxKeys + key;
+      kr[u] = j < a.S ? reinterpret_cast<const float4*>(a.keys + j * kIdxDim)[c4]
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  load_tile(t_begin);
+  for (int tile = t_begin; tile < t_end; ++tile) {
+    // The key tile was last read before the previous barrier; the score tile is rewritten
+    // only after the next one, once every thread has summed its previous contents.
+#pragma unroll
+    for (int u = 0; u < kIdxLoads; ++u) {
+      const int f = tid + u * kIdxWarps * 32, key = f / (kIdxDim / 4), c4 = f % (kIdxDim / 4);
+      *reinterpret_cast<uint2*>(kt + key * kIdxKst + 4 * c4) =
+          make_uint2(PackBf16x2(kr[u].x, kr[u].y), PackBf16x2(kr[u].z, kr[u].w));
+    }
+    __syncthreads();
+    if (tile + 1 < t_end) load_tile(tile + 1);
+    // Per n8 tile of keys: the dots (c0, c1: pair pa, keys 2 t4 and 2 t4 + 1 of the tile; c2,
+    // c3: pair pb), then their roundings into the score tile.
+    uint16_t* sa = st + (16 * warp + g) * kIdxSst + 2 * t4;
+    uint16_t* sb = sa + 8 * kIdxSst;
+#pragma unroll
+    for (int nt = 0; nt < (live ? kIdxKeys / 8 : 0); ++nt) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint16_t* rows = kt + (nt * 8 + (lane & 7)) * kIdxKst + 8 * (lane >> 3);
+#pragma unroll
+      for (int ks = 0; ks < kIdxDim / 16; ks += 2) {
+        uint32_t b[4];
+        internal::LdMatrixX4<false>(b, rows + ks * 16);
+        internal::MmaBf16(acc, af[ks][0], af[ks][1], af[ks][2], af[ks][3], b[0], b[1]);
+        internal::MmaBf16(acc, af[ks + 1][0], af[ks + 1][1], af[ks + 1][2], af[ks + 1][3], b[2],
+                          b[3]);
+      }
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float d = fmaxf(DevRoundAct(acc[i], kRt), 0.f);
+        v[i] = DevRoundAct(d * (i < 2 ? wa : wb), kRt);
+      }
+      *reinterpret_cast<uint32_t*>(sa + nt * 8) = PackBf16x2(v[0], v[1]);
+      *reinterpret_cast<uint32_t*>(sb + nt * 8) = PackBf16x2(v[2], v[3]);
+    }
+    __syncthreads();
+    const int64_t j0 = static_cast<int64_t>(tile) * kIdxKeys;
+    for (int o = tid; o < R * kIdxKeys; o += kIdxWarps * 32) {
+      const int r = o / kIdxKeys, n = o % kIdxKeys;
+      const int64_t row = r0 + r, j = j0 + n;
+      if (row >= a.T || j >= a.S) continue;
+      float tot = -INFINITY;
+      if (j <= a.offset + row) {
+        const uint16_t* col = st + r * heads * kIdxSst + n;
+        tot = qdec::Bf16ToF32(col[0]);
+        if (a.T > 1) {
+          for (int h = 1; h < heads; ++h) tot = DevRoundAct(tot + qdec::Bf16ToF32(col[h * kIdxSst]), kRt);
+        } else {
+          for (int h = 1; h < heads; ++h) tot += qdec::Bf16ToF32(col[h * kIdxSst]);
+          tot = DevRoundAct(tot, kRt);
+        }
+      }
+      scores[row * a.S + j] = tot;
+    }
+  }
+  // Keys past the causal limit of every row of the block (prefill: one block walks them all).
+  if (t_end < tiles || a.T == 1) return;
+  for (int r = 0; r < R && r0 + r < a.T; ++r) {
+    float* srow = scores + (r0 + r) * a.S;
+    for (int64_t j = static_cast<int64_t>(tiles) * kIdxKeys + tid; j < a.S; j += kIdxWarps * 32) {
+      srow[j] = -INFINITY;
+    }
+  }
+}
+
+bool IndexerMmaEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RING_CUDA_INDEXER_MMA");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// Where IndexerScoresMmaKernel computes the scores of a prefill call.
+bool IndexerTakesMma(const cpu::IndexerArgs& a, cpu::ActDType round, const DeviceInfo& dev) {
+  return IndexerMmaEnabled() && round == cpu::ActDType::kBF16 && a.dim == kIdxDim &&
+         a.heads >= 16 && a.heads % 16 == 0 && kIdxRows % a.heads == 0 && dev.cc >= 80 &&
+         reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0 &&
+         static_cast<int64_t>(kIdxSmem) <= dev.smem_per_block_optin &&
+         (a.T * a.heads + kIdxRows - 1) / kIdxRows <= 0x7fffffff &&
+         (a.T > 1 || (a.S + kIdxKeys - 1) / kIdxKeys <= 65535);
+}
+
 // Exclusive block scan of a pair of ints per thread (component-wise). Two barriers.
 __device__ int2 BlockExclusiveScan2(int2 v, int2* sh /* [32] */) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -332,6 +510,153 @@ __global__ void __launch_bounds__(kTopKThreads)
   }
 }
 
+// TopKRowsClusterKernel: TopKRowsKernel's selection for a row on a thread-block cluster of
+// kTopKCluster blocks (sm_90+), for long decode rows: one block walked a 16k-key row in ~36 us
+// on the H200, the histogram passes one SM's work. Block b keeps the contiguous slice b of
+// the row in its shared memory; each pass histograms the slices, and every block sums the
+// cluster's histograms in rank order (distributed shared memory) and picks the same digit.
+// The skip of bytes every key shares uses the cluster's OR and AND. The compaction places a
+// block's keys after the lower ranks' larger and equal counts, so the output is the same
+// index-ordered set.
+constexpr int kTopKCluster = 8;
+// Rows at least this long (the launch's bound) take the cluster kernel.
+constexpr int64_t kTopKClusterMinKeys = 4096;
+
+__global__ void __launch_bounds__(kTopKThreads)
+    TopKRowsClusterKernel(const float* scores, int64_t n, int64_t k, const int32_t* pos_at,
+                          int32_t* out) {
+  namespace cg = cooperative_groups;
+  PdlBegin();
+  if (pos_at != nullptr) n = LoadProduced(pos_at) + 1;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  // A compile-time count, so that the loops over the cluster's shared memory unroll and
+  // their remote loads are in flight together (one after another they cost ~1 us a loop).
+  constexpr int blocks = kTopKCluster;
+  __shared__ unsigned hist[2][256];
+  __shared__ unsigned tot[256];
+  __shared__ uint32_t s_or, s_and, s_prefix;
+  __shared__ int64_t s_need;
+  __shared__ int2 s_cnt;  // this block's (larger, equal) counts, read by the higher ranks
+  __shared__ int2 scan_sh[32];
+  extern __shared__ uint32_t cache[];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t row = blockIdx.x / blocks;
+  const float* x = scores + row * n;
+  int32_t* o = out + row * k;
+  // 32-bit positions: n < 2^31 (TopKRows checks).
+  const int n32 = static_cast<int>(n);
+  const int per = (n32 + blocks - 1) / blocks;
+  const int begin = min(n32, rank * per), end = min(n32, begin + per), len = end - begin;
+  for (int i = tid; i < 512; i += blockDim.x) (&hist[0][0])[i] = 0;
+  uint32_t kor = 0u, kand = ~0u;
+#pragma unroll 4
+  for (int j = tid; j < len; j += blockDim.x) {
+    const uint32_t key = OrderKey(x[begin + j]);
+    cache[j] = key;
+    kor |= key;
+    kand &= key;
+  }
+  if (tid == 0) {
+    s_or = 0u;
+    s_and = ~0u;
+  }
+  __syncthreads();
+  kor = __reduce_or_sync(0xffffffffu, kor);
+  kand = __reduce_and_sync(0xffffffffu, kand);
+  if (lane == 0) {
+    atomicOr(&s_or, kor);
+    atomicAnd(&s_and, kand);
+  }
+  cluster.sync();  // every slice cached, every block's OR / AND and zeroed histograms ready
+  uint32_t all_or = 0u, all_and = ~0u;
+#pragma unroll
+  for (int r = 0; r < blocks; ++r) {
+    all_or |= *cluster.map_shared_rank(&s_or, r);
+    all_and &= *cluster.map_shared_rank(&s_and, r);
+  }
+  const uint32_t same_bits = ~(all_or ^ all_and);
+  uint32_t prefix = 0, mask = 0;
+  int64_t need = k;
+  int cur = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    if (((same_bits >> shift) & 255u) == 255u) {
+      prefix |= all_and & (255u << shift);
+      mask |= 255u << shift;
+      continue;
+    }
+    for (int b = tid - lane; b < len; b += blockDim.x) {
+      const int j = b + lane;
+      const uint32_t key = j < len ? cache[j] : 0u;
+      WarpHistogramAdd(hist[cur], (key >> shift) & 255u, j < len && (key & mask) == prefix);
+    }
+    // Every slice's histogram is complete. This buffer is next cleared two passes on, after
+    // the next pass's sync, which every block reaches only once its reads below are done.
+    cluster.sync();
+    for (int d = tid; d < 256; d += blockDim.x) {
+      unsigned c = 0;
+#pragma unroll
+      for (int r = 0; r < blocks; ++r) c += cluster.map_shared_rank(hist[cur], r)[d];
+      tot[d] = c;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      DigitPick d;
+      if (PickDigitFromTop(tot, need, &d)) {
+        s_prefix = prefix | (static_cast<uint32_t>(d.digit) << shift);
+        s_need = d.rank;
+      }
+    } else {
+      for (int i = tid - 32; i < 256; i += blockDim.x - 32) hist[cur ^ 1][i] = 0;
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    need = s_need;
+    mask |= 255u << shift;
+    cur ^= 1;
+  }
+  // As TopKRowsKernel's compaction, after the lower ranks' counts.
+  const int tper = (len + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
+  const int j0 = min(len, tid * tper), j1 = min(len, j0 + tper);
+  int2 cnt = make_int2(0, 0);
+  for (int j = j0; j < j1; ++j) {
+    cnt.x += cache[j] > prefix;
+    cnt.y += cache[j] == prefix;
+  }
+  const int2 before = BlockExclusiveScan2(cnt, scan_sh);
+  if (tid == static_cast<int>(blockDim.x) - 1) s_cnt = make_int2(before.x + cnt.x, before.y + cnt.y);
+  cluster.sync();
+  int64_t gt = before.x, eq = before.y;
+#pragma unroll
+  for (int r = 0; r < blocks; ++r) {
+    if (r < rank) {
+      const int2 c = *cluster.map_shared_rank(&s_cnt, r);
+      gt += c.x;
+      eq += c.y;
+    }
+  }
+  for (int j = j0; j < j1; ++j) {
+    const uint32_t key = cache[j];
+    if (key > prefix) {
+      o[gt + min(eq, need)] = begin + j;
+      ++gt;
+    } else if (key == prefix) {
+      if (eq < need) o[gt + eq] = begin + j;
+      ++eq;
+    }
+  }
+  cluster.sync();  // no block leaves while another may read its shared memory
+}
+
+bool TopKClusterEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RING_CUDA_TOPK_CLUSTER");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 }  // namespace
 
 absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, int32_t* out,
@@ -350,6 +675,22 @@ absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, i
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
   const int64_t cap = std::max<int64_t>(0, ((*dev)->smem_per_block_optin - 8 * 1024) / 4);
+  // Long rows, few of them (decode): a cluster per row, each block caching a slice.
+  const int64_t slice = (n + kTopKCluster - 1) / kTopKCluster;
+  if (TopKClusterEnabled() && (*dev)->cc >= 90 && n >= kTopKClusterMinKeys && slice <= cap &&
+      rows * kTopKCluster <= (*dev)->sm_count) {
+    const size_t csmem = static_cast<size_t>(slice) * 4;
+    if (csmem > 48 * 1024) {
+      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(TopKRowsClusterKernel,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(csmem)));
+    }
+    RING_CUDA_RETURN_IF_ERROR(LaunchPdlRaw(TopKRowsClusterKernel,
+                                           dim3(static_cast<unsigned>(rows * kTopKCluster)),
+                                           dim3(kTopKThreads), csmem, stream, kTopKCluster, scores,
+                                           n, k, pos_at, out));
+    return absl::OkStatus();
+  }
   const size_t smem = n <= cap ? static_cast<size_t>(n) * 4 : 0;
   if (smem > 48 * 1024) {
     RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
@@ -394,6 +735,25 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
   }
   RING_ASSIGN_OR_RETURN(StreamBuffer scores,
                         StreamBuffer::Allocate(a.T * a.S * sizeof(float), stream));
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  if (!dev.ok()) return dev.status();
+  if (IndexerTakesMma(a, round, **dev)) {
+    if (kIdxSmem > 48 * 1024) {
+      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresMmaKernel,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(kIdxSmem)));
+    }
+    // Prefill: a block walks every key tile of its rows. Decode: a key tile a block (the
+    // grid sized for a.S, the bound when the count is on the device).
+    const int64_t blocks = (a.T * a.heads + kIdxRows - 1) / kIdxRows;
+    const int64_t key_tiles = (a.S + kIdxKeys - 1) / kIdxKeys;
+    const bool split = a.T == 1;
+    RING_LAUNCH_PDL(IndexerScoresMmaKernel,
+                    dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(split ? key_tiles : 1)),
+                    kIdxWarps * 32, kIdxSmem, stream, a, pos_at,
+                    static_cast<int>(split ? 1 : key_tiles), scores.as<float>());
+    return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream, pos_at);
+  }
   if (IndexerTakesDevicePos(a)) {
     const size_t dsmem = IndexerDecodeSmem(a.heads, a.dim);
     if (dsmem > 48 * 1024) {

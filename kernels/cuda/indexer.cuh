@@ -2,7 +2,11 @@
 //
 // The DSA lightning indexer's selection on the GPU (cpu::IndexerTopK, kernels/cpu/
 // model_ops.h): per query row the head-weighted relu scores over every cached key, with the
-// reference's rounding points and head summation order, then the top-k positions.
+// reference's rounding points and head summation order, then the top-k positions. With bf16
+// activations and 128-dim heads (16, 32, 64 or 128 of them: GLM-5, DeepSeek-V3.2) the dot
+// products run on the tensor cores (exact products of bf16 values, fp32 sums), for prefill
+// rows and the decode row alike; otherwise on the CUDA cores. RING_CUDA_INDEXER_MMA=0 keeps
+// the CUDA-core kernels (A/B runs).
 //
 //   TopKRows: per row of scores [rows, n] the k largest values (ties: lower index), written
 //   in ascending index order (the set cpu::TopKIndices returns). A radix select over the
@@ -10,8 +14,9 @@
 //   pass is skipped where all keys share the byte, as bf16 scores do in the last two; a
 //   row's keys stay in shared memory when they fit, ~56k of them on an H200) finds the k-th
 //   largest value; a block-wide ordered compaction then writes every index above it and the
-//   lowest-indexed ties. -0.0 and +0.0 are the same value; NaN is not expected (masked keys
-//   are -inf).
+//   lowest-indexed ties. Rows of 4096 keys or more, when few (decode), run on a thread-block
+//   cluster of 8 blocks a row (sm_90+), each holding a slice (RING_CUDA_TOPK_CLUSTER=0: one
+//   block). -0.0 and +0.0 are the same value; NaN is not expected (masked keys are -inf).
 #ifndef RINGSERVE_KERNELS_CUDA_INDEXER_CUH_
 #define RINGSERVE_KERNELS_CUDA_INDEXER_CUH_
 

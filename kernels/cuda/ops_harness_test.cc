@@ -2560,11 +2560,16 @@ TEST_F(GpuTest, TopKRows) {
     int64_t rows, n, k, levels;
   };
   // Decode rows (2049..2112 of k 2048), long rows, and one past the shared-memory cache
-  // (70000 keys; ~56k fit on an H200).
+  // (70000 keys; ~56k fit on an H200). Rows of 4096 keys or more, up to 16 of them, take
+  // a cluster a row (TopKRowsClusterKernel; sm_90+): k = n, k = 1, ties across the
+  // blocks' slices (2 levels), a length off the cluster size; 17 rows keep the one-block
+  // kernel on long rows, cached and not.
   for (S s : {S{3, 100, 10, 0}, S{4, 5000, 2048, 0}, S{2, 3000, 64, 7}, S{5, 257, 256, 3},
               S{1, 70000, 2048, 50}, S{2, 16, 16, 0}, S{1, 2049, 2048, 0}, S{1, 2112, 2048, 5},
               S{1, 40000, 2048, 0}, S{1, 100000, 2048, 0},
-              S{2, 8192, 2048, 9}, S{2, 8193, 4000, 0}}) {
+              S{2, 8192, 2048, 9}, S{2, 8193, 4000, 0}, S{1, 4096, 4096, 0}, S{1, 9001, 1, 0},
+              S{1, 30003, 2048, 2}, S{16, 16384, 2048, 0}, S{17, 5000, 2048, 0},
+              S{17, 70000, 2048, 50}}) {
     std::mt19937 rng(1200 + s.n);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> x(s.rows * s.n);
@@ -2597,10 +2602,15 @@ TEST_F(GpuTest, IndexerTopK) {
   // 64 heads (DeepSeek-V3.2's indexer) and 40; dim 320: past the prefill score kernel's key
   // registers (kKeyRegs), so the keys are read from memory per head. Decode rows (T = 1,
   // IndexerScoresDecodeKernel): GLM-5.2's 32 x 128 over 2064 keys, a partial last block of
-  // keys, and 40 x 320 (its shared memory past 48 KB).
+  // keys, and 40 x 320 (its shared memory past 48 KB). Prefill rows with bf16 activations and
+  // 16 / 32 / 64 heads of 128 dims (IndexerScoresMmaKernel): several blocks with a partial
+  // last one, rows that see fewer than K keys (offset 0), key tiles past a block's causal
+  // limit, a key count off the 64-key tile.
   for (S s : {S{1, 299, 4, 32, 64}, S{5, 60, 8, 64, 16}, S{7, 0, 4, 32, 4},
               S{2, 4999, 32, 128, 2048}, S{3, 2045, 32, 128, 2048}, S{1, 3000, 64, 128, 2048},
-              S{2, 300, 40, 320, 64}, S{1, 2063, 32, 128, 2048}, S{1, 700, 40, 320, 64}}) {
+              S{2, 300, 40, 320, 64}, S{1, 2063, 32, 128, 2048}, S{1, 700, 40, 320, 64},
+              S{37, 100, 64, 128, 64}, S{130, 0, 32, 128, 32}, S{9, 500, 16, 128, 128},
+              S{301, 2000, 32, 128, 2048}}) {
     for (cpu::ActDType t : kActs) {
       const int64_t Sn = s.offset + s.T;
       std::mt19937 rng(1300 + Sn);
@@ -2647,7 +2657,8 @@ TEST_F(GpuTest, IndexerTopKDevicePos) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (const S& s : {S{4096, 32, 128, 2048, {2049, 2101, 4096, 3001}},
-                     S{1024, 40, 320, 64, {700, 65, 1024}}}) {
+                     S{1024, 40, 320, 64, {700, 65, 1024}},
+                     S{32768, 32, 128, 2048, {16385, 32768, 20001}}}) {
     for (cpu::ActDType t : kActs) {
       std::mt19937 rng(1310 + s.bound);
       std::uniform_int_distribution<int> u(-8, 8);

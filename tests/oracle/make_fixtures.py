@@ -276,6 +276,19 @@ FIXTURES = [
         ],
     ),
     dict(
+        name="glm5_indexer128_mxfp4",
+        seed=3331,
+        config=_glm_cfg(vocab_size=320, index_n_heads=16, index_head_dim=128),
+        quant=dict(q_mode="mxfp4"),
+        prompt_len=24,
+        prefill_chunk=24,
+        covers=[
+            "glm_moe_dsa, mxfp4, the DSA indexer at its real per-head width (16 heads x 128 "
+            "dims; GLM-5 has 32 x 128): the CUDA backend's tensor-core indexer scores in "
+            "prefill (24 rows, S=24 > index_topk 8) and in the decode steps",
+        ],
+    ),
+    dict(
         name="dsv32_mxfp8_yarn_group",
         seed=3223,
         config=_dsv32_cfg(rope_scaling=dict(YARN_DSV3)),
