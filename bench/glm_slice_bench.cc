@@ -17,7 +17,10 @@
 // bench/gpu/glm_trace_report.py does that and the 78-layer extrapolation.
 //
 //   glm_slice_bench --model DIR [--device cuda] [--prompt 2048] [--decode 64] [--short 16]
-//                   [--reps 3] [--no-probe] [--grouped-tile N]
+//                   [--reps 3] [--chunk N] [--no-probe] [--grouped-tile N]
+// --chunk N prefills the long prompt in steps of N tokens, as ring-server does (its
+// prefill_chunk, 512 by default); 0 (default): one step, which the kernel-trace report
+// (bench/gpu/glm_trace_report.py) assumes.
 // --grouped-tile N forces the prefill GEMM's tile N for the grouped (MoE expert) launches
 // only (TEST_SetGroupedGemmTile: 0..2 one tile, 3 the automatic large + small split;
 // tuning aid).
@@ -44,7 +47,7 @@ namespace {
 
 struct Options {
   std::string model, device = "cuda";
-  int prompt = 2048, decode = 64, short_prompt = 16, reps = 3;
+  int prompt = 2048, decode = 64, short_prompt = 16, reps = 3, chunk = 0;
   bool probe = true;
 };
 
@@ -140,6 +143,7 @@ int main(int argc, char** argv) {
     else if (a == "--decode") o.decode = num();
     else if (a == "--short") o.short_prompt = num();
     else if (a == "--reps") o.reps = std::max(1, num());
+    else if (a == "--chunk") o.chunk = num();
     else if (a == "--no-probe") o.probe = false;
 #if RING_HAVE_CUDA
     else if (a == "--grouped-tile") ring::cuda::TEST_SetGroupedGemmTile(num());
@@ -214,7 +218,10 @@ int main(int argc, char** argv) {
   for (int r = 0; r <= o.reps; ++r) {
     seq = st->NewSequence();
     const double t0 = NowMs();
-    Step(*st, *seq, prompt);
+    const size_t chunk = o.chunk > 0 ? static_cast<size_t>(o.chunk) : prompt.size();
+    for (size_t b = 0; b < prompt.size(); b += chunk) {
+      Step(*st, *seq, std::vector<int32_t>(prompt.begin() + b, prompt.begin() + std::min(prompt.size(), b + chunk)));
+    }
     const double ms = NowMs() - t0;
     std::printf("prefill %d tokens%s: %.1f ms (%.0f tok/s)\n", o.prompt, r == 0 ? " (warm-up)" : "",
                 ms, 1e3 * o.prompt / ms);

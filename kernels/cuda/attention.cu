@@ -857,11 +857,7 @@ bool MmaTakes(const AttentionParams& p, cpu::ActDType round, const DeviceInfo& d
 template <int DK, int DVC, int RD>
 absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
   const size_t smem = AttentionMmaSmem<DK, DVC, RD>();
-  if (smem > 48 * 1024) {
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionMmaKernel<DK, DVC, RD>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem)));
-  }
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(AttentionMmaKernel<DK, DVC, RD>, smem));
   // K and V as bf16, head-major: [hkv][S][DK] and [hkv][S][dv] (exact: they hold bf16
   // values); with RD, the rope keys [S][RD] after them.
   const int64_t kn = p.hkv * p.S * DK, vn = p.hkv * p.S * p.dv, pn = RD > 0 ? p.S * RD : 0;
@@ -1655,10 +1651,7 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
       static_cast<int64_t>(tile_smem) <= (*dev)->smem_per_block_optin) {
     const void* fn = vec ? reinterpret_cast<const void*>(AttentionTileKernel<true>)
                          : reinterpret_cast<const void*>(AttentionTileKernel<false>);
-    if (tile_smem > 48 * 1024) {
-      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-          fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile_smem)));
-    }
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(fn, tile_smem));
     const dim3 grid(static_cast<unsigned>((p.L + kTileQ - 1) / kTileQ), static_cast<unsigned>(p.hq));
     if (vec) {
       AttentionTileKernel<true><<<grid, 256, tile_smem, stream>>>(p, round);
@@ -1708,10 +1701,7 @@ absl::Status Attention(const AttentionParams& p, cpu::ActDType round, cudaStream
   const size_t smem = (p.dk + warps * (p.dv + 2)) * sizeof(float);
   const void* fn = wide ? reinterpret_cast<const void*>(AttentionKernel<kWideWarps>)
                         : reinterpret_cast<const void*>(AttentionKernel<kNarrowWarps>);
-  if (smem > 48 * 1024) {
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(fn, smem));
   if (wide) {
     RING_LAUNCH_PDL((AttentionKernel<kWideWarps>), static_cast<unsigned>(blocks), warps * 32, smem,
                     stream, p, round);
@@ -1833,10 +1823,7 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
         kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(MmaLayout::kTotal)));
     RING_LAUNCH_PDL(kKernel, grid, kMlaMmaWarps * 32, MmaLayout::kTotal, stream, p);
   } else {
-    if (smem > 48 * 1024) {
-      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-          MlaDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    }
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(MlaDecodeKernel, smem));
     RING_LAUNCH_PDL(MlaDecodeKernel, grid, kMlaThreads, smem, stream, p, t);
   }
   RING_LAUNCH_PDL(SplitCombineKernel,
@@ -1943,10 +1930,7 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
       return absl::InvalidArgumentError("mla attention: too many query rows or keys");
     }
     const size_t pe_smem = PeScoresSmem(rope);
-    if (pe_smem > 48 * 1024) {
-      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-          PeScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pe_smem)));
-    }
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(PeScoresKernel, pe_smem));
     PeScoresKernel<<<dim3(static_cast<unsigned>((Sk + kPeKeys - 1) / kPeKeys),
                           static_cast<unsigned>(pe_row_blocks)),
                      256, pe_smem, stream>>>(

@@ -214,8 +214,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 }
 
 // IndexerScoresMmaKernel: the scores with bf16 activations on the tensor cores, for prefill
-// rows and for the decode row (T = 1: blocks split the keys, tiles_per_block each; the key
-// count may come from the device, as IndexerScoresDecodeKernel's). q and the keys hold bf16 values then, so their bf16 copies are exact and so is every
+// rows and for the decode row (blockIdx.y splits the key tiles, tiles_per_block each: every
+// decode tile, and prefill rows when they are few; the decode row's key count may come from
+// the device, as IndexerScoresDecodeKernel's). q and the keys hold bf16 values then, so their bf16 copies are exact and so is every
 // product of the mma; only a dot's fp32 summation order differs from the reference's (as it
 // does in IndexerScoresKernel). A block takes kIdxRows (query row, head) pairs in q's memory
 // order, i.e. kIdxRows / heads whole query rows, and walks the keys in tiles of kIdxKeys up to
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32, 2)
       scores[row * a.S + j] = tot;
     }
   }
-  // Keys past the causal limit of every row of the block (prefill: one block walks them all).
+  // Keys past the causal limit of every row of the block, by the block with the last tile.
   if (t_end < tiles || a.T == 1) return;
   for (int r = 0; r < R && r0 + r < a.T; ++r) {
     float* srow = scores + (r0 + r) * a.S;
@@ -382,7 +383,7 @@ bool IndexerTakesMma(const cpu::IndexerArgs& a, cpu::ActDType round, const Devic
          reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0 &&
          static_cast<int64_t>(kIdxSmem) <= dev.smem_per_block_optin &&
          (a.T * a.heads + kIdxRows - 1) / kIdxRows <= 0x7fffffff &&
-         (a.T > 1 || (a.S + kIdxKeys - 1) / kIdxKeys <= 65535);
+         (a.S + kIdxKeys - 1) / kIdxKeys <= 65535;
 }
 
 // Exclusive block scan of a pair of ints per thread (component-wise). Two barriers.
@@ -680,11 +681,7 @@ absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, i
   if (TopKClusterEnabled() && (*dev)->cc >= 90 && n >= kTopKClusterMinKeys && slice <= cap &&
       rows * kTopKCluster <= (*dev)->sm_count) {
     const size_t csmem = static_cast<size_t>(slice) * 4;
-    if (csmem > 48 * 1024) {
-      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(TopKRowsClusterKernel,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(csmem)));
-    }
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(TopKRowsClusterKernel, csmem));
     RING_CUDA_RETURN_IF_ERROR(LaunchPdlRaw(TopKRowsClusterKernel,
                                            dim3(static_cast<unsigned>(rows * kTopKCluster)),
                                            dim3(kTopKThreads), csmem, stream, kTopKCluster, scores,
@@ -692,10 +689,7 @@ absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, i
     return absl::OkStatus();
   }
   const size_t smem = n <= cap ? static_cast<size_t>(n) * 4 : 0;
-  if (smem > 48 * 1024) {
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        TopKRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(TopKRowsKernel, smem));
   RING_LAUNCH_PDL(TopKRowsKernel, static_cast<unsigned>(rows), kTopKThreads, smem, stream, scores,
                   n, k, static_cast<int64_t>(smem / 4), pos_at, out);
   return absl::OkStatus();
@@ -728,39 +722,33 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
         "aligned queries and keys, and the decode kernel's shared memory");
   }
   const size_t smem = a.heads * a.dim * sizeof(float);
-  if (smem > 48 * 1024) {
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresKernel,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem)));
-  }
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(IndexerScoresKernel, smem));
   RING_ASSIGN_OR_RETURN(StreamBuffer scores,
                         StreamBuffer::Allocate(a.T * a.S * sizeof(float), stream));
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
   if (IndexerTakesMma(a, round, **dev)) {
-    if (kIdxSmem > 48 * 1024) {
-      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresMmaKernel,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(kIdxSmem)));
-    }
-    // Prefill: a block walks every key tile of its rows. Decode: a key tile a block (the
-    // grid sized for a.S, the bound when the count is on the device).
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(IndexerScoresMmaKernel, kIdxSmem));
+    // Decode: a key tile a block (the grid sized for a.S, the bound when the count is on
+    // the device). Prefill: a block walks the key tiles of its rows, split over blocks too
+    // when the rows alone give fewer than two blocks an SM (a server's 512-row chunks of a
+    // long prompt: 128 row blocks).
     const int64_t blocks = (a.T * a.heads + kIdxRows - 1) / kIdxRows;
     const int64_t key_tiles = (a.S + kIdxKeys - 1) / kIdxKeys;
-    const bool split = a.T == 1;
+    const int64_t want = 2 * static_cast<int64_t>(std::max((*dev)->sm_count, 1));
+    const int64_t split =
+        a.T == 1 ? key_tiles : std::min(key_tiles, blocks >= want ? 1 : (want + blocks - 1) / blocks);
+    const int64_t per_block = (key_tiles + split - 1) / split;
+    const int64_t ygrid = (key_tiles + per_block - 1) / per_block;
     RING_LAUNCH_PDL(IndexerScoresMmaKernel,
-                    dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(split ? key_tiles : 1)),
-                    kIdxWarps * 32, kIdxSmem, stream, a, pos_at,
-                    static_cast<int>(split ? 1 : key_tiles), scores.as<float>());
+                    dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(ygrid)),
+                    kIdxWarps * 32, kIdxSmem, stream, a, pos_at, static_cast<int>(per_block),
+                    scores.as<float>());
     return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream, pos_at);
   }
   if (IndexerTakesDevicePos(a)) {
     const size_t dsmem = IndexerDecodeSmem(a.heads, a.dim);
-    if (dsmem > 48 * 1024) {
-      RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerScoresDecodeKernel,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(dsmem)));
-    }
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(IndexerScoresDecodeKernel, dsmem));
     RING_LAUNCH_PDL(IndexerScoresDecodeKernel,
                     static_cast<unsigned>((a.S + kDecodeKeys - 1) / kDecodeKeys),
                     kDecodeWarps * 32, dsmem, stream, a, round, pos_at, scores.as<float>());

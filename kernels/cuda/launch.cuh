@@ -97,6 +97,23 @@ cudaError_t LaunchPdlRaw(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory: raises its limit when the
+// default, 48 KB, which the kernel's static shared memory counts against too, would not hold
+// them (a top-k row of ~11.7k keys, 47 KB, beside the kernel's 2.4 KB of static arrays did
+// not launch). Past the device's opt-in limit the launch still fails, with its error.
+inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  cudaFuncAttributes fa{};
+  if (cudaError_t e = cudaFuncGetAttributes(&fa, kernel); e != cudaSuccess) return e;
+  if (bytes + fa.sharedSizeBytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+template <typename... Params>
+cudaError_t AllowDynamicSmem(void (*kernel)(Params...), size_t bytes) {
+  return AllowDynamicSmem(reinterpret_cast<const void*>(kernel), bytes);
+}
+
 #define RING_LAUNCH_PDL(kernel, grid, block, smem, stream, ...)                               \
   RING_CUDA_RETURN_IF_ERROR(::ring::cuda::LaunchPdlRaw(kernel, dim3(grid), dim3(block), smem, \
                                                        stream, 0, __VA_ARGS__))

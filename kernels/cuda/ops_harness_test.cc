@@ -2563,13 +2563,14 @@ TEST_F(GpuTest, TopKRows) {
   // (70000 keys; ~56k fit on an H200). Rows of 4096 keys or more, up to 16 of them, take
   // a cluster a row (TopKRowsClusterKernel; sm_90+): k = n, k = 1, ties across the
   // blocks' slices (2 levels), a length off the cluster size; 17 rows keep the one-block
-  // kernel on long rows, cached and not.
+  // kernel on long rows, cached and not, and a row whose cache is under 48 KB but not with
+  // the kernel's static arrays (AllowDynamicSmem; it failed to launch).
   for (S s : {S{3, 100, 10, 0}, S{4, 5000, 2048, 0}, S{2, 3000, 64, 7}, S{5, 257, 256, 3},
               S{1, 70000, 2048, 50}, S{2, 16, 16, 0}, S{1, 2049, 2048, 0}, S{1, 2112, 2048, 5},
               S{1, 40000, 2048, 0}, S{1, 100000, 2048, 0},
               S{2, 8192, 2048, 9}, S{2, 8193, 4000, 0}, S{1, 4096, 4096, 0}, S{1, 9001, 1, 0},
               S{1, 30003, 2048, 2}, S{16, 16384, 2048, 0}, S{17, 5000, 2048, 0},
-              S{17, 70000, 2048, 50}}) {
+              S{17, 70000, 2048, 50}, S{17, 11800, 2048, 0}}) {
     std::mt19937 rng(1200 + s.n);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> x(s.rows * s.n);

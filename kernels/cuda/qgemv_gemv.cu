@@ -1349,10 +1349,7 @@ absl::Status Launch(const QmmParams& p_in, int64_t problems, int overlap, cudaSt
   } else {
     fn = vi == 1 ? KernelFor<P, 1>() : KernelFor<P, 0>();
   }
-  if (sh.smem > 48 * 1024) {
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(sh.smem)));
-  }
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(fn, sh.smem));
   return LaunchWith(fn,
                     dim3(static_cast<unsigned>(sh.gx), static_cast<unsigned>(std::max(p.kblocks, 1)),
                          static_cast<unsigned>(problems)),
