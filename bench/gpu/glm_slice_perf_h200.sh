@@ -10,10 +10,12 @@
 # kernel's traced duration includes the time it waits for its predecessor, so only the
 # PDL-off trace gives each kernel's own time (the busy time is the same).
 #
-#   [PROMPT=2048] [REPS=2] [DECODE=64] [MODES="plain marks nopdl"] \
+#   [PROMPT=2048] [CHUNK=0] [REPS=2] [DECODE=64] [MODES="plain marks nopdl"] \
 #     bench/gpu/glm_slice_perf_h200.sh BUNDLE [BUNDLE...]
-# PROMPT sets the long prompt (the context the decode steps run at); MODES the trace runs
-# (empty: timing only).
+# PROMPT sets the long prompt (the context the decode steps run at); CHUNK prefills it in
+# steps of that many tokens in the timing run, as ring-server does (prefill_chunk; the traces
+# always take one step, which glm_trace_report.py expects); MODES the trace runs (empty:
+# timing only).
 # Each BUNDLE (deploy/bundle.sh) holds bin/glm_slice_bench, bin/ringctl (for synth) and
 # lib/libring_kernel_trace.so + lib/libcupti.so.13; the report script sits beside this one.
 # Output under $OUT: slice_<bundle>.txt (timing), trace_<bundle>.txt (reports).
@@ -41,7 +43,7 @@ for b in "$@"; do
   bench=$bundle/bin/glm_slice_bench
   export LD_LIBRARY_PATH="$bundle/lib"
   echo "== $v: timing" | tee -a "$out/slice_$v.txt"
-  timeout 240 "$bench" --model "$m" --prompt ${PROMPT:-2048} --decode ${DECODE:-64} --reps ${REPS:-2} \
+  timeout 240 "$bench" --model "$m" --prompt ${PROMPT:-2048} --chunk ${CHUNK:-0} --decode ${DECODE:-64} --reps ${REPS:-2} \
     >> "$out/slice_$v.txt" 2>&1 || status=1
   for mode in ${MODES-plain marks nopdl}; do
     # RING_CUDA_KERNEL_COPIES=0: the step's hidden-row download as a copy-engine copy, the
