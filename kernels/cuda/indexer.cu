@@ -401,6 +401,69 @@ __device__ int2 BlockExclusiveScan2(int2 v, int2* sh /* [32] */) {
   return make_int2(before.x + x.x - v.x, before.y + x.y - v.y);
 }
 
+// A pass whose byte every key shares (same_bits: the bits equal in the keys' OR and AND)
+// needs no histogram: the prefix takes that byte, and the caller skips the pass.
+__device__ __forceinline__ bool TakeSharedDigit(uint32_t same_bits, uint32_t all_and, int shift,
+                                                uint32_t& prefix, uint32_t& mask) {
+  if (((same_bits >> shift) & 255u) != 255u) return false;
+  prefix |= all_and & (255u << shift);
+  mask |= 255u << shift;
+  return true;
+}
+
+// A radix-select pass's digit (TopKRowsKernel, TopKRowsClusterKernel), after a barrier that
+// completes `bins` (the pass's histogram of the keys matching `prefix`): warp 0 finds the
+// digit where the count from the top reaches `need` and publishes the longer prefix and the
+// rank left inside it, while the other warps clear `next` (the other pass's histogram); then
+// every thread takes the new prefix, need and mask. One more barrier.
+__device__ __forceinline__ void PickPassDigit(const unsigned* bins, unsigned* next, int shift,
+                                              uint32_t* s_prefix, int64_t* s_need,
+                                              uint32_t& prefix, uint32_t& mask, int64_t& need) {
+  if ((threadIdx.x >> 5) == 0) {
+    DigitPick d;
+    if (PickDigitFromTop(bins, need, &d)) {
+      *s_prefix = prefix | (static_cast<uint32_t>(d.digit) << shift);
+      *s_need = d.rank;
+    }
+  } else {
+    for (int i = static_cast<int>(threadIdx.x) - 32; i < 256; i += blockDim.x - 32) next[i] = 0;
+  }
+  __syncthreads();
+  prefix = *s_prefix;
+  need = *s_need;
+  mask |= 255u << shift;
+}
+
+// The compaction's two halves over a thread's keys [j0, j1) (key_at(j)), with `prefix` the
+// k-th largest key: the (larger, equal) counts; then, given the (larger, equal) keys before
+// j0 over the whole row, each larger key and the first `need` equal ones written at their
+// places in index order (element j is index base + j).
+template <class KeyAt>
+__device__ __forceinline__ int2 CountAgainst(KeyAt key_at, int j0, int j1, uint32_t prefix) {
+  int2 cnt = make_int2(0, 0);
+  for (int j = j0; j < j1; ++j) {
+    const uint32_t key = key_at(j);
+    cnt.x += key > prefix;
+    cnt.y += key == prefix;
+  }
+  return cnt;
+}
+template <class KeyAt>
+__device__ __forceinline__ void PlaceSelected(KeyAt key_at, int j0, int j1, uint32_t prefix,
+                                              int64_t need, int64_t gt, int64_t eq, int base,
+                                              int32_t* o) {
+  for (int j = j0; j < j1; ++j) {
+    const uint32_t key = key_at(j);
+    if (key > prefix) {
+      o[gt + min(eq, need)] = base + j;
+      ++gt;
+    } else if (key == prefix) {
+      if (eq < need) o[gt + eq] = base + j;
+      ++eq;
+    }
+  }
+}
+
 // TopKRowsKernel (indexer.cuh): one block per row. Keys of a row up to `cap` long are kept
 // in dynamic shared memory across the passes and the compaction (decode rows: the cached
 // context); longer rows re-read global memory. A pass costs two barriers: the histogram
@@ -419,7 +482,7 @@ __global__ void __launch_bounds__(kTopKThreads)
   __shared__ int64_t s_need;
   __shared__ int2 scan_sh[32];
   extern __shared__ uint32_t cache[];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31;
   const float* x = scores + static_cast<int64_t>(blockIdx.x) * n;
   int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
   const bool cached = n <= cap;
@@ -456,12 +519,7 @@ __global__ void __launch_bounds__(kTopKThreads)
   int cur = 0;
   for (int pass = 0; pass < 4; ++pass) {
     const int shift = 24 - 8 * pass;
-    if (((same_bits >> shift) & 255u) == 255u) {
-      // Every key (so every one matching the prefix) has this digit.
-      prefix |= all_and & (255u << shift);
-      mask |= 255u << shift;
-      continue;
-    }
+    if (TakeSharedDigit(same_bits, all_and, shift, prefix, mask)) continue;
     // Whole warps walk the row (lanes past n hold no key), so the match covers the warp.
     for (int b = tid - lane; b < static_cast<int>(n); b += blockDim.x) {
       const int j = b + lane;
@@ -469,19 +527,7 @@ __global__ void __launch_bounds__(kTopKThreads)
       WarpHistogramAdd(hist[cur], (key >> shift) & 255u, j < n && (key & mask) == prefix);
     }
     __syncthreads();
-    if (warp == 0) {
-      DigitPick d;
-      if (PickDigitFromTop(hist[cur], need, &d)) {
-        s_prefix = prefix | (static_cast<uint32_t>(d.digit) << shift);
-        s_need = d.rank;
-      }
-    } else {
-      for (int i = tid - 32; i < 256; i += blockDim.x - 32) hist[cur ^ 1][i] = 0;
-    }
-    __syncthreads();
-    prefix = s_prefix;
-    need = s_need;
-    mask |= 255u << shift;
+    PickPassDigit(hist[cur], hist[cur ^ 1], shift, &s_prefix, &s_need, prefix, mask, need);
     cur ^= 1;
   }
   // prefix = key of the k-th largest value; take every larger key and the first `need`
@@ -491,24 +537,8 @@ __global__ void __launch_bounds__(kTopKThreads)
   const int n32 = static_cast<int>(n);
   const int per = (n32 + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
   const int j0 = min(n32, tid * per), j1 = min(n32, j0 + per);
-  int2 cnt = make_int2(0, 0);
-  for (int j = j0; j < j1; ++j) {
-    const uint32_t key = key_at(j);
-    cnt.x += key > prefix;
-    cnt.y += key == prefix;
-  }
-  const int2 before = BlockExclusiveScan2(cnt, scan_sh);
-  int64_t gt = before.x, eq = before.y;
-  for (int j = j0; j < j1; ++j) {
-    const uint32_t key = key_at(j);
-    if (key > prefix) {
-      o[gt + min(eq, need)] = static_cast<int32_t>(j);
-      ++gt;
-    } else if (key == prefix) {
-      if (eq < need) o[gt + eq] = static_cast<int32_t>(j);
-      ++eq;
-    }
-  }
+  const int2 before = BlockExclusiveScan2(CountAgainst(key_at, j0, j1, prefix), scan_sh);
+  PlaceSelected(key_at, j0, j1, prefix, need, before.x, before.y, 0, o);
 }
 
 // TopKRowsClusterKernel: TopKRowsKernel's selection for a row on a thread-block cluster of
@@ -541,7 +571,7 @@ __global__ void __launch_bounds__(kTopKThreads)
   __shared__ int2 s_cnt;  // this block's (larger, equal) counts, read by the higher ranks
   __shared__ int2 scan_sh[32];
   extern __shared__ uint32_t cache[];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31;
   const int64_t row = blockIdx.x / blocks;
   const float* x = scores + row * n;
   int32_t* o = out + row * k;
@@ -582,11 +612,7 @@ __global__ void __launch_bounds__(kTopKThreads)
   int cur = 0;
   for (int pass = 0; pass < 4; ++pass) {
     const int shift = 24 - 8 * pass;
-    if (((same_bits >> shift) & 255u) == 255u) {
-      prefix |= all_and & (255u << shift);
-      mask |= 255u << shift;
-      continue;
-    }
+    if (TakeSharedDigit(same_bits, all_and, shift, prefix, mask)) continue;
     for (int b = tid - lane; b < len; b += blockDim.x) {
       const int j = b + lane;
       const uint32_t key = j < len ? cache[j] : 0u;
@@ -602,29 +628,14 @@ __global__ void __launch_bounds__(kTopKThreads)
       tot[d] = c;
     }
     __syncthreads();
-    if (warp == 0) {
-      DigitPick d;
-      if (PickDigitFromTop(tot, need, &d)) {
-        s_prefix = prefix | (static_cast<uint32_t>(d.digit) << shift);
-        s_need = d.rank;
-      }
-    } else {
-      for (int i = tid - 32; i < 256; i += blockDim.x - 32) hist[cur ^ 1][i] = 0;
-    }
-    __syncthreads();
-    prefix = s_prefix;
-    need = s_need;
-    mask |= 255u << shift;
+    PickPassDigit(tot, hist[cur ^ 1], shift, &s_prefix, &s_need, prefix, mask, need);
     cur ^= 1;
   }
   // As TopKRowsKernel's compaction, after the lower ranks' counts.
   const int tper = (len + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
   const int j0 = min(len, tid * tper), j1 = min(len, j0 + tper);
-  int2 cnt = make_int2(0, 0);
-  for (int j = j0; j < j1; ++j) {
-    cnt.x += cache[j] > prefix;
-    cnt.y += cache[j] == prefix;
-  }
+  auto cached_key = [&](int j) { return cache[j]; };
+  const int2 cnt = CountAgainst(cached_key, j0, j1, prefix);
   const int2 before = BlockExclusiveScan2(cnt, scan_sh);
   if (tid == static_cast<int>(blockDim.x) - 1) s_cnt = make_int2(before.x + cnt.x, before.y + cnt.y);
   cluster.sync();
@@ -637,16 +648,7 @@ __global__ void __launch_bounds__(kTopKThreads)
       eq += c.y;
     }
   }
-  for (int j = j0; j < j1; ++j) {
-    const uint32_t key = cache[j];
-    if (key > prefix) {
-      o[gt + min(eq, need)] = begin + j;
-      ++gt;
-    } else if (key == prefix) {
-      if (eq < need) o[gt + eq] = begin + j;
-      ++eq;
-    }
-  }
+  PlaceSelected(cached_key, j0, j1, prefix, need, gt, eq, begin, o);
   cluster.sync();  // no block leaves while another may read its shared memory
 }
 
