@@ -815,10 +815,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
 // RING_ATTN_MMA=0 in the environment keeps bf16 attention on the fp32 kernels (A/B runs):
 // prefill on the tiled kernel, MLA decode on MlaDecodeKernel.
 bool AttentionMmaEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RING_ATTN_MMA");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("RING_ATTN_MMA");
   return on;
 }
 

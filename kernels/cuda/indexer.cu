@@ -16,8 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/act_round.cuh"
@@ -369,10 +367,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32, 2)
 }
 
 bool IndexerMmaEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RING_CUDA_INDEXER_MMA");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("RING_CUDA_INDEXER_MMA");
   return on;
 }
 
@@ -653,10 +648,7 @@ __global__ void __launch_bounds__(kTopKThreads)
 }
 
 bool TopKClusterEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RING_CUDA_TOPK_CLUSTER");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("RING_CUDA_TOPK_CLUSTER");
   return on;
 }
 

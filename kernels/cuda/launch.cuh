@@ -52,6 +52,13 @@ __device__ __forceinline__ void PdlBegin() {
   PdlLaunchDependents();
 }
 
+// An A/B switch in the environment: on unless `name` is set to "0". Callers read it once
+// (a function-local static), so that a process runs one configuration throughout.
+inline bool EnvSwitchOn(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // RING_CUDA_PDL in the environment (read once), for measuring what PDL is worth in one run:
 // "0" turns it off everywhere, "gemv" keeps it on the decode GEMVs only (the behaviour before
 // the other kernels had it); unset or anything else: on.

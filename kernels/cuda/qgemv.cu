@@ -1423,10 +1423,7 @@ absl::Status LaunchGemvSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWe
 }  // namespace
 
 bool FusedSwiGluEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RING_FUSED_SWIGLU");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("RING_FUSED_SWIGLU");
   return on;
 }
 

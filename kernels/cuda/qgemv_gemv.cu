@@ -977,10 +977,7 @@ int ClusterKCap() {
 // runs, or a batch-invariant decode: one summation order at every batch size); unset or
 // anything else: the column split at m <= 2.
 bool AffineColumnSplit() {
-  static const bool on = [] {
-    const char* v = std::getenv("RING_QGEMV_AFFINE_COL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("RING_QGEMV_AFFINE_COL");
   return on;
 }
 
