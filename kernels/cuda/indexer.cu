@@ -236,10 +236,6 @@ constexpr int kIdxSst = kIdxKeys + 8;  // bf16 score row stride
 constexpr size_t kIdxSmem = sizeof(uint16_t) * (kIdxKeys * kIdxKst + kIdxRows * kIdxSst);
 constexpr int kIdxLoads = kIdxKeys * kIdxDim / 4 / (kIdxWarps * 32);  // float4 a thread a tile
 
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  return qdec::F32ToBf16Bits(lo) | (qdec::F32ToBf16Bits(hi) << 16);
-}
-
 __global__ void __launch_bounds__(kIdxWarps * 32, 2)
     IndexerScoresMmaKernel(cpu::IndexerArgs a, const int32_t* pos_at, int tiles_per_block,
                            float* scores) {
@@ -281,10 +277,10 @@ __global__ void __launch_bounds__(kIdxWarps * 32, 2)
       const float2 x1 = pb < pairs ? *reinterpret_cast<const float2*>(qb + 16 * ks) : z;
       const float2 x2 = pa < pairs ? *reinterpret_cast<const float2*>(qa + 16 * ks + 8) : z;
       const float2 x3 = pb < pairs ? *reinterpret_cast<const float2*>(qb + 16 * ks + 8) : z;
-      af[ks][0] = PackBf16x2(x0.x, x0.y);
-      af[ks][1] = PackBf16x2(x1.x, x1.y);
-      af[ks][2] = PackBf16x2(x2.x, x2.y);
-      af[ks][3] = PackBf16x2(x3.x, x3.y);
+      af[ks][0] = qdec::PackBf16x2(x0.x, x0.y);
+      af[ks][1] = qdec::PackBf16x2(x1.x, x1.y);
+      af[ks][2] = qdec::PackBf16x2(x2.x, x2.y);
+      af[ks][3] = qdec::PackBf16x2(x3.x, x3.y);
     }
   }
   const float wa = pa < pairs ? a.w[pa] : 0.f, wb = pb < pairs ? a.w[pb] : 0.f;
@@ -307,7 +303,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32, 2)
     for (int u = 0; u < kIdxLoads; ++u) {
       const int f = tid + u * kIdxWarps * 32, key = f / (kIdxDim / 4), c4 = f % (kIdxDim / 4);
       *reinterpret_cast<uint2*>(kt + key * kIdxKst + 4 * c4) =
-          make_uint2(PackBf16x2(kr[u].x, kr[u].y), PackBf16x2(kr[u].z, kr[u].w));
+          make_uint2(qdec::PackBf16x2(kr[u].x, kr[u].y), qdec::PackBf16x2(kr[u].z, kr[u].w));
     }
     __syncthreads();
     if (tile + 1 < t_end) load_tile(tile + 1);
@@ -333,8 +329,8 @@ __global__ void __launch_bounds__(kIdxWarps * 32, 2)
         const float d = fmaxf(DevRoundAct(acc[i], kRt), 0.f);
         v[i] = DevRoundAct(d * (i < 2 ? wa : wb), kRt);
       }
-      *reinterpret_cast<uint32_t*>(sa + nt * 8) = PackBf16x2(v[0], v[1]);
-      *reinterpret_cast<uint32_t*>(sb + nt * 8) = PackBf16x2(v[2], v[3]);
+      *reinterpret_cast<uint32_t*>(sa + nt * 8) = qdec::PackBf16x2(v[0], v[1]);
+      *reinterpret_cast<uint32_t*>(sb + nt * 8) = qdec::PackBf16x2(v[2], v[3]);
     }
     __syncthreads();
     const int64_t j0 = static_cast<int64_t>(tile) * kIdxKeys;
