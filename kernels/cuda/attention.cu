@@ -1855,6 +1855,404 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
 
 namespace {
 
+// Sparse MLA prefill in the absorbed form (MlaSparsePrefillKernel). The reference computes a
+// prompt's MLA in the expanded form (K and V per head from every cached latent row, dense
+// attention with the top-k as a mask): at a 16k prompt that is 64 heads x 16k x 8k x 512
+// multiply-adds a layer of which 7/8 are masked, and a chunked prefill re-expands every
+// cached row for each chunk. A row whose keys are a top-k set instead runs as the
+// reference's decode step would run it (absorbed: q_lat = round(q_nope @ W_UK_h^T), attention
+// over the shared latent rows, out = round(round(o_lat) @ W_UV_h^T)): its work no longer
+// grows with the context. The two forms round different intermediates (q_lat instead of the
+// expanded keys and values), a difference of the size of one bf16 rounding of a score that
+// the whole-model parity bounds (docs/correctness.md); RING_MLA_SPARSE_PREFILL=0 keeps the
+// expanded form. A row with at most K causal keys has all of them selected (the indexer masks
+// the others to -inf), so it walks [0, offset + i] directly, as the reference's dense decode.
+//
+// One block a query row and 64 heads (blockIdx.y: heads past 64), 4 x kParts warps: warp w
+// takes the 16 heads of row tile w % 4 and part w / 4 of the latent dims, for the scores (its
+// part's dims; part 0 also the rope dims, rounded as the reference's pe_scores) and for the
+// values (its part's output dims: 256 / kParts fp32 accumulators a thread). Keys come in
+// tiles of 32 from a bf16 copy of the cache (KvToBf16Kernel), gathered through the row's
+// top-k indices by cp.async, the next tile's copies in flight while this one is used, the
+// indices loaded a tile ahead. The warps of a row tile swap their partial scores through
+// shared memory (a named barrier over those warps); each sums them in part order, so all run
+// the same online softmax on the same bits, and accumulates O += P V with P split into bf16
+// halves as in AttentionMmaKernel. q_lat and
+// the scaled, rounded rope queries sit in shared memory as bf16 and are read by ldmatrix
+// (held in registers they would not leave room for the accumulators).
+constexpr int kMlaPfHeads = 64;
+constexpr int kMlaPfKeys = 32;
+
+struct MlaPrefillParams {
+  const float* qlat = nullptr;    // [T, H, kvl], rounded
+  const float* q = nullptr;       // [T, H, qd]: the rope part at + nope
+  int64_t qd = 0, nope = 0;
+  const uint16_t* lat = nullptr;  // [S, kvl] bf16
+  const uint16_t* pe = nullptr;   // [S, rope] bf16
+  const int32_t* topk = nullptr;  // [T, K]
+  int64_t T = 0, K = 0, offset = 0, H = 0;
+  float scale = 1.f;
+  uint16_t* out = nullptr;        // [T, H, kvl]: bf16 bits of the rounded o_lat
+};
+
+template <int KVL, int RD, int kParts>
+struct MlaPfLayout {
+  static constexpr int kRow = KVL + RD + 8;  // a Q or key row, bf16 (+8: ldmatrix rows on distinct banks)
+  static constexpr int kSwap = 16 * 32;      // one warp's fragment of 16 x 32 scores, fp32
+  // Byte offsets: Q [64][kRow], two key tiles [32][kRow], per row tile the swapped scores
+  // (one per part of the latent, then the rounded rope) and per stage the keys' additive
+  // masks (0 or -inf).
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kTiles = kQ + sizeof(uint16_t) * kMlaPfHeads * kRow;
+  static constexpr size_t kSwapAt = kTiles + sizeof(uint16_t) * 2 * kMlaPfKeys * kRow;
+  static constexpr size_t kMask = kSwapAt + sizeof(float) * 4 * (kParts + 1) * kSwap;
+  static constexpr size_t kTotal = kMask + sizeof(float) * 2 * kMlaPfKeys;
+  static_assert(kTiles % 16 == 0 && kSwapAt % 16 == 0 && (kRow * 2) % 16 == 0);
+};
+
+// Barrier `id` (1..15; 0 is __syncthreads') over the `threads` threads of the warps that use it.
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int KVL, int RD, int kParts>
+__global__ void __launch_bounds__(kParts * 4 * 32, 1) MlaSparsePrefillKernel(MlaPrefillParams p) {
+  using L = MlaPfLayout<KVL, RD, kParts>;
+  constexpr int kThreads = kParts * 4 * 32;
+  constexpr int kSlice = KVL / kParts;      // a warp's latent dims
+  constexpr int kKs = kSlice / 16;          // its k16 steps of the scores
+  constexpr int kDt = kSlice / 8;           // its n8 tiles of the output
+  constexpr int kNt = kMlaPfKeys / 8;       // n8 tiles of scores a key tile
+  constexpr int kCopyT = kThreads / kMlaPfKeys;  // threads a key row
+  constexpr int kPieces = (KVL + RD) / 8;   // 16-byte pieces of a key row
+  static_assert(kThreads % kMlaPfKeys == 0 && KVL % 8 == 0 && RD % 8 == 0 && kKs % 2 == 0 &&
+                (RD / 16) % 2 == 0);
+  extern __shared__ __align__(16) unsigned char mpm[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(mpm + L::kQ);
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(mpm + L::kTiles);
+  float* swap = reinterpret_cast<float*>(mpm + L::kSwapAt);
+  float* kmask = reinterpret_cast<float*>(mpm + L::kMask);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int lq = lane >> 3, lr = lane & 7;
+  const int ht = warp & 3, part = warp >> 2, d0 = part * kSlice;
+  // The last rows first: they have the most keys (a dense row's count grows with i).
+  const int64_t i = p.T - 1 - static_cast<int64_t>(blockIdx.x);
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMlaPfHeads;
+  const int64_t visible = p.offset + i + 1;
+  const bool dense = visible <= p.K;
+  const int64_t nk = dense ? visible : p.K;
+  const int32_t* sel = p.topk + i * p.K;
+  const int cr = tid / kCopyT, cc = tid % kCopyT;
+  PdlBegin();
+  // Key of entry e of the row's list, -1 past the list or outside the causal range.
+  auto key_of = [&](int64_t e) -> int64_t {
+    if (e >= nk) return -1;
+    const int64_t j = dense ? e : static_cast<int64_t>(LoadProduced(sel + e));
+    return j >= 0 && j < visible ? j : -1;
+  };
+  // Thread (cr, cc) copies row cr's 16-byte pieces cc + kCopyT k (latent, then rope).
+  auto issue = [&](int64_t j, int st) {
+    const bool ok = j >= 0;
+    const int64_t row = ok ? j : 0;
+    uint16_t* dst = tiles + (st * kMlaPfKeys + cr) * L::kRow;
+#pragma unroll
+    for (int k = 0; k < (kPieces + kCopyT - 1) / kCopyT; ++k) {
+      const int c = cc + kCopyT * k;
+      if (kPieces % kCopyT == 0 || c < kPieces) {
+        const uint16_t* src = c < KVL / 8 ? p.lat + row * KVL + 8 * c : p.pe + row * RD + 8 * c - KVL;
+        CpAsync16(dst + 8 * c, src, ok);
+      }
+    }
+    CpAsyncCommit();
+    if (cc == 0) kmask[st * kMlaPfKeys + cr] = ok ? 0.f : -INFINITY;
+  };
+  issue(key_of(cr), 0);
+  int64_t jnext = key_of(kMlaPfKeys + cr);
+  // Q: the 64 heads' q_lat and scaled, rounded rope queries as bf16 rows (heads past H zero),
+  // eight loads in flight a thread before they are packed.
+  {
+    constexpr int kQ4 = kMlaPfHeads * KVL / 4;  // float4s of q_lat
+    constexpr int kBatch = 8;
+    static_assert(kQ4 % (kThreads * kBatch) == 0);
+    const float* qrow = p.qlat + (i * p.H + h0) * KVL;
+    for (int b = 0; b < kQ4; b += kThreads * kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int e = b + tid + k * kThreads, hh = e / (KVL / 4), c = 4 * (e % (KVL / 4));
+        v[k] = h0 + hh < p.H ? LoadProduced(reinterpret_cast<const float4*>(qrow + hh * KVL + c))
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int e = b + tid + k * kThreads, hh = e / (KVL / 4), c = 4 * (e % (KVL / 4));
+        *reinterpret_cast<uint2*>(qs + hh * L::kRow + c) =
+            make_uint2(PackBf16x2(v[k].x, v[k].y), PackBf16x2(v[k].z, v[k].w));
+      }
+    }
+    constexpr int kP4 = kMlaPfHeads * RD / 4;
+    static_assert(kP4 % (kThreads) == 0);
+    float4 v[kP4 / (kThreads)];
+#pragma unroll
+    for (int k = 0; k < kP4 / (kThreads); ++k) {
+      const int e = tid + k * kThreads, hh = e / (RD / 4), c = 4 * (e % (RD / 4));
+      v[k] = h0 + hh < p.H ? LoadProduced(reinterpret_cast<const float4*>(
+                                 p.q + (i * p.H + h0 + hh) * p.qd + p.nope + c))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    auto sq = [&](float x) { return qdec::RoundToBf16(x * p.scale); };
+#pragma unroll
+    for (int k = 0; k < kP4 / (kThreads); ++k) {
+      const int e = tid + k * kThreads, hh = e / (RD / 4), c = 4 * (e % (RD / 4));
+      *reinterpret_cast<uint2*>(qs + hh * L::kRow + KVL + c) =
+          make_uint2(PackBf16x2(sq(v[k].x), sq(v[k].y)), PackBf16x2(sq(v[k].z), sq(v[k].w)));
+    }
+  }
+  float o[kDt][4];
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // ldmatrix addresses: A (q rows of the warp's tile), B (key rows, lane row lr, column 8 lq).
+  const uint16_t* qa = qs + (ht * 16 + 8 * (lq & 1) + lr) * L::kRow + 8 * (lq >> 1);
+  float* sw = swap + ht * (kParts + 1) * L::kSwap;
+  const int ntiles = static_cast<int>((nk + kMlaPfKeys - 1) / kMlaPfKeys);
+  for (int tile = 0; tile < ntiles; ++tile) {
+    const int st = tile & 1;
+    CpAsyncWaitAll();
+    __syncthreads();  // this tile has landed everywhere; the other stage's readers are done
+    if (tile + 1 < ntiles) {
+      issue(jnext, st ^ 1);
+      jnext = key_of(static_cast<int64_t>(tile + 2) * kMlaPfKeys + cr);
+    }
+    const uint16_t* ts = tiles + st * kMlaPfKeys * L::kRow;
+    float sc[kNt][4], pe[kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = pe[nt][e] = 0.f;
+    }
+    // Partial latent scores over the warp's part, two k16 steps a load of A.
+#pragma unroll
+    for (int kk = 0; kk < kKs; kk += 2) {
+      uint32_t a0[4], a1[4];
+      LdMatrixX4<false>(a0, qa + d0 + kk * 16);
+      LdMatrixX4<false>(a1, qa + d0 + kk * 16 + 16);
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        uint32_t b[4];
+        LdMatrixX4<false>(b, ts + (nt * 8 + lr) * L::kRow + d0 + 8 * lq + kk * 16);
+        internal::MmaBf16(sc[nt], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+        internal::MmaBf16(sc[nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+      }
+    }
+    if (part == 0) {  // the rope scores, rounded as pe_scores
+#pragma unroll
+      for (int kk = 0; kk < RD / 16; kk += 2) {
+        uint32_t a0[4], a1[4];
+        LdMatrixX4<false>(a0, qa + KVL + kk * 16);
+        LdMatrixX4<false>(a1, qa + KVL + kk * 16 + 16);
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+          uint32_t b[4];
+          LdMatrixX4<false>(b, ts + (nt * 8 + lr) * L::kRow + KVL + 8 * lq + kk * 16);
+          internal::MmaBf16(pe[nt], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+          internal::MmaBf16(pe[nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          pe[nt][e] = qdec::RoundToBf16(pe[nt][e]);
+          sw[kParts * L::kSwap + (nt * 4 + e) * 32 + lane] = pe[nt][e];
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sw[part * L::kSwap + (nt * 4 + e) * 32 + lane] = sc[nt][e];
+    }
+    NamedBarrier(1 + ht, kParts * 32);  // every part's partials are in
+    // Scores (element e: head row g + 8 (e >> 1), key nt * 8 + 2t + (e & 1)) and their maxima.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      const float2 km = *reinterpret_cast<const float2*>(kmask + st * kMlaPfKeys + nt * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int x = (nt * 4 + e) * 32 + lane;
+        const float rp = part == 0 ? pe[nt][e] : sw[kParts * L::kSwap + x];
+        // The parts in part order (a warp's own partial is the bits it wrote).
+        float dot = part == 0 ? sc[nt][e] : sw[x];
+#pragma unroll
+        for (int q = 1; q < kParts; ++q) dot += q == part ? sc[nt][e] : sw[q * L::kSwap + x];
+        const float s = dot * p.scale + rp + ((e & 1) ? km.y : km.x);
+        sc[nt][e] = s;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s);
+      }
+    }
+    float cold[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);
+      cold[r] = expf(m[r] == -INFINITY ? -INFINITY : m[r] - mn);
+      m[r] = mn;
+    }
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const float pj = expf(sc[nt][e] == -INFINITY ? -INFINITY : sc[nt][e] - m[r]);
+        sc[nt][e] = pj;
+        ls[r] += pj;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 1);
+      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 2);
+      l[r] = l[r] * cold[r] + ls[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      o[dt][0] *= cold[0];
+      o[dt][1] *= cold[0];
+      o[dt][2] *= cold[1];
+      o[dt][3] *= cold[1];
+    }
+    // O += P V over the warp's output dims (AttentionMmaKernel's fragments).
+#pragma unroll
+    for (int kc = 0; kc < kMlaPfKeys / 16; ++kc) {
+      const float* pa = sc[2 * kc];
+      const float* pb = sc[2 * kc + 1];
+      uint32_t h0f, h1f, h2f, h3f, l0f, l1f, l2f, l3f;
+      SplitBf16x2(pa[0], pa[1], &h0f, &l0f);
+      SplitBf16x2(pa[2], pa[3], &h1f, &l1f);
+      SplitBf16x2(pb[0], pb[1], &h2f, &l2f);
+      SplitBf16x2(pb[2], pb[3], &h3f, &l3f);
+      const uint16_t* vr = ts + (kc * 16 + 8 * (lq & 1) + lr) * L::kRow + d0 + 8 * (lq >> 1);
+#pragma unroll
+      for (int dt = 0; dt < kDt; dt += 2) {
+        uint32_t b[4];
+        LdMatrixX4<true>(b, vr + dt * 8);
+        internal::MmaBf16(o[dt], h0f, h1f, h2f, h3f, b[0], b[1]);
+        internal::MmaBf16(o[dt], l0f, l1f, l2f, l3f, b[0], b[1]);
+        internal::MmaBf16(o[dt + 1], h0f, h1f, h2f, h3f, b[2], b[3]);
+        internal::MmaBf16(o[dt + 1], l0f, l1f, l2f, l3f, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t h = h0 + ht * 16 + g + 8 * r;
+    if (h >= p.H) continue;
+    const float inv = 1.f / l[r];
+    uint16_t* orow = p.out + (i * p.H + h) * KVL + d0 + 2 * t;
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      *reinterpret_cast<uint32_t*>(orow + dt * 8) = PackBf16x2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    }
+  }
+}
+
+// RING_MLA_SPARSE_PREFILL=0 keeps sparse prefill rows in the expanded form (A/B runs).
+bool MlaSparsePrefillEnabled() {
+  static const bool on = EnvSwitchOn("RING_MLA_SPARSE_PREFILL");
+  return on;
+}
+
+// The latent's split over a row tile's warps: 2 (8 warps, 128 accumulators a thread) unless
+// RING_MLA_PREFILL_PARTS=4 (16 warps, 64 a thread).
+int MlaPrefillParts() {
+  static const int parts = [] {
+    const char* v = std::getenv("RING_MLA_PREFILL_PARTS");
+    return v != nullptr && std::strcmp(v, "4") == 0 ? 4 : 2;
+  }();
+  return parts;
+}
+
+// Whether MlaSparsePrefill takes a: a prefill chunk (T > 1) with top-k rows, bf16
+// activations, GLM-5's and DeepSeek-V3's latent and rope widths, 16-byte aligned caches.
+bool MlaSparsePrefillTakes(const cpu::MlaAttentionArgs& a, cpu::ActDType t, const DeviceInfo& dev) {
+  return a.T > 1 && a.topk != nullptr && t == cpu::ActDType::kBF16 && a.kvl == 512 && a.rope == 64 &&
+         a.nope % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.latent) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k_pe) % 16 == 0 &&
+         a.T <= 0x7fffffff && (a.H + kMlaPfHeads - 1) / kMlaPfHeads <= 65535 && dev.cc >= 80 &&
+         AttentionMmaEnabled() && MlaSparsePrefillEnabled() &&
+         static_cast<int64_t>(std::max(MlaPfLayout<512, 64, 2>::kTotal, MlaPfLayout<512, 64, 4>::kTotal)) <=
+             dev.smem_per_block_optin;
+}
+
+// q_lat for every row by one GEMM over the heads, the kernel above, the unembedding by one
+// GEMM on its bf16 output.
+absl::Status MlaSparsePrefill(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                              const DeviceQuantWeight& unembed_out, float* out, cudaStream_t stream) {
+  constexpr int KVL = 512, RD = 64;
+  const int64_t T = a.T, H = a.H, S = a.S, qd = a.nope + a.rope;
+  const int64_t lat_n = S * KVL, pe_n = S * RD, olat_n = T * H * KVL;
+  // One scratch block: q_lat (fp32), then the bf16 latent and rope keys and o_lat.
+  RING_ASSIGN_OR_RETURN(StreamBuffer scratch,
+                        StreamBuffer::Allocate(olat_n * sizeof(float) + (lat_n + pe_n + olat_n) * sizeof(uint16_t),
+                                               stream));
+  float* qlat = scratch.as<float>();
+  uint16_t* lat_b = reinterpret_cast<uint16_t*>(qlat + olat_n);
+  uint16_t* pe_b = lat_b + lat_n;
+  uint16_t* olat_b = pe_b + pe_n;
+  RING_RETURN_IF_ERROR(LaunchKvToBf16(a.latent, KVL, 0, S, 1, KVL, lat_b, stream));
+  RING_RETURN_IF_ERROR(LaunchKvToBf16(a.k_pe, RD, 0, S, 1, RD, pe_b, stream));
+  QMatmulArgs qa;
+  qa.x = a.q;  // q_nope of (row r, head h) at (r * H + h) * qd
+  qa.m = T;
+  qa.ldx = H * qd;
+  qa.x_problem_stride = qd;
+  qa.y = qlat;
+  qa.ldy = H * KVL;
+  qa.y_problem_stride = KVL;
+  qa.problems = H;
+  RING_RETURN_IF_ERROR(LinearT(embed_q, qa, cpu::ActDType::kBF16, stream));
+  MlaPrefillParams p;
+  p.qlat = qlat;
+  p.q = a.q;
+  p.qd = qd;
+  p.nope = a.nope;
+  p.lat = lat_b;
+  p.pe = pe_b;
+  p.topk = a.topk;
+  p.T = T;
+  p.K = a.K;
+  p.offset = a.offset;
+  p.H = H;
+  p.scale = a.scale;
+  p.out = olat_b;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((H + kMlaPfHeads - 1) / kMlaPfHeads));
+  auto launch = [&](auto parts_tag) -> absl::Status {
+    constexpr int kParts = decltype(parts_tag)::value;
+    constexpr auto kKernel = MlaSparsePrefillKernel<KVL, RD, kParts>;
+    constexpr size_t kSmem = MlaPfLayout<KVL, RD, kParts>::kTotal;
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(kKernel, kSmem));
+    RING_LAUNCH_PDL(kKernel, grid, kParts * 4 * 32, kSmem, stream, p);
+    return absl::OkStatus();
+  };
+  RING_RETURN_IF_ERROR(MlaPrefillParts() == 4 ? launch(std::integral_constant<int, 4>{})
+                                              : launch(std::integral_constant<int, 2>{}));
+  QMatmulArgs oa;
+  oa.x = olat_b;
+  oa.x_dtype = DType::kBF16;
+  oa.m = T;
+  oa.ldx = H * KVL;
+  oa.x_problem_stride = KVL;
+  oa.y = out;
+  oa.ldy = H * a.vd;
+  oa.y_problem_stride = a.vd;
+  oa.problems = H;
+  return LinearT(unembed_out, oa, cpu::ActDType::kBF16, stream);
+}
+
 // MlaAttention but for out_bf16: *wrote_bf16 tells whether the decode path wrote it.
 // Whether a decode row (T == 1) runs on the split decode kernels (MlaDecode).
 bool MlaDecodeTakes(const cpu::MlaAttentionArgs& a, const DeviceInfo& dev) {
@@ -1897,6 +2295,11 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
   if (pos_at != nullptr) {
     return absl::InvalidArgumentError(
         "mla attention: a key count on the device needs the decode kernels (one query row)");
+  }
+  if (T > 1 && sparse) {
+    absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+    if (!dev.ok()) return dev.status();
+    if (MlaSparsePrefillTakes(a, t, **dev)) return MlaSparsePrefill(a, embed_q, unembed_out, out, stream);
   }
   const float* lat = a.latent;
   const float* pe = a.k_pe;
@@ -2039,6 +2442,11 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
 bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a) {
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   return dev.ok() && MlaDecodeTakes(a, **dev);
+}
+
+bool MlaAttentionAbsorbsRows(const cpu::MlaAttentionArgs& a, cpu::ActDType round) {
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  return dev.ok() && MlaSparsePrefillTakes(a, round, **dev);
 }
 
 absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,

@@ -13,7 +13,9 @@
 //   MlaAttention   MLA after the projections: expanded form for prefill chunks (T > 1),
 //                  absorbed form over the compressed latent cache + rope key for decode
 //                  (T == 1), dense or over DSA-selected keys (sparse prefill as a mask,
-//                  sparse decode as a gather of the selected cache rows).
+//                  sparse decode as a gather of the selected cache rows); with bf16
+//                  activations at GLM-5's widths, sparse prefill rows run absorbed, each as
+//                  its decode step would (MlaAttentionAbsorbsRows).
 //
 // All pointers are device memory; work is queued on `stream` (op temporaries are
 // stream-ordered allocations).
@@ -106,6 +108,11 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
                           const int32_t* pos_at = nullptr);
 // One query row on the split decode kernels (the latent width, rope and alignment they take).
 bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a);
+// Whether a prefill chunk (T > 1) with top-k rows runs each row in the absorbed form, as
+// cpu::MlaAttention computes a decode row (T = 1, offset + i, that row's top-k, or dense over
+// its offset + i + 1 keys when they are at most K), instead of the reference's expanded
+// form: bf16 activations at kvl 512 / rope 64 on sm_80+, unless RING_MLA_SPARSE_PREFILL=0.
+bool MlaAttentionAbsorbsRows(const cpu::MlaAttentionArgs& a, cpu::ActDType round);
 
 }  // namespace ring::cuda
 

@@ -28,8 +28,9 @@ int64_t YSpan(const QMatmulArgs& a, int64_t n) {
 
 absl::Status Run(const DeviceQuantWeight& w, const QMatmulArgs& in, cpu::ActDType act,
                  bool transpose, cudaStream_t stream) {
-  if (in.x_dtype != DType::kF32) {
-    return absl::InvalidArgumentError("LinearT/N take fp32 activation storage");
+  if (in.x_dtype != DType::kF32 &&
+      !(in.x_dtype == DType::kBF16 && act == cpu::ActDType::kBF16)) {
+    return absl::InvalidArgumentError("LinearT/N take fp32 activation storage (or bf16 in bf16 mode)");
   }
   const int64_t k = transpose ? w.cols : w.rows;
   const int64_t n = transpose ? w.rows : w.cols;
@@ -39,12 +40,15 @@ absl::Status Run(const DeviceQuantWeight& w, const QMatmulArgs& in, cpu::ActDTyp
   const bool affine_gemm = w.spec.mode == QuantMode::kAffine && a.m > 8;
   // transpose=false has tensor cores only through the GEMM (M > 8); at M <= 8 it runs
   // SIMT, which takes the fp32 x as it is, so no bf16 copy is made.
+  // (x already bf16: the caller made that copy; the SIMT kernel reads either.)
   if ((transpose || a.m > 8) && act == cpu::ActDType::kBF16 && !affine_gemm) {
-    const int64_t span = XSpan(a, k);
-    RING_ASSIGN_OR_RETURN(xb, StreamBuffer::Allocate(span * 2, stream));
-    RING_RETURN_IF_ERROR(ToBf16(static_cast<const float*>(a.x), span, xb.as<uint16_t>(), stream));
-    a.x = xb.data();
-    a.x_dtype = DType::kBF16;
+    if (a.x_dtype == DType::kF32) {
+      const int64_t span = XSpan(a, k);
+      RING_ASSIGN_OR_RETURN(xb, StreamBuffer::Allocate(span * 2, stream));
+      RING_RETURN_IF_ERROR(ToBf16(static_cast<const float*>(a.x), span, xb.as<uint16_t>(), stream));
+      a.x = xb.data();
+      a.x_dtype = DType::kBF16;
+    }
   } else {
     a.path = QmmPath::kSimt;
   }

@@ -11,8 +11,9 @@
 //     CPU reference does not;
 //   * act f32/f16: x stays fp32 (SIMT, exact dequantization);
 // and rounds y to the activation dtype (bf16 inside the kernel, f16 by a second pass).
-// Arguments are QMatmulArgs with x as fp32 (x_dtype must be F32, path kAuto); every other
-// field (problems, expert ids, strides) is passed through.
+// Arguments are QMatmulArgs with x as fp32 (x_dtype F32, path kAuto), or in bf16 mode x as
+// the bf16 bits of those values (x_dtype BF16: the copy above, made by the caller); every
+// other field (problems, expert ids, strides) is passed through.
 #ifndef RINGSERVE_KERNELS_CUDA_LINEAR_CUH_
 #define RINGSERVE_KERNELS_CUDA_LINEAR_CUH_
 

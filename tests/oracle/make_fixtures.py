@@ -289,6 +289,30 @@ FIXTURES = [
         ],
     ),
     dict(
+        name="glm5_mla512_mxfp4",
+        seed=3412,
+        config=_glm_cfg(
+            vocab_size=320,
+            kv_lora_rank=512,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=64,
+            qk_head_dim=128,
+            head_dim=64,
+            v_head_dim=64,
+            index_n_heads=16,
+            index_head_dim=128,
+        ),
+        quant=dict(q_mode="mxfp4"),
+        prompt_len=24,
+        prefill_chunk=10,
+        covers=[
+            "glm_moe_dsa, mxfp4, MLA at GLM-5's latent and rope widths (kv_lora 512, rope 64): "
+            "the CUDA backend's absorbed sparse prefill rows (each row as its decode step) in "
+            "chunks 10, 10, 4, sparse from the first chunk (S=10 > index_topk 8) with rows of "
+            "at most 8 keys (all selected) in it",
+        ],
+    ),
+    dict(
         name="dsv32_mxfp8_yarn_group",
         seed=3223,
         config=_dsv32_cfg(rope_scaling=dict(YARN_DSV3)),
