@@ -1868,10 +1868,10 @@ namespace {
 // expanded form. A row with at most K causal keys has all of them selected (the indexer masks
 // the others to -inf), so it walks [0, offset + i] directly, as the reference's dense decode.
 //
-// One block a query row and 64 heads (blockIdx.y: heads past 64), 4 x kParts warps: warp w
+// One block a query row and 64 heads (blockIdx.y: heads past 64), 4 x kMlaPfParts warps: warp w
 // takes the 16 heads of row tile w % 4 and part w / 4 of the latent dims, for the scores (its
 // part's dims; part 0 also the rope dims, rounded as the reference's pe_scores) and for the
-// values (its part's output dims: 256 / kParts fp32 accumulators a thread). Keys come in
+// values (its part's output dims: 256 / kMlaPfParts fp32 accumulators a thread). Keys come in
 // tiles of 32 from a bf16 copy of the cache (KvToBf16Kernel), gathered through the row's
 // top-k indices by cp.async, the next tile's copies in flight while this one is used, the
 // indices loaded a tile ahead. The warps of a row tile swap their partial scores through
@@ -1882,6 +1882,10 @@ namespace {
 // (held in registers they would not leave room for the accumulators).
 constexpr int kMlaPfHeads = 64;
 constexpr int kMlaPfKeys = 32;
+// The latent split over a row tile's warps. 4 (16 warps, 64 accumulators a thread) measured
+// slower than 2 at a 16k prompt on the H200 (379 vs 345 ms a slice prefill, session 32): each
+// warp then sums four partials and the softmax runs four times instead of twice.
+constexpr int kMlaPfParts = 2;
 
 struct MlaPrefillParams {
   const float* qlat = nullptr;    // [T, H, kvl], rounded
@@ -1895,8 +1899,9 @@ struct MlaPrefillParams {
   uint16_t* out = nullptr;        // [T, H, kvl]: bf16 bits of the rounded o_lat
 };
 
-template <int KVL, int RD, int kParts>
+template <int KVL, int RD>
 struct MlaPfLayout {
+  static constexpr int kParts = kMlaPfParts;
   static constexpr int kRow = KVL + RD + 8;  // a Q or key row, bf16 (+8: ldmatrix rows on distinct banks)
   static constexpr int kSwap = 16 * 32;      // one warp's fragment of 16 x 32 scores, fp32
   // Byte offsets: Q [64][kRow], two key tiles [32][kRow], per row tile the swapped scores
@@ -1915,18 +1920,18 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <int KVL, int RD, int kParts>
-__global__ void __launch_bounds__(kParts * 4 * 32, 1) MlaSparsePrefillKernel(MlaPrefillParams p) {
-  using L = MlaPfLayout<KVL, RD, kParts>;
+template <int KVL, int RD>
+__global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKernel(MlaPrefillParams p) {
+  using L = MlaPfLayout<KVL, RD>;
+  constexpr int kParts = kMlaPfParts;
   constexpr int kThreads = kParts * 4 * 32;
   constexpr int kSlice = KVL / kParts;      // a warp's latent dims
   constexpr int kKs = kSlice / 16;          // its k16 steps of the scores
   constexpr int kDt = kSlice / 8;           // its n8 tiles of the output
   constexpr int kNt = kMlaPfKeys / 8;       // n8 tiles of scores a key tile
   constexpr int kCopyT = kThreads / kMlaPfKeys;  // threads a key row
-  constexpr int kPieces = (KVL + RD) / 8;   // 16-byte pieces of a key row
-  static_assert(kThreads % kMlaPfKeys == 0 && KVL % 8 == 0 && RD % 8 == 0 && kKs % 2 == 0 &&
-                (RD / 16) % 2 == 0);
+  static_assert(kThreads % kMlaPfKeys == 0 && RD == 8 * kCopyT && KVL % (8 * kCopyT) == 0 &&
+                kKs % 2 == 0 && (RD / 16) % 2 == 0);
   extern __shared__ __align__(16) unsigned char mpm[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(mpm + L::kQ);
   uint16_t* tiles = reinterpret_cast<uint16_t*>(mpm + L::kTiles);
@@ -1942,7 +1947,7 @@ __global__ void __launch_bounds__(kParts * 4 * 32, 1) MlaSparsePrefillKernel(Mla
   const bool dense = visible <= p.K;
   const int64_t nk = dense ? visible : p.K;
   const int32_t* sel = p.topk + i * p.K;
-  const int cr = tid / kCopyT, cc = tid % kCopyT;
+  const int cr = tid / kCopyT, cc = 8 * (tid % kCopyT);
   PdlBegin();
   // Key of entry e of the row's list, -1 past the list or outside the causal range.
   auto key_of = [&](int64_t e) -> int64_t {
@@ -1950,19 +1955,16 @@ __global__ void __launch_bounds__(kParts * 4 * 32, 1) MlaSparsePrefillKernel(Mla
     const int64_t j = dense ? e : static_cast<int64_t>(LoadProduced(sel + e));
     return j >= 0 && j < visible ? j : -1;
   };
-  // Thread (cr, cc) copies row cr's 16-byte pieces cc + kCopyT k (latent, then rope).
+  // Thread (cr, cc) copies row cr's 16-byte pieces at cc + 8 kCopyT k of the latent and at
+  // cc of the rope key.
   auto issue = [&](int64_t j, int st) {
     const bool ok = j >= 0;
     const int64_t row = ok ? j : 0;
-    uint16_t* dst = tiles + (st * kMlaPfKeys + cr) * L::kRow;
+    uint16_t* dst = tiles + (st * kMlaPfKeys + cr) * L::kRow + cc;
+    const uint16_t* ls = p.lat + row * KVL + cc;
 #pragma unroll
-    for (int k = 0; k < (kPieces + kCopyT - 1) / kCopyT; ++k) {
-      const int c = cc + kCopyT * k;
-      if (kPieces % kCopyT == 0 || c < kPieces) {
-        const uint16_t* src = c < KVL / 8 ? p.lat + row * KVL + 8 * c : p.pe + row * RD + 8 * c - KVL;
-        CpAsync16(dst + 8 * c, src, ok);
-      }
-    }
+    for (int k = 0; k < KVL / (8 * kCopyT); ++k) CpAsync16(dst + 8 * kCopyT * k, ls + 8 * kCopyT * k, ok);
+    CpAsync16(dst + KVL, p.pe + row * RD + cc, ok);
     CpAsyncCommit();
     if (cc == 0) kmask[st * kMlaPfKeys + cr] = ok ? 0.f : -INFINITY;
   };
@@ -2166,16 +2168,6 @@ bool MlaSparsePrefillEnabled() {
   return on;
 }
 
-// The latent's split over a row tile's warps: 2 (8 warps, 128 accumulators a thread) unless
-// RING_MLA_PREFILL_PARTS=4 (16 warps, 64 a thread).
-int MlaPrefillParts() {
-  static const int parts = [] {
-    const char* v = std::getenv("RING_MLA_PREFILL_PARTS");
-    return v != nullptr && std::strcmp(v, "4") == 0 ? 4 : 2;
-  }();
-  return parts;
-}
-
 // Whether MlaSparsePrefill takes a: a prefill chunk (T > 1) with top-k rows, bf16
 // activations, GLM-5's and DeepSeek-V3's latent and rope widths, 16-byte aligned caches.
 bool MlaSparsePrefillTakes(const cpu::MlaAttentionArgs& a, cpu::ActDType t, const DeviceInfo& dev) {
@@ -2184,8 +2176,7 @@ bool MlaSparsePrefillTakes(const cpu::MlaAttentionArgs& a, cpu::ActDType t, cons
          reinterpret_cast<uintptr_t>(a.latent) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k_pe) % 16 == 0 &&
          a.T <= 0x7fffffff && (a.H + kMlaPfHeads - 1) / kMlaPfHeads <= 65535 && dev.cc >= 80 &&
          AttentionMmaEnabled() && MlaSparsePrefillEnabled() &&
-         static_cast<int64_t>(std::max(MlaPfLayout<512, 64, 2>::kTotal, MlaPfLayout<512, 64, 4>::kTotal)) <=
-             dev.smem_per_block_optin;
+         static_cast<int64_t>(MlaPfLayout<512, 64>::kTotal) <= dev.smem_per_block_optin;
 }
 
 // q_lat for every row by one GEMM over the heads, the kernel above, the unembedding by one
@@ -2229,17 +2220,12 @@ absl::Status MlaSparsePrefill(const cpu::MlaAttentionArgs& a, const DeviceQuantW
   p.H = H;
   p.scale = a.scale;
   p.out = olat_b;
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((H + kMlaPfHeads - 1) / kMlaPfHeads));
-  auto launch = [&](auto parts_tag) -> absl::Status {
-    constexpr int kParts = decltype(parts_tag)::value;
-    constexpr auto kKernel = MlaSparsePrefillKernel<KVL, RD, kParts>;
-    constexpr size_t kSmem = MlaPfLayout<KVL, RD, kParts>::kTotal;
-    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(kKernel, kSmem));
-    RING_LAUNCH_PDL(kKernel, grid, kParts * 4 * 32, kSmem, stream, p);
-    return absl::OkStatus();
-  };
-  RING_RETURN_IF_ERROR(MlaPrefillParts() == 4 ? launch(std::integral_constant<int, 4>{})
-                                              : launch(std::integral_constant<int, 2>{}));
+  constexpr auto kKernel = MlaSparsePrefillKernel<KVL, RD>;
+  constexpr size_t kSmem = MlaPfLayout<KVL, RD>::kTotal;
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(kKernel, kSmem));
+  RING_LAUNCH_PDL(kKernel,
+                  dim3(static_cast<unsigned>(T), static_cast<unsigned>((H + kMlaPfHeads - 1) / kMlaPfHeads)),
+                  kMlaPfParts * 4 * 32, kSmem, stream, p);
   QMatmulArgs oa;
   oa.x = olat_b;
   oa.x_dtype = DType::kBF16;
