@@ -492,6 +492,81 @@ __device__ __forceinline__ void SplitBf16x2(float a, float b, uint32_t* hi, uint
   *lo = PackBf16x2(a - __uint_as_float(*hi << 16), b - __uint_as_float(*hi & 0xffff0000u));
 }
 
+// One key tile of an online softmax over a warp's 16 query rows held as mma C fragments
+// (element e of sc[nt]: row g + 8 (e >> 1), key nt * 8 + 2t + (e & 1)); mx[r] is this lane's
+// maximum of its row-r scores. Updates the rows' maxima m and sums l, turns sc into the
+// tile's weights (masked scores, -inf, weigh 0, also while a row's maximum is still -inf)
+// and rescales the accumulators o by the change of maximum.
+template <int kNt, int kDt>
+__device__ __forceinline__ void OnlineSoftmaxTile(float (&sc)[kNt][4], float (&mx)[2], float (&m)[2],
+                                                  float (&l)[2], float (&o)[kDt][4]) {
+  float cold[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mn = fmaxf(m[r], mx[r]);
+    // expf(-inf) = 0: the old row had no score yet (m = -inf, mn >= m[r] otherwise). A
+    // select, not a branch around expf.
+    cold[r] = expf(m[r] == -INFINITY ? -INFINITY : m[r] - mn);
+    m[r] = mn;
+  }
+  float ls[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const float pe = expf(sc[nt][e] == -INFINITY ? -INFINITY : sc[nt][e] - m[r]);
+      sc[nt][e] = pe;
+      ls[r] += pe;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 1);
+    ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 2);
+    l[r] = l[r] * cold[r] + ls[r];
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) {
+    o[dt][0] *= cold[0];
+    o[dt][1] *= cold[0];
+    o[dt][2] *= cold[1];
+    o[dt][3] *= cold[1];
+  }
+}
+
+// o += P V over the tile's 8 kNt keys, 16 at a time: P's C fragments of n8 tiles 2kc and
+// 2kc + 1, split into bf16 halves hi and lo, are the A fragments of keys [16 kc, 16 kc + 16);
+// V's B fragments by ldmatrix.trans from bf16 rows kStride apart starting at `vs` (the tile's
+// first key at the warp's first output dim): matrices (keys 16 kc + 8 (lq & 1), dims
+// 8 (dt + (lq >> 1))) = b0, b1 of dt, then dt + 1.
+template <int kStride, int kNt, int kDt>
+__device__ __forceinline__ void AccumulatePV(float (&o)[kDt][4], const float (&sc)[kNt][4],
+                                             const uint16_t* vs, int lq, int lr) {
+#pragma unroll
+  for (int kc = 0; kc < kNt / 2; ++kc) {
+    const float* pa = sc[2 * kc];
+    const float* pb = sc[2 * kc + 1];
+    uint32_t h0, h1, h2, h3, l0, l1, l2, l3;
+    SplitBf16x2(pa[0], pa[1], &h0, &l0);
+    SplitBf16x2(pa[2], pa[3], &h1, &l1);
+    SplitBf16x2(pb[0], pb[1], &h2, &l2);
+    SplitBf16x2(pb[2], pb[3], &h3, &l3);
+    const uint16_t* vr = vs + (kc * 16 + 8 * (lq & 1) + lr) * kStride + 8 * (lq >> 1);
+#pragma unroll
+    for (int dt = 0; dt < kDt; dt += 2) {
+      uint32_t b[4];
+      LdMatrixX4<true>(b, vr + dt * 8);
+      internal::MmaBf16(o[dt], h0, h1, h2, h3, b[0], b[1]);
+      internal::MmaBf16(o[dt], l0, l1, l2, l3, b[0], b[1]);
+      internal::MmaBf16(o[dt + 1], h0, h1, h2, h3, b[2], b[3]);
+      internal::MmaBf16(o[dt + 1], l0, l1, l2, l3, b[2], b[3]);
+    }
+  }
+}
+
 // dst[(h * S + j) * d + c] = bf16(src[j * tok + h * head + c]) for the S rows of the hkv heads
 // (rows 16-byte aligned, d % 8 == 0). A block of kKvRows x 32 threads takes kKvRows
 // destination rows (threadIdx.y), each row's lanes 4 values at a time: one 32-bit division
@@ -732,65 +807,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
         }
       }
     }
-    float cold[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);
-      // expf(-inf) = 0: the old row had no score yet (m = -inf, mn >= m[r] otherwise). A
-      // select, not a branch around expf.
-      cold[r] = expf(m[r] == -INFINITY ? -INFINITY : m[r] - mn);
-      m[r] = mn;
-    }
-    float ls[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        // Masked scores (-inf) weigh 0, also where the row max is still -inf.
-        const float pe = expf(sc[nt][e] == -INFINITY ? -INFINITY : sc[nt][e] - m[r]);
-        sc[nt][e] = pe;
-        ls[r] += pe;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 1);
-      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 2);
-      l[r] = l[r] * cold[r] + ls[r];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDt; ++dt) {
-      o[dt][0] *= cold[0];
-      o[dt][1] *= cold[0];
-      o[dt][2] *= cold[1];
-      o[dt][3] *= cold[1];
-    }
-    // O += P V over the tile's keys, 16 at a time: P's C fragments of tiles 2kc and 2kc + 1
-    // are the A fragment of keys [16 kc, 16 kc + 16). V's B fragments by ldmatrix.trans:
-    // matrices (keys 16 kc + 8 (lq & 1), dims 8 (dt + (lq >> 1))) = b0, b1 of dt, then dt + 1.
-#pragma unroll
-    for (int kc = 0; kc < kMmaKeys / 16; ++kc) {
-      const float* pa = sc[2 * kc];
-      const float* pb = sc[2 * kc + 1];
-      uint32_t h0, h1, h2, h3, l0, l1, l2, l3;
-      SplitBf16x2(pa[0], pa[1], &h0, &l0);
-      SplitBf16x2(pa[2], pa[3], &h1, &l1);
-      SplitBf16x2(pb[0], pb[1], &h2, &l2);
-      SplitBf16x2(pb[2], pb[3], &h3, &l3);
-      const uint16_t* vr = vs + (kc * 16 + 8 * (lq & 1) + lr) * kVst + 8 * (lq >> 1);
-#pragma unroll
-      for (int dt = 0; dt < kDt; dt += 2) {
-        uint32_t b[4];
-        LdMatrixX4<true>(b, vr + dt * 8);
-        internal::MmaBf16(o[dt], h0, h1, h2, h3, b[0], b[1]);
-        internal::MmaBf16(o[dt], l0, l1, l2, l3, b[0], b[1]);
-        internal::MmaBf16(o[dt + 1], h0, h1, h2, h3, b[2], b[3]);
-        internal::MmaBf16(o[dt + 1], l0, l1, l2, l3, b[2], b[3]);
-      }
-    }
+    OnlineSoftmaxTile(sc, mx, m, l, o);
+    AccumulatePV<kVst>(o, sc, vs, lq, lr);
     __syncthreads();  // this stage is read: the next iteration's copies may overwrite it
   }
 #pragma unroll
@@ -2094,60 +2112,9 @@ __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKerne
         mx[e >> 1] = fmaxf(mx[e >> 1], s);
       }
     }
-    float cold[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);
-      cold[r] = expf(m[r] == -INFINITY ? -INFINITY : m[r] - mn);
-      m[r] = mn;
-    }
-    float ls[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const float pj = expf(sc[nt][e] == -INFINITY ? -INFINITY : sc[nt][e] - m[r]);
-        sc[nt][e] = pj;
-        ls[r] += pj;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 1);
-      ls[r] += __shfl_xor_sync(0xffffffffu, ls[r], 2);
-      l[r] = l[r] * cold[r] + ls[r];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDt; ++dt) {
-      o[dt][0] *= cold[0];
-      o[dt][1] *= cold[0];
-      o[dt][2] *= cold[1];
-      o[dt][3] *= cold[1];
-    }
-    // O += P V over the warp's output dims (AttentionMmaKernel's fragments).
-#pragma unroll
-    for (int kc = 0; kc < kMlaPfKeys / 16; ++kc) {
-      const float* pa = sc[2 * kc];
-      const float* pb = sc[2 * kc + 1];
-      uint32_t h0f, h1f, h2f, h3f, l0f, l1f, l2f, l3f;
-      SplitBf16x2(pa[0], pa[1], &h0f, &l0f);
-      SplitBf16x2(pa[2], pa[3], &h1f, &l1f);
-      SplitBf16x2(pb[0], pb[1], &h2f, &l2f);
-      SplitBf16x2(pb[2], pb[3], &h3f, &l3f);
-      const uint16_t* vr = ts + (kc * 16 + 8 * (lq & 1) + lr) * L::kRow + d0 + 8 * (lq >> 1);
-#pragma unroll
-      for (int dt = 0; dt < kDt; dt += 2) {
-        uint32_t b[4];
-        LdMatrixX4<true>(b, vr + dt * 8);
-        internal::MmaBf16(o[dt], h0f, h1f, h2f, h3f, b[0], b[1]);
-        internal::MmaBf16(o[dt], l0f, l1f, l2f, l3f, b[0], b[1]);
-        internal::MmaBf16(o[dt + 1], h0f, h1f, h2f, h3f, b[2], b[3]);
-        internal::MmaBf16(o[dt + 1], l0f, l1f, l2f, l3f, b[2], b[3]);
-      }
-    }
+    OnlineSoftmaxTile(sc, mx, m, l, o);
+    // O += P V over the warp's output dims.
+    AccumulatePV<L::kRow>(o, sc, ts + d0, lq, lr);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
