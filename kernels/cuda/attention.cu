@@ -1938,6 +1938,27 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// c[nt] += A B over kSteps k16 steps for kNt n8 tiles of keys, two steps a load of A: A by
+// ldmatrix at `qa` (this lane's row address in the warp's 16 query rows), B from key rows
+// kStride apart at `kr` (this lane's row lr and column 8 lq of the first key).
+template <int kSteps, int kNt, int kStride>
+__device__ __forceinline__ void MlaPfScores(float (&c)[kNt][4], const uint16_t* qa, const uint16_t* kr) {
+  static_assert(kSteps % 2 == 0);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; kk += 2) {
+    uint32_t a0[4], a1[4];
+    LdMatrixX4<false>(a0, qa + kk * 16);
+    LdMatrixX4<false>(a1, qa + kk * 16 + 16);
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      uint32_t b[4];
+      LdMatrixX4<false>(b, kr + nt * 8 * kStride + kk * 16);
+      internal::MmaBf16(c[nt], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+      internal::MmaBf16(c[nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+    }
+  }
+}
+
 template <int KVL, int RD>
 __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKernel(MlaPrefillParams p) {
   using L = MlaPfLayout<KVL, RD>;
@@ -2051,34 +2072,11 @@ __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKerne
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][e] = pe[nt][e] = 0.f;
     }
-    // Partial latent scores over the warp's part, two k16 steps a load of A.
-#pragma unroll
-    for (int kk = 0; kk < kKs; kk += 2) {
-      uint32_t a0[4], a1[4];
-      LdMatrixX4<false>(a0, qa + d0 + kk * 16);
-      LdMatrixX4<false>(a1, qa + d0 + kk * 16 + 16);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        uint32_t b[4];
-        LdMatrixX4<false>(b, ts + (nt * 8 + lr) * L::kRow + d0 + 8 * lq + kk * 16);
-        internal::MmaBf16(sc[nt], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
-        internal::MmaBf16(sc[nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
-      }
-    }
-    if (part == 0) {  // the rope scores, rounded as pe_scores
-#pragma unroll
-      for (int kk = 0; kk < RD / 16; kk += 2) {
-        uint32_t a0[4], a1[4];
-        LdMatrixX4<false>(a0, qa + KVL + kk * 16);
-        LdMatrixX4<false>(a1, qa + KVL + kk * 16 + 16);
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
-          uint32_t b[4];
-          LdMatrixX4<false>(b, ts + (nt * 8 + lr) * L::kRow + KVL + 8 * lq + kk * 16);
-          internal::MmaBf16(pe[nt], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
-          internal::MmaBf16(pe[nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
-        }
-      }
+    // Partial latent scores over the warp's part; part 0 also the rope scores.
+    const uint16_t* kr = ts + lr * L::kRow + 8 * lq;
+    MlaPfScores<kKs, kNt, L::kRow>(sc, qa + d0, kr + d0);
+    if (part == 0) {  // rounded as pe_scores
+      MlaPfScores<RD / 16, kNt, L::kRow>(pe, qa + KVL, kr + KVL);
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
