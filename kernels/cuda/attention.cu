@@ -38,6 +38,10 @@
 // shared-memory and FMA time. With bf16 activations at kvl 512 / rope 64 (GLM-5,
 // DeepSeek-V3) MlaDecodeMmaKernel does the same work on the tensor cores (see there;
 // RING_ATTN_MMA=0 keeps this kernel).
+//
+// MlaSparsePrefillKernel: a prompt's rows that select their keys by the DSA top-k, each in
+// the absorbed form as its decode step (one block per row and 64 heads; see there;
+// RING_MLA_SPARSE_PREFILL=0 keeps such rows on the expanded form).
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
