@@ -1857,20 +1857,22 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   oa.problems = H;
   oa.x_problem_stride = kvl;
   oa.y_problem_stride = a.vd;
-  if (!bf16) return LinearT(unembed_out, oa, t, stream);
-  // What LinearT does in bf16 mode, on the bits the combine wrote (o_lat is rounded to bf16,
-  // so they are exactly the conversion it would make).
-  oa.x = olat_bf16;
-  oa.x_dtype = DType::kBF16;
-  oa.round_bf16 = true;
-  // o_proj's input as a side copy, without a conversion launch, where the decode GEMV runs
-  // the unembedding (the only kernel with the side copy).
-  const absl::StatusOr<QmmPath> path = ResolveQmmPath(unembed_out, oa);
-  if (out_bf16 != nullptr && path.ok() && *path == QmmPath::kTensorCore) {
-    oa.y_bf16 = out_bf16;
-    *wrote_bf16 = true;
+  if (bf16) {
+    // The bits the combine wrote (o_lat is rounded to bf16, so they are exactly the copy
+    // LinearT would make, and it makes none).
+    oa.x = olat_bf16;
+    oa.x_dtype = DType::kBF16;
+    // o_proj's input as a side copy, without a conversion launch, where the decode GEMV runs
+    // the unembedding (the only kernel with the side copy); the path as LinearT will resolve
+    // it, with the rounding it sets.
+    oa.round_bf16 = true;
+    const absl::StatusOr<QmmPath> path = ResolveQmmPath(unembed_out, oa);
+    if (out_bf16 != nullptr && path.ok() && *path == QmmPath::kTensorCore) {
+      oa.y_bf16 = out_bf16;
+      *wrote_bf16 = true;
+    }
   }
-  return QMatmulT(unembed_out, oa, stream);
+  return LinearT(unembed_out, oa, t, stream);
 }
 
 }  // namespace
