@@ -1253,10 +1253,13 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
 // and the rope keys hold bf16 values then, so their bf16 copies are exact and every product
 // of the mma is; only fp32 summation order differs (and P's split, below). A block takes 16
 // heads (one mma row tile; heads past H are zero rows) and a split of the keys in chunks of
-// 32. A chunk's fp32 latent and rope-key rows land by cp.async in a staging area and are
-// converted into one bf16 tile [32][KVL + RD + 8] (the +8 puts the 8 rows an ldmatrix
-// reads on distinct banks), after which the next chunk's copies go out while this one is
-// used. Warp w sums the latent scores of the 16 heads x 32 keys over the dims [w, w + 1) *
+// 32. A chunk's fp32 latent and rope-key rows are loaded into the copying threads'
+// registers (72 a thread) and converted into one bf16 tile [32][KVL + RD + 8] (the +8 puts
+// the 8 rows an ldmatrix reads on distinct banks), after which the next chunk's loads go out
+// while this one is used. (Until session 33 the rows landed by cp.async in a shared staging
+// area: 130 KB of shared memory a block, more than sm_120 / sm_121's ~99 KB; in registers
+// the block needs 58 KB, and on the H200 the kernel took 10.9 us a launch against 11.2 in
+// the same decode trace.) Warp w sums the latent scores of the 16 heads x 32 keys over the dims [w, w + 1) *
 // KVL / 8 (its q_lat A fragments held for the whole kernel, the keys' B fragments by
 // ldmatrix); warps 0-3 the rope scores of keys [8w, 8w + 8), rounded as the reference's
 // pe_scores. The eight latent partials are summed in warp order in shared memory; warp w
@@ -1288,14 +1291,12 @@ __device__ __forceinline__ void MmaKeyRows(float (&c)[4], const uint32_t (&a)[kS
 
 template <int KVL, int RD>
 struct MlaMmaLayout {
-  static constexpr int kRow = KVL + RD;         // a staged key row, fp32
   static constexpr int kTst = KVL + RD + 8;     // a tile row, bf16
   static constexpr int kRst = kMlaChunk + 1;    // score rows, fp32
   static constexpr int kPst = kMlaChunk + 8;    // P rows, bf16 (16-byte aligned, banks apart)
-  // Byte offsets: staging, tile, latent score partials [warps][16][kRst], rope scores
-  // [16][kRst], P hi and lo [16][kPst] each, rescale factors [16].
-  static constexpr size_t kStage = 0;
-  static constexpr size_t kTile = kStage + sizeof(float) * kMlaChunk * kRow;
+  // Byte offsets: tile, latent score partials [warps][16][kRst], rope scores [16][kRst],
+  // P hi and lo [16][kPst] each, rescale factors [16].
+  static constexpr size_t kTile = 0;
   static constexpr size_t kRed = kTile + sizeof(uint16_t) * kMlaChunk * kTst;
   static constexpr size_t kRope = kRed + sizeof(float) * kMlaMmaWarps * kMlaMmaHeads * kRst;
   static constexpr size_t kP = kRope + sizeof(float) * kMlaMmaHeads * kRst;
@@ -1314,7 +1315,6 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
   static_assert(kSlice % 32 == 0 && RD % 32 == 0 && kMlaChunk == 32 &&
                 kMlaMmaHeads == 2 * kMlaMmaWarps);
   extern __shared__ __align__(16) unsigned char mdm[];
-  float* stage = reinterpret_cast<float*>(mdm + L::kStage);
   uint16_t* tile = reinterpret_cast<uint16_t*>(mdm + L::kTile);
   float* red = reinterpret_cast<float*>(mdm + L::kRed);
   float* rsc = reinterpret_cast<float*>(mdm + L::kRope);
@@ -1326,17 +1326,18 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMlaMmaHeads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.chunks_per_split * kMlaChunk;
   int64_t last = min(p.Sk, first + static_cast<int64_t>(p.chunks_per_split) * kMlaChunk);
-  // Copies: kCopyT threads a key row, thread (cr, cc) takes rows cr + kCopyRows * pass and
+  // Loads: kCopyT threads a key row, thread (cr, cc) takes rows cr + kCopyRows * pass and
   // in them the 16-byte pieces cc + kCopyT * k of the latent and of the rope key, so that
-  // every copy is a row base plus a compile-time offset. The thread converts the same pieces
-  // into the tile, so the staging area is its own: no barrier between copy and conversion.
+  // every load is a row base plus a compile-time offset; it converts the same pieces into
+  // the tile.
   constexpr int kCopyT = 16;
   constexpr int kCopyRows = kThreads / kCopyT;
   constexpr int kPasses = kMlaChunk / kCopyRows;
   static_assert(kMlaChunk % kCopyRows == 0 && KVL % (4 * kCopyT) == 0 && RD % (4 * kCopyT) == 0);
   const int cr = tid / kCopyT, cc = 4 * (tid % kCopyT);
-  // Queues the copies of the rows `rw` (raw indices, MlaRawRow; invalid ones copy zeros) as
-  // one commit group.
+  constexpr int kPieces = (KVL + RD) / (4 * kCopyT);  // a thread's 16-byte pieces of a row
+  float4 held[kPasses][kPieces];  // the next chunk's pieces, in flight
+  // Loads the rows `rw` (raw indices, MlaRawRow; invalid ones give zeros) into `held`.
   auto issue = [&](const int (&rw)[kPasses]) {
 #pragma unroll
     for (int ps = 0; ps < kPasses; ++ps) {
@@ -1345,11 +1346,15 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
       const bool ok = checked >= 0;
       const float* ls = p.lat + row * KVL + cc;
       const float* es = p.pe + row * RD + cc;
-      float* st = stage + (cr + ps * kCopyRows) * L::kRow + cc;
+      const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int k = 0; k < KVL / (4 * kCopyT); ++k) CpAsync16(st + 4 * kCopyT * k, ls + 4 * kCopyT * k, ok);
+      for (int k = 0; k < KVL / (4 * kCopyT); ++k) {
+        held[ps][k] = ok ? LoadProduced(reinterpret_cast<const float4*>(ls + 4 * kCopyT * k)) : z;
+      }
 #pragma unroll
-      for (int k = 0; k < RD / (4 * kCopyT); ++k) CpAsync16(st + KVL + 4 * kCopyT * k, es + 4 * kCopyT * k, ok);
+      for (int k = 0; k < RD / (4 * kCopyT); ++k) {
+        held[ps][KVL / (4 * kCopyT) + k] = ok ? LoadProduced(reinterpret_cast<const float4*>(es + 4 * kCopyT * k)) : z;
+      }
     }
   };
   PdlBegin();
@@ -1419,14 +1424,13 @@ __global__ void __launch_bounds__(kMlaMmaWarps * 32, 1) MlaDecodeMmaKernel(MlaDe
     int nrow2[kPasses];
 #pragma unroll
     for (int ps = 0; ps < kPasses; ++ps) nrow2[ps] = MlaRawRow(p, j0 + 2 * kMlaChunk + cr + ps * kCopyRows, last);
-    CpAsyncWaitAll();
     __syncthreads();  // the tile's readers of the previous chunk are done
 #pragma unroll
     for (int ps = 0; ps < kPasses; ++ps) {
       const int r = cr + ps * kCopyRows;
 #pragma unroll
-      for (int k = 0; k < (KVL + RD) / (4 * kCopyT); ++k) {
-        const float4 v = *reinterpret_cast<const float4*>(stage + r * L::kRow + cc + 4 * kCopyT * k);
+      for (int k = 0; k < kPieces; ++k) {
+        const float4 v = held[ps][k];
         *reinterpret_cast<uint2*>(tile + r * L::kTst + cc + 4 * kCopyT * k) =
             make_uint2(PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w));
       }
@@ -1783,9 +1787,9 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
   const int64_t chunks = (Sk + kMlaChunk - 1) / kMlaChunk;
   // The tensor-core kernel where the activations are bf16 and the dims are GLM-5's.
-  using MmaLayout = MlaMmaLayout<512, 64>;
-  const bool mma = t == cpu::ActDType::kBF16 && kvl == 512 && a.rope == 64 && AttentionMmaEnabled() &&
-                   dev.cc >= 80 && static_cast<int64_t>(MmaLayout::kTotal) <= dev.smem_per_block_optin;
+  const MlaDecodeForm form =
+      t == cpu::ActDType::kBF16 && kvl == 512 && a.rope == 64 ? ChooseMlaDecodeForm(dev) : MlaDecodeForm::kSimt;
+  const bool mma = form != MlaDecodeForm::kSimt;
   const int64_t heads_per_block = mma ? kMlaMmaHeads : kMlaHeadsPerBlock;
   const int64_t head_blocks = (H + heads_per_block - 1) / heads_per_block;
   // Splits enough for every SM's blocks (two of the fp32 kernel fit, one of the tensor-core
@@ -1838,9 +1842,9 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks));
   if (mma) {
     constexpr auto kKernel = MlaDecodeMmaKernel<512, 64>;
-    RING_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(MmaLayout::kTotal)));
-    RING_LAUNCH_PDL(kKernel, grid, kMlaMmaWarps * 32, MmaLayout::kTotal, stream, p);
+    constexpr size_t kSmem = MlaMmaLayout<512, 64>::kTotal;
+    RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(kKernel, kSmem));
+    RING_LAUNCH_PDL(kKernel, grid, kMlaMmaWarps * 32, kSmem, stream, p);
   } else {
     RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(MlaDecodeKernel, smem));
     RING_LAUNCH_PDL(MlaDecodeKernel, grid, kMlaThreads, smem, stream, p, t);
@@ -1895,7 +1899,9 @@ namespace {
 // One block a query row and 64 heads (blockIdx.y: heads past 64), 4 x kMlaPfParts warps: warp w
 // takes the 16 heads of row tile w % 4 and part w / 4 of the latent dims, for the scores (its
 // part's dims; part 0 also the rope dims, rounded as the reference's pe_scores) and for the
-// values (its part's output dims: 256 / kMlaPfParts fp32 accumulators a thread). Keys come in
+// values (its part's output dims: 256 / kMlaPfParts fp32 accumulators a thread). (Where a
+// block may not have the 174 KB of shared memory this takes, as on sm_120 / sm_121 with
+// ~99 KB, MlaPfNarrow: 32 heads a block, 2 row tiles, key tiles of 16, 79 KB.) Keys come in
 // tiles of 32 from a bf16 copy of the cache (KvToBf16Kernel), gathered through the row's
 // top-k indices by cp.async, the next tile's copies in flight while this one is used, the
 // indices loaded a tile ahead. The warps of a row tile swap their partial scores through
@@ -1904,8 +1910,17 @@ namespace {
 // halves as in AttentionMmaKernel. q_lat and
 // the scaled, rounded rope queries sit in shared memory as bf16 and are read by ldmatrix
 // (held in registers they would not leave room for the accumulators).
-constexpr int kMlaPfHeads = 64;
-constexpr int kMlaPfKeys = 32;
+// Heads a block (16 a row tile) and keys a tile; kTotal of MlaPfLayout gives its shared memory.
+template <int kHeadsT, int kKeysT>
+struct MlaPfShape {
+  static constexpr int kHeads = kHeadsT;
+  static constexpr int kKeys = kKeysT;
+  static constexpr int kRowTiles = kHeads / 16;
+  static constexpr int kRowTileBits = kRowTiles == 4 ? 2 : 1;
+  static_assert(kRowTiles == 4 || kRowTiles == 2);
+};
+using MlaPfWide = MlaPfShape<64, 32>;
+using MlaPfNarrow = MlaPfShape<32, 16>;
 // The latent split over a row tile's warps. 4 (16 warps, 64 accumulators a thread) measured
 // slower than 2 at a 16k prompt on the H200 (379 vs 345 ms a slice prefill, session 32): each
 // warp then sums four partials and the softmax runs four times instead of twice.
@@ -1923,19 +1938,20 @@ struct MlaPrefillParams {
   uint16_t* out = nullptr;        // [T, H, kvl]: bf16 bits of the rounded o_lat
 };
 
-template <int KVL, int RD>
+template <int KVL, int RD, class Sh>
 struct MlaPfLayout {
   static constexpr int kParts = kMlaPfParts;
+  static constexpr int kThreads = Sh::kRowTiles * kParts * 32;
   static constexpr int kRow = KVL + RD + 8;  // a Q or key row, bf16 (+8: ldmatrix rows on distinct banks)
-  static constexpr int kSwap = 16 * 32;      // one warp's fragment of 16 x 32 scores, fp32
-  // Byte offsets: Q [64][kRow], two key tiles [32][kRow], per row tile the swapped scores
-  // (one per part of the latent, then the rounded rope) and per stage the keys' additive
-  // masks (0 or -inf).
+  static constexpr int kSwap = 16 * Sh::kKeys;  // one warp's fragment of 16 x kKeys scores, fp32
+  // Byte offsets: Q [kHeads][kRow], two key tiles [kKeys][kRow], per row tile the swapped
+  // scores (one per part of the latent, then the rounded rope) and per stage the keys'
+  // additive masks (0 or -inf).
   static constexpr size_t kQ = 0;
-  static constexpr size_t kTiles = kQ + sizeof(uint16_t) * kMlaPfHeads * kRow;
-  static constexpr size_t kSwapAt = kTiles + sizeof(uint16_t) * 2 * kMlaPfKeys * kRow;
-  static constexpr size_t kMask = kSwapAt + sizeof(float) * 4 * (kParts + 1) * kSwap;
-  static constexpr size_t kTotal = kMask + sizeof(float) * 2 * kMlaPfKeys;
+  static constexpr size_t kTiles = kQ + sizeof(uint16_t) * Sh::kHeads * kRow;
+  static constexpr size_t kSwapAt = kTiles + sizeof(uint16_t) * 2 * Sh::kKeys * kRow;
+  static constexpr size_t kMask = kSwapAt + sizeof(float) * Sh::kRowTiles * (kParts + 1) * kSwap;
+  static constexpr size_t kTotal = kMask + sizeof(float) * 2 * Sh::kKeys;
   static_assert(kTiles % 16 == 0 && kSwapAt % 16 == 0 && (kRow * 2) % 16 == 0);
 };
 
@@ -1965,17 +1981,20 @@ __device__ __forceinline__ void MlaPfScores(float (&c)[kNt][4], const uint16_t* 
   }
 }
 
-template <int KVL, int RD>
-__global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKernel(MlaPrefillParams p) {
-  using L = MlaPfLayout<KVL, RD>;
+template <int KVL, int RD, class Sh>
+__global__ void __launch_bounds__(MlaPfLayout<KVL, RD, Sh>::kThreads, 1)
+    MlaSparsePrefillKernel(MlaPrefillParams p) {
+  using L = MlaPfLayout<KVL, RD, Sh>;
   constexpr int kParts = kMlaPfParts;
-  constexpr int kThreads = kParts * 4 * 32;
+  constexpr int kThreads = L::kThreads;
+  constexpr int kKeys = Sh::kKeys;
+  constexpr int kHeads = Sh::kHeads;
   constexpr int kSlice = KVL / kParts;      // a warp's latent dims
   constexpr int kKs = kSlice / 16;          // its k16 steps of the scores
   constexpr int kDt = kSlice / 8;           // its n8 tiles of the output
-  constexpr int kNt = kMlaPfKeys / 8;       // n8 tiles of scores a key tile
-  constexpr int kCopyT = kThreads / kMlaPfKeys;  // threads a key row
-  static_assert(kThreads % kMlaPfKeys == 0 && RD == 8 * kCopyT && KVL % (8 * kCopyT) == 0 &&
+  constexpr int kNt = kKeys / 8;       // n8 tiles of scores a key tile
+  constexpr int kCopyT = kThreads / kKeys;  // threads a key row
+  static_assert(kThreads % kKeys == 0 && RD == 8 * kCopyT && KVL % (8 * kCopyT) == 0 &&
                 kKs % 2 == 0 && (RD / 16) % 2 == 0);
   extern __shared__ __align__(16) unsigned char mpm[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(mpm + L::kQ);
@@ -1984,10 +2003,11 @@ __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKerne
   float* kmask = reinterpret_cast<float*>(mpm + L::kMask);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int lq = lane >> 3, lr = lane & 7;
-  const int ht = warp & 3, part = warp >> 2, d0 = part * kSlice;
+  // Shifts, not / and %: on signed ints those cost the registers that made this kernel spill.
+  const int ht = warp & (Sh::kRowTiles - 1), part = warp >> Sh::kRowTileBits, d0 = part * kSlice;
   // The last rows first: they have the most keys (a dense row's count grows with i).
   const int64_t i = p.T - 1 - static_cast<int64_t>(blockIdx.x);
-  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMlaPfHeads;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeads;
   const int64_t visible = p.offset + i + 1;
   const bool dense = visible <= p.K;
   const int64_t nk = dense ? visible : p.K;
@@ -2005,20 +2025,20 @@ __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKerne
   auto issue = [&](int64_t j, int st) {
     const bool ok = j >= 0;
     const int64_t row = ok ? j : 0;
-    uint16_t* dst = tiles + (st * kMlaPfKeys + cr) * L::kRow + cc;
+    uint16_t* dst = tiles + (st * kKeys + cr) * L::kRow + cc;
     const uint16_t* ls = p.lat + row * KVL + cc;
 #pragma unroll
     for (int k = 0; k < KVL / (8 * kCopyT); ++k) CpAsync16(dst + 8 * kCopyT * k, ls + 8 * kCopyT * k, ok);
     CpAsync16(dst + KVL, p.pe + row * RD + cc, ok);
     CpAsyncCommit();
-    if (cc == 0) kmask[st * kMlaPfKeys + cr] = ok ? 0.f : -INFINITY;
+    if (cc == 0) kmask[st * kKeys + cr] = ok ? 0.f : -INFINITY;
   };
   issue(key_of(cr), 0);
-  int64_t jnext = key_of(kMlaPfKeys + cr);
+  int64_t jnext = key_of(kKeys + cr);
   // Q: the 64 heads' q_lat and scaled, rounded rope queries as bf16 rows (heads past H zero),
   // eight loads in flight a thread before they are packed.
   {
-    constexpr int kQ4 = kMlaPfHeads * KVL / 4;  // float4s of q_lat
+    constexpr int kQ4 = kHeads * KVL / 4;  // float4s of q_lat
     constexpr int kBatch = 8;
     static_assert(kQ4 % (kThreads * kBatch) == 0);
     const float* qrow = p.qlat + (i * p.H + h0) * KVL;
@@ -2037,7 +2057,7 @@ __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKerne
             make_uint2(PackBf16x2(v[k].x, v[k].y), PackBf16x2(v[k].z, v[k].w));
       }
     }
-    constexpr int kP4 = kMlaPfHeads * RD / 4;
+    constexpr int kP4 = kHeads * RD / 4;
     static_assert(kP4 % (kThreads) == 0);
     float4 v[kP4 / (kThreads)];
 #pragma unroll
@@ -2062,16 +2082,16 @@ __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKerne
   // ldmatrix addresses: A (q rows of the warp's tile), B (key rows, lane row lr, column 8 lq).
   const uint16_t* qa = qs + (ht * 16 + 8 * (lq & 1) + lr) * L::kRow + 8 * (lq >> 1);
   float* sw = swap + ht * (kParts + 1) * L::kSwap;
-  const int ntiles = static_cast<int>((nk + kMlaPfKeys - 1) / kMlaPfKeys);
+  const int ntiles = static_cast<int>((nk + kKeys - 1) / kKeys);
   for (int tile = 0; tile < ntiles; ++tile) {
     const int st = tile & 1;
     CpAsyncWaitAll();
     __syncthreads();  // this tile has landed everywhere; the other stage's readers are done
     if (tile + 1 < ntiles) {
       issue(jnext, st ^ 1);
-      jnext = key_of(static_cast<int64_t>(tile + 2) * kMlaPfKeys + cr);
+      jnext = key_of(static_cast<int64_t>(tile + 2) * kKeys + cr);
     }
-    const uint16_t* ts = tiles + st * kMlaPfKeys * L::kRow;
+    const uint16_t* ts = tiles + st * kKeys * L::kRow;
     float sc[kNt][4], pe[kNt][4];
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
@@ -2102,7 +2122,7 @@ __global__ void __launch_bounds__(kMlaPfParts * 4 * 32, 1) MlaSparsePrefillKerne
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
-      const float2 km = *reinterpret_cast<const float2*>(kmask + st * kMlaPfKeys + nt * 8 + 2 * t);
+      const float2 km = *reinterpret_cast<const float2*>(kmask + st * kKeys + nt * 8 + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int x = (nt * 4 + e) * 32 + lane;
@@ -2145,15 +2165,26 @@ bool MlaSparsePrefillTakes(const cpu::MlaAttentionArgs& a, cpu::ActDType t, cons
   return a.T > 1 && a.topk != nullptr && t == cpu::ActDType::kBF16 && a.kvl == 512 && a.rope == 64 &&
          a.nope % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(a.latent) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k_pe) % 16 == 0 &&
-         a.T <= 0x7fffffff && (a.H + kMlaPfHeads - 1) / kMlaPfHeads <= 65535 && dev.cc >= 80 &&
-         AttentionMmaEnabled() && MlaSparsePrefillEnabled() &&
-         static_cast<int64_t>(MlaPfLayout<512, 64>::kTotal) <= dev.smem_per_block_optin;
+         a.T <= 0x7fffffff && (a.H + MlaPfNarrow::kHeads - 1) / MlaPfNarrow::kHeads <= 65535 &&
+         MlaSparsePrefillHeadsPerBlock(dev) > 0;
+}
+
+template <int KVL, int RD, class Sh>
+absl::Status LaunchMlaSparsePrefill(const MlaPrefillParams& p, cudaStream_t stream) {
+  using L = MlaPfLayout<KVL, RD, Sh>;
+  constexpr auto kKernel = MlaSparsePrefillKernel<KVL, RD, Sh>;
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(kKernel, L::kTotal));
+  RING_LAUNCH_PDL(kKernel,
+                  dim3(static_cast<unsigned>(p.T), static_cast<unsigned>((p.H + Sh::kHeads - 1) / Sh::kHeads)),
+                  L::kThreads, L::kTotal, stream, p);
+  return absl::OkStatus();
 }
 
 // q_lat for every row by one GEMM over the heads, the kernel above, the unembedding by one
 // GEMM on its bf16 output.
 absl::Status MlaSparsePrefill(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
-                              const DeviceQuantWeight& unembed_out, float* out, cudaStream_t stream) {
+                              const DeviceQuantWeight& unembed_out, float* out, const DeviceInfo& dev,
+                              cudaStream_t stream) {
   constexpr int KVL = 512, RD = 64;
   const int64_t T = a.T, H = a.H, S = a.S, qd = a.nope + a.rope;
   const int64_t lat_n = S * KVL, pe_n = S * RD, olat_n = T * H * KVL;
@@ -2191,12 +2222,11 @@ absl::Status MlaSparsePrefill(const cpu::MlaAttentionArgs& a, const DeviceQuantW
   p.H = H;
   p.scale = a.scale;
   p.out = olat_b;
-  constexpr auto kKernel = MlaSparsePrefillKernel<KVL, RD>;
-  constexpr size_t kSmem = MlaPfLayout<KVL, RD>::kTotal;
-  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(kKernel, kSmem));
-  RING_LAUNCH_PDL(kKernel,
-                  dim3(static_cast<unsigned>(T), static_cast<unsigned>((H + kMlaPfHeads - 1) / kMlaPfHeads)),
-                  kMlaPfParts * 4 * 32, kSmem, stream, p);
+  if (MlaSparsePrefillHeadsPerBlock(dev) == MlaPfWide::kHeads) {
+    RING_RETURN_IF_ERROR((LaunchMlaSparsePrefill<KVL, RD, MlaPfWide>(p, stream)));
+  } else {
+    RING_RETURN_IF_ERROR((LaunchMlaSparsePrefill<KVL, RD, MlaPfNarrow>(p, stream)));
+  }
   QMatmulArgs oa;
   oa.x = olat_b;
   oa.x_dtype = DType::kBF16;
@@ -2256,7 +2286,7 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
   if (T > 1 && sparse) {
     absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
     if (!dev.ok()) return dev.status();
-    if (MlaSparsePrefillTakes(a, t, **dev)) return MlaSparsePrefill(a, embed_q, unembed_out, out, stream);
+    if (MlaSparsePrefillTakes(a, t, **dev)) return MlaSparsePrefill(a, embed_q, unembed_out, out, **dev, stream);
   }
   const float* lat = a.latent;
   const float* pe = a.k_pe;
@@ -2399,6 +2429,43 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
 bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a) {
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   return dev.ok() && MlaDecodeTakes(a, **dev);
+}
+
+MlaDecodeForm ChooseMlaDecodeForm(const DeviceInfo& dev) {
+  if (dev.cc < 80 || !AttentionMmaEnabled()) return MlaDecodeForm::kSimt;
+  return static_cast<int64_t>(MlaMmaLayout<512, 64>::kTotal) <= dev.smem_per_block_optin
+             ? MlaDecodeForm::kTensorCore
+             : MlaDecodeForm::kSimt;
+}
+
+int MlaSparsePrefillHeadsPerBlock(const DeviceInfo& dev) {
+  if (dev.cc < 80 || !AttentionMmaEnabled() || !MlaSparsePrefillEnabled()) return 0;
+  if (static_cast<int64_t>(MlaPfLayout<512, 64, MlaPfWide>::kTotal) <= dev.smem_per_block_optin) {
+    return MlaPfWide::kHeads;
+  }
+  if (static_cast<int64_t>(MlaPfLayout<512, 64, MlaPfNarrow>::kTotal) <= dev.smem_per_block_optin) {
+    return MlaPfNarrow::kHeads;
+  }
+  return 0;
+}
+
+std::string MlaKernelForms(const DeviceInfo& dev) {
+  std::string decode;
+  switch (ChooseMlaDecodeForm(dev)) {
+    case MlaDecodeForm::kTensorCore:
+      decode = absl::StrFormat("tensor cores (%d B a block)", MlaMmaLayout<512, 64>::kTotal);
+      break;
+    case MlaDecodeForm::kSimt:
+      decode = "portable SIMT";
+      break;
+  }
+  const int heads = MlaSparsePrefillHeadsPerBlock(dev);
+  const std::string prefill =
+      heads == 0 ? std::string("expanded form")
+                 : absl::StrFormat("absorbed rows, %d heads a block (%d B)", heads,
+                                   heads == MlaPfWide::kHeads ? MlaPfLayout<512, 64, MlaPfWide>::kTotal
+                                                              : MlaPfLayout<512, 64, MlaPfNarrow>::kTotal);
+  return absl::StrFormat("MLA (bf16, kv_lora 512): decode %s; sparse prefill %s", decode, prefill);
 }
 
 bool MlaAttentionAbsorbsRows(const cpu::MlaAttentionArgs& a, cpu::ActDType round) {

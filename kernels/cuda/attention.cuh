@@ -25,10 +25,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "kernels/cpu/model_ops.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/qgemv.cuh"
 
 namespace ring::cuda {
@@ -113,6 +115,17 @@ bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a);
 // its offset + i + 1 keys when they are at most K), instead of the reference's expanded
 // form: bf16 activations at kvl 512 / rope 64 on sm_80+, unless RING_MLA_SPARSE_PREFILL=0.
 bool MlaAttentionAbsorbsRows(const cpu::MlaAttentionArgs& a, cpu::ActDType round);
+
+// The tensor-core MLA kernels `dev` runs with bf16 activations at kvl 512 / rope 64, by its
+// shared memory a block (DeviceInfo::smem_per_block_optin): decode on the tensor cores where
+// a block may have 58 KB; sparse prefill rows 64 heads a block where it may have 174 KB, 32
+// where 79 KB (sm_120 / sm_121: ~99 KB). The A/B switches (RING_ATTN_MMA,
+// RING_MLA_SPARSE_PREFILL) count too.
+enum class MlaDecodeForm { kSimt, kTensorCore };
+MlaDecodeForm ChooseMlaDecodeForm(const DeviceInfo& dev);
+int MlaSparsePrefillHeadsPerBlock(const DeviceInfo& dev);  // 64, 32, or 0 (the expanded form)
+// The two choices above as one line of the worker's attestation.
+std::string MlaKernelForms(const DeviceInfo& dev);
 
 }  // namespace ring::cuda
 

@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "kernels/status.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/status.h"
 
@@ -34,11 +35,16 @@ std::string DeviceInfo::ToString() const {
   return absl::StrFormat(
       "GPU %d: %s, sm_%d, %d SMs, %.1f GiB total / %.1f GiB free, L2 %.0f MiB, "
       "mem bus %d bit @ %d MHz, driver %s, runtime %s, loaded code sm_%d (from compute_%d), "
-      "binary archs [%s], bf16 MMA subnormal inputs %s, wgmma %s, MPS %s",
+      "binary archs [%s], bf16 MMA subnormal inputs %s, wgmma %s, MPS %s, shared memory a "
+      "block %d B%s",
       ordinal, name, cc, sm_count, mem_total / 1073741824.0, mem_free / 1073741824.0,
       l2_bytes / 1048576.0, mem_bus_bits, mem_clock_khz / 1000, VersionString(driver_version),
       VersionString(runtime_version), binary_cc, code_cc, CompiledArchsString(),
-      mma_bf16_subnormals ? "kept" : "flushed", wgmma ? "yes" : "no", mps ? "on" : "off");
+      mma_bf16_subnormals ? "kept" : "flushed", wgmma ? "yes" : "no", mps ? "on" : "off",
+      smem_per_block_optin,
+      smem_per_block_hw > 0
+          ? absl::StrFormat(" (capped by RING_CUDA_SMEM_PER_BLOCK; the device has %d)", smem_per_block_hw)
+          : std::string());
 }
 
 absl::StatusOr<int> DeviceCount() {
@@ -60,6 +66,23 @@ absl::StatusOr<int> DeviceCount() {
   RING_CUDA_RETURN_IF_ERROR(e);
   return n;
 }
+
+namespace internal {
+absl::Status ApplySmemCap(const char* env, DeviceInfo* d) {
+  if (env == nullptr || *env == '\0') return absl::OkStatus();
+  int64_t cap = 0;
+  if (!absl::SimpleAtoi(env, &cap) || cap < 16 * 1024) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "RING_CUDA_SMEM_PER_BLOCK=%s: want a byte count of at least 16384 (e.g. 101376, the "
+        "99 KB a block of sm_86/89/120/121 may opt into)", env));
+  }
+  if (cap < d->smem_per_block_optin) {
+    d->smem_per_block_hw = d->smem_per_block_optin;
+    d->smem_per_block_optin = cap;
+  }
+  return absl::OkStatus();
+}
+}  // namespace internal
 
 absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
   absl::StatusOr<int> count = DeviceCount();
@@ -110,6 +133,7 @@ absl::StatusOr<DeviceInfo> QueryDevice(int ordinal) {
     RING_RETURN_IF_ERROR(internal::ProbeWgmma(&d.wgmma));
     const char* env = std::getenv("RING_CUDA_WGMMA");
     if (env != nullptr && std::string_view(env) == "0") d.wgmma = false;
+    RING_RETURN_IF_ERROR(internal::ApplySmemCap(std::getenv("RING_CUDA_SMEM_PER_BLOCK"), &d));
     return absl::OkStatus();
   }();
   RING_CUDA_RETURN_IF_ERROR(cudaSetDevice(prev));
@@ -193,6 +217,7 @@ absl::StatusOr<CodeAttestation> Attest(int ordinal) {
   a.kernel_variants.push_back(UseTensorCoreMatmul(a.device)
                                   ? "attention: tensor-core prefill, split decode; indexer, MoE, norms: SIMT"
                                   : "attention, indexer, MoE, norms: portable SIMT");
+  a.kernel_variants.push_back(MlaKernelForms(a.device));
   return a;
 }
 

@@ -43,7 +43,12 @@ struct DeviceInfo {
   int64_t mem_total = 0;      // bytes
   int64_t mem_free = 0;       // bytes, at query time
   int64_t l2_bytes = 0;
+  // The most dynamic shared memory a block may opt into: the device's, or less where
+  // RING_CUDA_SMEM_PER_BLOCK caps it (bytes) so that a GPU with more runs the kernels a
+  // smaller one would choose (an H200's 227 KB as sm_120's 99 KB: 101376). Every kernel
+  // choice that depends on shared memory reads this field.
   int64_t smem_per_block_optin = 0;
+  int64_t smem_per_block_hw = 0;  // the device's own limit where capped, else 0
   int clock_khz = 0;          // SM clock; 0 where the driver does not report it
   int mem_clock_khz = 0;
   int mem_bus_bits = 0;
@@ -67,6 +72,11 @@ struct DeviceInfo {
 
   std::string ToString() const;
 };
+
+namespace internal {
+// Applies RING_CUDA_SMEM_PER_BLOCK's value `env` (null or empty: no cap) to d.
+absl::Status ApplySmemCap(const char* env, DeviceInfo* d);
+}  // namespace internal
 
 // Number of visible devices. OK(0) when the machine simply has none; FailedPrecondition
 // with the driver and runtime versions when a driver is present but too old.

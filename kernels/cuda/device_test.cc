@@ -1,6 +1,9 @@
 #include "kernels/cuda/device.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
+#include "kernels/cuda/attention.cuh"
 
 namespace ring::cuda {
 namespace {
@@ -60,6 +63,61 @@ TEST(AttestationTest, SummaryNamesMps) {
   EXPECT_NE(a.ToString().find("no MPS"), std::string::npos) << a.ToString();
   a.device.mps = true;
   EXPECT_NE(a.ToString().find("MPS client"), std::string::npos) << a.ToString();
+}
+
+// RING_CUDA_SMEM_PER_BLOCK lowers the limit the kernel choices read (never raises it) and
+// refuses what is not a byte count.
+TEST(SmemCapTest, LowersTheOptInLimitOnly) {
+  DeviceInfo d;
+  d.smem_per_block_optin = 232448;  // H200
+  ASSERT_TRUE(internal::ApplySmemCap(nullptr, &d).ok());
+  ASSERT_TRUE(internal::ApplySmemCap("", &d).ok());
+  EXPECT_EQ(d.smem_per_block_optin, 232448);
+  EXPECT_EQ(d.smem_per_block_hw, 0);
+  ASSERT_TRUE(internal::ApplySmemCap("101376", &d).ok());
+  EXPECT_EQ(d.smem_per_block_optin, 101376);
+  EXPECT_EQ(d.smem_per_block_hw, 232448);
+  EXPECT_NE(d.ToString().find("capped by RING_CUDA_SMEM_PER_BLOCK; the device has 232448"),
+            std::string::npos)
+      << d.ToString();
+  DeviceInfo small;
+  small.smem_per_block_optin = 101376;
+  ASSERT_TRUE(internal::ApplySmemCap("232448", &small).ok());
+  EXPECT_EQ(small.smem_per_block_optin, 101376);
+  EXPECT_EQ(small.smem_per_block_hw, 0);
+  for (const char* bad : {"99KB", "-1", "1024", "1e5"}) {
+    const absl::Status s = internal::ApplySmemCap(bad, &small);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("RING_CUDA_SMEM_PER_BLOCK"), std::string::npos) << s;
+  }
+}
+
+// The MLA kernels follow a block's shared memory: an H200's 227 KB takes the wide forms,
+// GB10's / the RTX 5090's 99 KB the narrow ones, and a device with less the portable ones.
+TEST(MlaFormsTest, SharedMemoryPicksTheForms) {
+  DeviceInfo h200;
+  h200.cc = 90;
+  h200.smem_per_block_optin = 232448;
+  EXPECT_EQ(ChooseMlaDecodeForm(h200), MlaDecodeForm::kTensorCore);
+  EXPECT_EQ(MlaSparsePrefillHeadsPerBlock(h200), 64);
+  DeviceInfo gb10 = h200;
+  gb10.cc = 121;
+  gb10.smem_per_block_optin = 101376;
+  EXPECT_EQ(ChooseMlaDecodeForm(gb10), MlaDecodeForm::kTensorCore);
+  EXPECT_EQ(MlaSparsePrefillHeadsPerBlock(gb10), 32);
+  const std::string forms = MlaKernelForms(gb10);
+  EXPECT_NE(forms.find("decode tensor cores"), std::string::npos) << forms;
+  EXPECT_NE(forms.find("32 heads a block"), std::string::npos) << forms;
+  DeviceInfo small = h200;
+  small.smem_per_block_optin = 49152;
+  EXPECT_EQ(ChooseMlaDecodeForm(small), MlaDecodeForm::kSimt);
+  EXPECT_EQ(MlaSparsePrefillHeadsPerBlock(small), 0);
+  DeviceInfo turing = h200;
+  turing.cc = 75;
+  EXPECT_EQ(ChooseMlaDecodeForm(turing), MlaDecodeForm::kSimt);
+  EXPECT_NE(MlaKernelForms(turing).find("decode portable SIMT; sparse prefill expanded form"),
+            std::string::npos)
+      << MlaKernelForms(turing);
 }
 
 }  // namespace

@@ -466,7 +466,7 @@ double MatmulTol(const TestWeight& w, const std::string& kernel) {
 
 // ---- tests -------------------------------------------------------------------------------
 TEST_F(GpuTest, DeviceReport) {
-  std::printf("%s\n", dev_->ToString().c_str());
+  std::printf("%s\n%s\n", dev_->ToString().c_str(), MlaKernelForms(*dev_).c_str());
   EXPECT_GT(dev_->sm_count, 0);
   EXPECT_GT(dev_->mem_total, 0);
   EXPECT_FALSE(CompiledArchs().empty());
