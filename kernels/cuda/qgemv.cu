@@ -126,6 +126,10 @@ using GemmSmall = GemmCfg<4, 8, 3, 2>;
 using GemmLargeWg = GemmCfg<8, 16, 3, 1, true>;
 using GemmMidWg = GemmCfg<4, 16, 2, 1, true>;
 using GemmSmallWg = GemmCfg<4, 8, 3, 2, true>;
+// Where none of the three fits a block's shared memory, as for 16-bit weights (144-192 KB)
+// on sm_86 / 89 / 120 / 121 (~99 KB a block): the small tile in two stages (96 KB for bf16
+// weights), so that those devices keep a tensor-core GEMM for them.
+using GemmSmallTwoStage = GemmCfg<4, 8, 2, 2>;
 
 // 16-byte unit u (0..15) of a token's 256-byte x row in a stage is stored at unit XSwizzle(u,
 // tok). The reads (below) take unit 4t + w of tokens g and g+1 in one 8-lane phase: without
@@ -1227,7 +1231,18 @@ absl::StatusOr<bool> LaunchGemm(const QmmParams& p, int64_t problems, cudaStream
                               p, problems, *dev, stream, describe)));
     if (launched) return true;
   }
-  return LaunchGemmFrom<F, GemmLarge, GemmMid, GemmSmall>(p, problems, *dev, stream, describe);
+  RING_ASSIGN_OR_RETURN(const bool launched,
+                        (LaunchGemmFrom<F, GemmLarge, GemmMid, GemmSmall>(p, problems, *dev, stream, describe)));
+  if (launched) return true;
+  const int grouped = g_gemm_grouped_tile.load(std::memory_order_relaxed);
+  const int forced = p.row_off != nullptr && grouped >= 0 && grouped < 3 ? grouped
+                                                                         : g_gemm_tile.load(std::memory_order_relaxed);
+  if (forced >= 0 && forced != 2) return false;
+  double cost = 0;
+  RING_RETURN_IF_ERROR((GemmWith<F, GemmSmallTwoStage>(p, problems, *dev, stream, nullptr, &cost)));
+  if (cost <= 0) return false;
+  RING_RETURN_IF_ERROR((GemmWith<F, GemmSmallTwoStage>(p, problems, *dev, stream, describe, nullptr)));
+  return true;
 }
 
 template <class F>
@@ -1246,8 +1261,8 @@ absl::Status LaunchT(const DeviceQuantWeight& w, const QmmParams& p, const QMatm
       if (p.row_off != nullptr) {
         return absl::UnimplementedError("grouped rows: no GEMM tile fits this device");
       }
-      // No tile configuration fits this device's shared memory (wide formats on GPUs with
-      // ~100 KB per block): the exact SIMT kernel below.
+      // No tile configuration fits this device's shared memory (less than the two-stage
+      // small tile's 96 KB for 16-bit weights): the exact SIMT kernel below.
     } else {
       return absl::InternalError("tensor-core path picked for a non-bf16 format");
     }

@@ -20,8 +20,9 @@
 //       Formats whose dequantized values are exact bf16 (fp modes, bf16 weights, and affine
 //       with bf16 scales, whose weights T(T(s*q)+b) are rounded to bf16 first as
 //       mx.dequantize / MLX's CUDA kernels do: not the CPU reference's fp32 s*q+b, a
-//       relative difference <= 2^-8 per weight). Where no tile configuration fits the
-//       device's shared memory (wide formats on ~100 KB-per-block GPUs), SIMT runs instead.
+//       relative difference <= 2^-8 per weight). Tiles are chosen to fit the device's
+//       shared memory a block (16-bit weights on ~100 KB-per-block GPUs: a two-stage small
+//       tile); where none fits (below 96 KB), SIMT runs instead.
 //   kSimt        fp32 CUDA-core FMA, exact dequantization for every format and x in fp32
 //                or bf16: the portable path and the reference-accurate one. Taken for
 //                fp32 x and for formats neither tensor-core kernel handles at that M.
