@@ -126,9 +126,12 @@ using GemmSmall = GemmCfg<4, 8, 3, 2>;
 using GemmLargeWg = GemmCfg<8, 16, 3, 1, true>;
 using GemmMidWg = GemmCfg<4, 16, 2, 1, true>;
 using GemmSmallWg = GemmCfg<4, 8, 3, 2, true>;
-// Where none of the three fits a block's shared memory, as for 16-bit weights (144-192 KB)
-// on sm_86 / 89 / 120 / 121 (~99 KB a block): the small tile in two stages (96 KB for bf16
-// weights), so that those devices keep a tensor-core GEMM for them.
+// Blocks of ~99 KB (sm_86 / 89 / 120 / 121) hold neither the large tile's three stages (144
+// KB for 4-bit weights) nor any tile of 16-bit weights: there the large tile runs in two
+// stages (96 KB for 4-bit weights) in the large one's place, and where none of the three
+// fits, the small tile in two (96 KB for bf16 weights), so that those devices keep a
+// tensor-core GEMM.
+using GemmLargeTwoStage = GemmCfg<8, 16, 2, 1>;
 using GemmSmallTwoStage = GemmCfg<4, 8, 2, 2>;
 
 // 16-byte unit u (0..15) of a token's 256-byte x row in a stage is stored at unit XSwizzle(u,
@@ -1231,8 +1234,11 @@ absl::StatusOr<bool> LaunchGemm(const QmmParams& p, int64_t problems, cudaStream
                               p, problems, *dev, stream, describe)));
     if (launched) return true;
   }
-  RING_ASSIGN_OR_RETURN(const bool launched,
-                        (LaunchGemmFrom<F, GemmLarge, GemmMid, GemmSmall>(p, problems, *dev, stream, describe)));
+  const bool large_fits = GemmLarge::kSmemBytes<F> <= dev->smem_per_block_optin;
+  RING_ASSIGN_OR_RETURN(
+      const bool launched,
+      large_fits ? (LaunchGemmFrom<F, GemmLarge, GemmMid, GemmSmall>(p, problems, *dev, stream, describe))
+                 : (LaunchGemmFrom<F, GemmLargeTwoStage, GemmMid, GemmSmall>(p, problems, *dev, stream, describe)));
   if (launched) return true;
   const int grouped = g_gemm_grouped_tile.load(std::memory_order_relaxed);
   const int forced = p.row_off != nullptr && grouped >= 0 && grouped < 3 ? grouped
