@@ -1259,10 +1259,10 @@ __global__ void __launch_bounds__(kMlaThreads, 2) MlaDecodeKernel(MlaDecodeParam
 // while this one is used. (Until session 33 the rows landed by cp.async in a shared staging
 // area: 130 KB of shared memory a block, more than sm_120 / sm_121's ~99 KB; in registers
 // the block needs 58 KB, and on the H200 the kernel took 10.9 us a launch against 11.2 in
-// the same decode trace.) Warp w sums the latent scores of the 16 heads x 32 keys over the dims [w, w + 1) *
-// KVL / 8 (its q_lat A fragments held for the whole kernel, the keys' B fragments by
-// ldmatrix); warps 0-3 the rope scores of keys [8w, 8w + 8), rounded as the reference's
-// pe_scores. The eight latent partials are summed in warp order in shared memory; warp w
+// the same decode trace.) Warp w sums the latent scores of the 16 heads x 32 keys over the
+// dims [w, w + 1) * KVL / 8 (its q_lat A fragments held for the whole kernel, the keys' B
+// fragments by ldmatrix); warps 0-3 the rope scores of keys [8w, 8w + 8), rounded as the
+// reference's pe_scores. The eight latent partials are summed in warp order in shared memory; warp w
 // runs the online softmax of heads 2w and 2w + 1 (lane = key) as MlaDecodeKernel does; then
 // warp w accumulates O[16 heads][its KVL / 8 dims] += P V by mma, P split into bf16 halves
 // hi = bf16(p) and lo = bf16(p - hi) as in AttentionMmaKernel, V's fragments by the
@@ -1992,7 +1992,7 @@ __global__ void __launch_bounds__(MlaPfLayout<KVL, RD, Sh>::kThreads, 1)
   constexpr int kSlice = KVL / kParts;      // a warp's latent dims
   constexpr int kKs = kSlice / 16;          // its k16 steps of the scores
   constexpr int kDt = kSlice / 8;           // its n8 tiles of the output
-  constexpr int kNt = kKeys / 8;       // n8 tiles of scores a key tile
+  constexpr int kNt = kKeys / 8;            // n8 tiles of scores a key tile
   constexpr int kCopyT = kThreads / kKeys;  // threads a key row
   static_assert(kThreads % kKeys == 0 && RD == 8 * kCopyT && KVL % (8 * kCopyT) == 0 &&
                 kKs % 2 == 0 && (RD / 16) % 2 == 0);
