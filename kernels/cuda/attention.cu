@@ -601,10 +601,9 @@ absl::Status LaunchKvToBf16(const float* src, int64_t tok, int64_t head, int64_t
 
 // Shared memory: two stages of (K, V[, k_pe]) tile rows, then (RD > 0) the block's scaled
 // q_pe rows.
-template <int DK, int DVC, int RD>
-size_t AttentionMmaSmem() {
-  const size_t pe = RD > 0 ? RD + 8 : 0;
-  return sizeof(uint16_t) * (2 * kMmaKeys * ((DK + 8) + (DVC + 8) + pe) + kMmaQ * pe);
+int64_t MmaSmemBytes(int64_t dk, int64_t dvc, int64_t rd) {
+  const int64_t pe = rd > 0 ? rd + 8 : 0;
+  return static_cast<int64_t>(sizeof(uint16_t)) * (2 * kMmaKeys * ((dk + 8) + (dvc + 8) + pe) + kMmaQ * pe);
 }
 
 // kb: [hkv][S][DK], vb: [hkv][S][dv], both bf16 (KvToBf16Kernel); with RD > 0 (the rope
@@ -841,11 +840,12 @@ bool AttentionMmaEnabled() {
   return on;
 }
 
-// The tensor-core kernel's value slice for dv, and its shared memory (AttentionMmaSmem).
-int64_t MmaDvc(int64_t dv) { return dv % 128 == 0 ? 128 : 64; }
-int64_t MmaSmemBytes(int64_t dk, int64_t dvc, int64_t rd) {
-  const int64_t pe = rd > 0 ? rd + 8 : 0;
-  return static_cast<int64_t>(sizeof(uint16_t)) * (2 * kMmaKeys * ((dk + 8) + (dvc + 8) + pe) + kMmaQ * pe);
+// The tensor-core kernel's value slice: 128 dims where dv allows and the block fits, else 64 (every slice
+// recomputes the scores, so the narrow slice costs tensor-core work; on a ~99 KB-a-block GPU
+// it is what keeps MLA's prefill (dk 192, rope 64: 111 KB at 128, 95 KB at 64) off the
+// additive-mask path, whose rope scores take heads x rows x keys fp32 of memory).
+int64_t MmaDvc(int64_t dk, int64_t dv, int64_t rd, const DeviceInfo& dev) {
+  return dv % 128 == 0 && MmaSmemBytes(dk, 128, rd) <= dev.smem_per_block_optin ? 128 : 64;
 }
 bool Aligned16(const void* ptr, int64_t a, int64_t b) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && a % 4 == 0 && b % 4 == 0;
@@ -870,12 +870,12 @@ bool MmaTakes(const AttentionParams& p, cpu::ActDType round, const DeviceInfo& d
                      !Aligned16(p.q_pe, p.q_pe_tok, p.q_pe_head))) {
     return false;
   }
-  return MmaSmemBytes(p.dk, MmaDvc(p.dv), p.rope) <= dev.smem_per_block_optin;
+  return MmaSmemBytes(p.dk, MmaDvc(p.dk, p.dv, p.rope, dev), p.rope) <= dev.smem_per_block_optin;
 }
 
 template <int DK, int DVC, int RD>
 absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
-  const size_t smem = AttentionMmaSmem<DK, DVC, RD>();
+  const size_t smem = static_cast<size_t>(MmaSmemBytes(DK, DVC, RD));
   RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(AttentionMmaKernel<DK, DVC, RD>, smem));
   // K and V as bf16, head-major: [hkv][S][DK] and [hkv][S][dv] (exact: they hold bf16
   // values); with RD, the rope keys [S][RD] after them.
@@ -897,8 +897,9 @@ absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
   return absl::OkStatus();  // kvb is freed in stream order, after the kernel
 }
 template <int DK, int RD>
-absl::Status LaunchAttentionMmaDk(const AttentionParams& p, cudaStream_t stream) {
-  return MmaDvc(p.dv) == 128 ? LaunchAttentionMma<DK, 128, RD>(p, stream) : LaunchAttentionMma<DK, 64, RD>(p, stream);
+absl::Status LaunchAttentionMmaDk(const AttentionParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  return MmaDvc(DK, p.dv, RD, dev) == 128 ? LaunchAttentionMma<DK, 128, RD>(p, stream)
+                                          : LaunchAttentionMma<DK, 64, RD>(p, stream);
 }
 
 // The tensor-core kernel for this call if it takes it (MmaTakes); else *taken = false.
@@ -907,13 +908,14 @@ absl::Status MaybeAttentionMma(const AttentionParams& p, cpu::ActDType round, co
   *taken = MmaTakes(p, round, dev);
   if (!*taken) return absl::OkStatus();
   if (p.rope > 0) {
-    return p.dk == 128 ? LaunchAttentionMmaDk<128, 64>(p, stream) : LaunchAttentionMmaDk<192, 64>(p, stream);
+    return p.dk == 128 ? LaunchAttentionMmaDk<128, 64>(p, dev, stream)
+                       : LaunchAttentionMmaDk<192, 64>(p, dev, stream);
   }
   switch (p.dk) {
-    case 64: return LaunchAttentionMmaDk<64, 0>(p, stream);
-    case 128: return LaunchAttentionMmaDk<128, 0>(p, stream);
-    case 192: return LaunchAttentionMmaDk<192, 0>(p, stream);
-    default: return LaunchAttentionMmaDk<256, 0>(p, stream);
+    case 64: return LaunchAttentionMmaDk<64, 0>(p, dev, stream);
+    case 128: return LaunchAttentionMmaDk<128, 0>(p, dev, stream);
+    case 192: return LaunchAttentionMmaDk<192, 0>(p, dev, stream);
+    default: return LaunchAttentionMmaDk<256, 0>(p, dev, stream);
   }
 }
 
@@ -2449,6 +2451,16 @@ int MlaSparsePrefillHeadsPerBlock(const DeviceInfo& dev) {
   return 0;
 }
 
+int MlaPrefillValueSlice(const DeviceInfo& dev, int64_t nope, int64_t vd) {
+  constexpr int64_t kRope = 64;
+  if (dev.cc < 80 || !AttentionMmaEnabled() || (nope != 128 && nope != 192) || vd % 64 != 0 ||
+      vd > 256) {
+    return 0;
+  }
+  const int64_t dvc = MmaDvc(nope, vd, kRope, dev);
+  return MmaSmemBytes(nope, dvc, kRope) <= dev.smem_per_block_optin ? static_cast<int>(dvc) : 0;
+}
+
 std::string MlaKernelForms(const DeviceInfo& dev) {
   std::string decode;
   switch (ChooseMlaDecodeForm(dev)) {
@@ -2465,7 +2477,13 @@ std::string MlaKernelForms(const DeviceInfo& dev) {
                  : absl::StrFormat("absorbed rows, %d heads a block (%d B)", heads,
                                    heads == MlaPfWide::kHeads ? MlaPfLayout<512, 64, MlaPfWide>::kTotal
                                                               : MlaPfLayout<512, 64, MlaPfNarrow>::kTotal);
-  return absl::StrFormat("MLA (bf16, kv_lora 512): decode %s; sparse prefill %s", decode, prefill);
+  const int slice = MlaPrefillValueSlice(dev, 192, 256);
+  const std::string dense =
+      slice == 0 ? std::string("rope scores as an additive mask")
+                 : absl::StrFormat("rope in the kernel, %d-dim value slices (%d B)", slice,
+                                   MmaSmemBytes(192, slice, 64));
+  return absl::StrFormat("MLA (bf16, kv_lora 512): decode %s; sparse prefill %s; dense prefill (nope 192, v 256) %s",
+                         decode, prefill, dense);
 }
 
 bool MlaAttentionAbsorbsRows(const cpu::MlaAttentionArgs& a, cpu::ActDType round) {

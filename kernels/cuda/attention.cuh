@@ -124,7 +124,13 @@ bool MlaAttentionAbsorbsRows(const cpu::MlaAttentionArgs& a, cpu::ActDType round
 enum class MlaDecodeForm { kSimt, kTensorCore };
 MlaDecodeForm ChooseMlaDecodeForm(const DeviceInfo& dev);
 int MlaSparsePrefillHeadsPerBlock(const DeviceInfo& dev);  // 64, 32, or 0 (the expanded form)
-// The two choices above as one line of the worker's attestation.
+// The dense prefill attention (rows that see at most index_topk keys) at qk_nope `nope`
+// (128 or 192), rope 64 and value width `vd`: the value slice of the tensor-core kernel with
+// the rope scores inside (128 where its block fits, 64 where only that fits: GLM-5's 192 / 256
+// on a ~99 KB GPU), or 0 where neither does (the rope scores then go through an additive
+// mask of heads x rows x keys fp32).
+int MlaPrefillValueSlice(const DeviceInfo& dev, int64_t nope, int64_t vd);
+// The choices above as one line of the worker's attestation.
 std::string MlaKernelForms(const DeviceInfo& dev);
 
 }  // namespace ring::cuda
