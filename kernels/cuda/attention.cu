@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
 // can move. A block takes kMmaQ queries of one head (16 per warp) and a DVC-wide slice of the
 // value dims (blockIdx.z; the scores are recomputed per slice, which the tensor cores afford
 // and which keeps the output accumulators at DVC / 2 registers), and walks the keys in tiles
-// of kMmaKeys, two tiles in flight (the next is copied while this one is used): the tile's K
+// of kMmaKeys (32 where a block's shared memory holds no more: MmaFormFor), two tiles in flight (the next is copied while this one is used): the tile's K
 // rows and V rows (bf16, row-major, padded) in shared memory, read as mma fragments by
 // ldmatrix (V transposed by it); S = Q K^T by bf16 mma (exact products, fp32 sums), times
 // the scale, plus the additive mask, causal keys at -inf; an online softmax per row in
@@ -599,23 +599,25 @@ absl::Status LaunchKvToBf16(const float* src, int64_t tok, int64_t head, int64_t
   return absl::OkStatus();
 }
 
-// Shared memory: two stages of (K, V[, k_pe]) tile rows, then (RD > 0) the block's scaled
-// q_pe rows.
-int64_t MmaSmemBytes(int64_t dk, int64_t dvc, int64_t rd) {
+// Shared memory: two stages of (K, V[, k_pe]) rows of `keys` keys, then (RD > 0) the block's
+// scaled q_pe rows.
+int64_t MmaSmemBytes(int64_t dk, int64_t dvc, int64_t rd, int64_t keys = kMmaKeys) {
   const int64_t pe = rd > 0 ? rd + 8 : 0;
-  return static_cast<int64_t>(sizeof(uint16_t)) * (2 * kMmaKeys * ((dk + 8) + (dvc + 8) + pe) + kMmaQ * pe);
+  return static_cast<int64_t>(sizeof(uint16_t)) * (2 * keys * ((dk + 8) + (dvc + 8) + pe) + kMmaQ * pe);
 }
 
 // kb: [hkv][S][DK], vb: [hkv][S][dv], both bf16 (KvToBf16Kernel); with RD > 0 (the rope
 // scores in the kernel, AttentionParams::q_pe) also pb: [S][RD] bf16.
-template <int DK, int DVC, int RD>
+// KT: keys a tile (kMmaKeys, or 32 where a ~99 KB block holds no 64-key tile of MLA's
+// 128-dim value slice; see MmaFormFor).
+template <int DK, int DVC, int RD, int KT = kMmaKeys>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2)
     AttentionMmaKernel(AttentionParams p, const uint16_t* kb, const uint16_t* vb, const uint16_t* pb) {
   // Rows padded by 8 bf16 (16 bytes): the 8 rows an ldmatrix reads hit 32 distinct banks.
   constexpr int kKst = DK + 8, kVst = DVC + 8, kPst = RD + 8;
-  constexpr int kNt = kMmaKeys / 8;  // n8 tiles of scores per key tile
+  constexpr int kNt = KT / 8;  // n8 tiles of scores per key tile
   constexpr int kDt = DVC / 8;       // n8 tiles of output
-  constexpr int kTile = kMmaKeys * (kKst + kVst + (RD > 0 ? kPst : 0));  // one stage's bf16 elements
+  constexpr int kTile = KT * (kKst + kVst + (RD > 0 ? kPst : 0));  // one stage's bf16 elements
   PdlBegin();
   extern __shared__ __align__(16) uint16_t msm[];
   uint16_t* qpe = msm + 2 * kTile;  // [kMmaQ][kPst] (RD > 0)
@@ -634,7 +636,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
   // (a div/mod and a fresh address per chunk made the copies ~40% of the kernel's
   // instructions).
   constexpr int kCopyRows = kMmaWarps * 32 / 8;
-  static_assert(kMmaKeys % kCopyRows == 0 && DK % 64 == 0 && DVC % 64 == 0 && RD % 64 == 0);
+  static_assert(KT % kCopyRows == 0 && DK % 64 == 0 && DVC % 64 == 0 && RD % 64 == 0);
   const int cr = threadIdx.x >> 3, cc = 8 * (threadIdx.x & 7);
   // A tile whose rows all exist (every one but a block's last) takes the copies without
   // predicates: one source pointer per array, the rest compile-time offsets (and, for V, a
@@ -642,8 +644,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
   const int64_t vstride = kCopyRows * p.dv;
   auto load_tile = [&](int64_t j0, int st) {
     uint16_t* const ks = msm + st * kTile + cr * kKst + cc;
-    uint16_t* const vs = msm + st * kTile + kMmaKeys * kKst + cr * kVst + cc;
-    uint16_t* const ps = msm + st * kTile + kMmaKeys * (kKst + kVst) + cr * kPst + cc;
+    uint16_t* const vs = msm + st * kTile + KT * kKst + cr * kVst + cc;
+    uint16_t* const ps = msm + st * kTile + KT * (kKst + kVst) + cr * kPst + cc;
     auto copy_rows = [&](auto whole_tag) {
       constexpr bool kWhole = decltype(whole_tag)::value;
       const int64_t left = jend - j0 - cr;  // rows cr + kCopyRows * j < jend - j0 exist
@@ -652,7 +654,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
       [[maybe_unused]] const uint16_t* psrc = nullptr;
       if constexpr (RD > 0) psrc = pb + (j0 + cr) * RD + cc;
 #pragma unroll
-      for (int j = 0; j < kMmaKeys / kCopyRows; ++j) {
+      for (int j = 0; j < KT / kCopyRows; ++j) {
         const bool ok = kWhole || kCopyRows * j < left;
         // A missing row copies nothing (zero fill) from the array's first row.
         const uint16_t* kq = ok ? ksrc + j * kCopyRows * DK : kh_rows;
@@ -668,7 +670,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
         }
       }
     };
-    if (j0 + kMmaKeys <= jend) {
+    if (j0 + KT <= jend) {
       copy_rows(std::true_type{});
     } else {
       copy_rows(std::false_type{});
@@ -730,17 +732,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
   // ldmatrix row addresses: lane = 8 q + r gives row r of matrix q.
   const int lq = lane >> 3, lr = lane & 7;
   int st = 0;
-  for (int64_t j0 = 0; j0 < jend; j0 += kMmaKeys, st ^= 1) {
-    const int n = static_cast<int>(min(static_cast<int64_t>(kMmaKeys), jend - j0));
-    if (j0 + kMmaKeys < jend) {
-      load_tile(j0 + kMmaKeys, st ^ 1);  // its stage was last read before the previous barrier
+  for (int64_t j0 = 0; j0 < jend; j0 += KT, st ^= 1) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(KT), jend - j0));
+    if (j0 + KT < jend) {
+      load_tile(j0 + KT, st ^ 1);  // its stage was last read before the previous barrier
       CpAsyncWait<1>();
     } else {
       CpAsyncWait<0>();
     }
     __syncthreads();  // every thread's copies of this tile have landed
     const uint16_t* ks = msm + st * kTile;
-    const uint16_t* vs = ks + kMmaKeys * kKst;
+    const uint16_t* vs = ks + KT * kKst;
     float sc[kNt][4];
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
@@ -756,7 +758,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
       }
       if constexpr (RD > 0) {
         // The rope term: its own fp32 sum, rounded to bf16, added to the scaled nope score.
-        const uint16_t* pr = vs + kMmaKeys * kVst + (nt * 8 + lr) * kPst + 8 * lq;
+        const uint16_t* pr = vs + KT * kVst + (nt * 8 + lr) * kPst + 8 * lq;
         const uint16_t* qa = qpe + (warp * 16 + 8 * (lq & 1) + lr) * kPst + 8 * (lq >> 1);
         float pe[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -777,8 +779,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
     // past L, no mask to read) needs no per-score checks: warp-uniform, same arithmetic.
     float mx[2] = {-INFINITY, -INFINITY};
     const int64_t wrow0 = ib0 + warp * 16;
-    const bool whole = n == kMmaKeys && wrow0 + 15 < p.L &&
-                       (p.causal_offset < 0 || j0 + kMmaKeys - 1 <= p.causal_offset + wrow0) &&
+    const bool whole = n == KT && wrow0 + 15 < p.L &&
+                       (p.causal_offset < 0 || j0 + KT - 1 <= p.causal_offset + wrow0) &&
                        (RD > 0 ? p.allowed == nullptr : p.add_mask == nullptr);
     if (whole) {
 #pragma unroll
@@ -840,12 +842,31 @@ bool AttentionMmaEnabled() {
   return on;
 }
 
-// The tensor-core kernel's value slice: 128 dims where dv allows and the block fits, else 64 (every slice
-// recomputes the scores, so the narrow slice costs tensor-core work; on a ~99 KB-a-block GPU
-// it is what keeps MLA's prefill (dk 192, rope 64: 111 KB at 128, 95 KB at 64) off the
-// additive-mask path, whose rope scores take heads x rows x keys fp32 of memory).
-int64_t MmaDvc(int64_t dk, int64_t dv, int64_t rd, const DeviceInfo& dev) {
-  return dv % 128 == 0 && MmaSmemBytes(dk, 128, rd) <= dev.smem_per_block_optin ? 128 : 64;
+// RING_ATTN_MMA_KEYS32 (read once): "0" keeps the 32-key tiles below out of the choice (A/B
+// runs: a ~99 KB GPU then takes 64-dim value slices for MLA's rope form).
+bool Keys32Enabled() {
+  static const bool on = EnvSwitchOn("RING_ATTN_MMA_KEYS32");
+  return on;
+}
+
+// The tensor-core kernel's form for (dk, dv, rope) on `dev`: its value slice (every slice
+// recomputes the scores) and its key tile. 128-dim slices of kMmaKeys-key tiles where dv
+// allows and the block fits. On a ~99 KB-a-block GPU MLA's rope form (dk 192, rope 64: 111
+// KB) keeps the 128-dim slices with 32-key tiles (60 KB) rather than taking 64-dim ones (95
+// KB), which would compute every score twice as often; elsewhere 64-dim slices. Without
+// either the rope scores go through an additive mask of heads x rows x keys fp32. {0, 0}:
+// nothing fits.
+struct MmaForm {
+  int dvc = 0, keys = 0;
+};
+MmaForm MmaFormFor(int64_t dk, int64_t dv, int64_t rd, const DeviceInfo& dev) {
+  const int64_t cap = dev.smem_per_block_optin;
+  if (dv % 128 == 0) {
+    if (MmaSmemBytes(dk, 128, rd) <= cap) return {128, kMmaKeys};
+    if (rd > 0 && Keys32Enabled() && MmaSmemBytes(dk, 128, rd, 32) <= cap) return {128, 32};
+  }
+  if (MmaSmemBytes(dk, 64, rd) <= cap) return {64, kMmaKeys};
+  return {};
 }
 bool Aligned16(const void* ptr, int64_t a, int64_t b) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && a % 4 == 0 && b % 4 == 0;
@@ -870,13 +891,13 @@ bool MmaTakes(const AttentionParams& p, cpu::ActDType round, const DeviceInfo& d
                      !Aligned16(p.q_pe, p.q_pe_tok, p.q_pe_head))) {
     return false;
   }
-  return MmaSmemBytes(p.dk, MmaDvc(p.dk, p.dv, p.rope, dev), p.rope) <= dev.smem_per_block_optin;
+  return MmaFormFor(p.dk, p.dv, p.rope, dev).dvc != 0;
 }
 
-template <int DK, int DVC, int RD>
+template <int DK, int DVC, int RD, int KT = kMmaKeys>
 absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(MmaSmemBytes(DK, DVC, RD));
-  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(AttentionMmaKernel<DK, DVC, RD>, smem));
+  const size_t smem = static_cast<size_t>(MmaSmemBytes(DK, DVC, RD, KT));
+  RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(AttentionMmaKernel<DK, DVC, RD, KT>, smem));
   // K and V as bf16, head-major: [hkv][S][DK] and [hkv][S][dv] (exact: they hold bf16
   // values); with RD, the rope keys [S][RD] after them.
   const int64_t kn = p.hkv * p.S * DK, vn = p.hkv * p.S * p.dv, pn = RD > 0 ? p.S * RD : 0;
@@ -891,15 +912,21 @@ absl::Status LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>((p.L + kMmaQ - 1) / kMmaQ), static_cast<unsigned>(p.hq),
                   static_cast<unsigned>(p.dv / DVC));
-  RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC, RD>), grid, kMmaWarps * 32, smem, stream, p,
+  RING_LAUNCH_PDL((AttentionMmaKernel<DK, DVC, RD, KT>), grid, kMmaWarps * 32, smem, stream, p,
                   static_cast<const uint16_t*>(kb), static_cast<const uint16_t*>(vb),
                   static_cast<const uint16_t*>(pb));
   return absl::OkStatus();  // kvb is freed in stream order, after the kernel
 }
 template <int DK, int RD>
 absl::Status LaunchAttentionMmaDk(const AttentionParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  return MmaDvc(DK, p.dv, RD, dev) == 128 ? LaunchAttentionMma<DK, 128, RD>(p, stream)
-                                          : LaunchAttentionMma<DK, 64, RD>(p, stream);
+  const MmaForm f = MmaFormFor(DK, p.dv, RD, dev);
+  if (f.dvc == 128) {
+    if constexpr (RD > 0) {
+      if (f.keys == 32) return LaunchAttentionMma<DK, 128, RD, 32>(p, stream);
+    }
+    return LaunchAttentionMma<DK, 128, RD>(p, stream);
+  }
+  return LaunchAttentionMma<DK, 64, RD>(p, stream);
 }
 
 // The tensor-core kernel for this call if it takes it (MmaTakes); else *taken = false.
@@ -2451,14 +2478,14 @@ int MlaSparsePrefillHeadsPerBlock(const DeviceInfo& dev) {
   return 0;
 }
 
-int MlaPrefillValueSlice(const DeviceInfo& dev, int64_t nope, int64_t vd) {
+MlaPrefillForm ChooseMlaPrefillForm(const DeviceInfo& dev, int64_t nope, int64_t vd) {
   constexpr int64_t kRope = 64;
   if (dev.cc < 80 || !AttentionMmaEnabled() || (nope != 128 && nope != 192) || vd % 64 != 0 ||
       vd > 256) {
-    return 0;
+    return {};
   }
-  const int64_t dvc = MmaDvc(nope, vd, kRope, dev);
-  return MmaSmemBytes(nope, dvc, kRope) <= dev.smem_per_block_optin ? static_cast<int>(dvc) : 0;
+  const MmaForm f = MmaFormFor(nope, vd, kRope, dev);
+  return {f.dvc, f.keys};
 }
 
 std::string MlaKernelForms(const DeviceInfo& dev) {
@@ -2477,11 +2504,12 @@ std::string MlaKernelForms(const DeviceInfo& dev) {
                  : absl::StrFormat("absorbed rows, %d heads a block (%d B)", heads,
                                    heads == MlaPfWide::kHeads ? MlaPfLayout<512, 64, MlaPfWide>::kTotal
                                                               : MlaPfLayout<512, 64, MlaPfNarrow>::kTotal);
-  const int slice = MlaPrefillValueSlice(dev, 192, 256);
+  const MlaPrefillForm f = ChooseMlaPrefillForm(dev, 192, 256);
   const std::string dense =
-      slice == 0 ? std::string("rope scores as an additive mask")
-                 : absl::StrFormat("rope in the kernel, %d-dim value slices (%d B)", slice,
-                                   MmaSmemBytes(192, slice, 64));
+      f.value_slice == 0
+          ? std::string("rope scores as an additive mask")
+          : absl::StrFormat("rope in the kernel, %d-dim value slices, %d-key tiles (%d B)", f.value_slice,
+                            f.key_tile, MmaSmemBytes(192, f.value_slice, 64, f.key_tile));
   return absl::StrFormat("MLA (bf16, kv_lora 512): decode %s; sparse prefill %s; dense prefill (nope 192, v 256) %s",
                          decode, prefill, dense);
 }

@@ -125,11 +125,15 @@ enum class MlaDecodeForm { kSimt, kTensorCore };
 MlaDecodeForm ChooseMlaDecodeForm(const DeviceInfo& dev);
 int MlaSparsePrefillHeadsPerBlock(const DeviceInfo& dev);  // 64, 32, or 0 (the expanded form)
 // The dense prefill attention (rows that see at most index_topk keys) at qk_nope `nope`
-// (128 or 192), rope 64 and value width `vd`: the value slice of the tensor-core kernel with
-// the rope scores inside (128 where its block fits, 64 where only that fits: GLM-5's 192 / 256
-// on a ~99 KB GPU), or 0 where neither does (the rope scores then go through an additive
-// mask of heads x rows x keys fp32).
-int MlaPrefillValueSlice(const DeviceInfo& dev, int64_t nope, int64_t vd);
+// (128 or 192), rope 64 and value width `vd`: the tensor-core kernel with the rope scores
+// inside computes the value dims in slices of `value_slice` over key tiles of `key_tile`:
+// 128 / 64 where its block fits (111 KB at GLM-5's 192 / 256), 128 / 32 on a ~99 KB GPU
+// (60 KB), 64 / 64 below that; {0, 0} where none fits (the rope scores then go through an
+// additive mask of heads x rows x keys fp32).
+struct MlaPrefillForm {
+  int value_slice = 0, key_tile = 0;
+};
+MlaPrefillForm ChooseMlaPrefillForm(const DeviceInfo& dev, int64_t nope, int64_t vd);
 // The choices above as one line of the worker's attestation.
 std::string MlaKernelForms(const DeviceInfo& dev);
 

@@ -100,7 +100,8 @@ TEST(MlaFormsTest, SharedMemoryPicksTheForms) {
   h200.smem_per_block_optin = 232448;
   EXPECT_EQ(ChooseMlaDecodeForm(h200), MlaDecodeForm::kTensorCore);
   EXPECT_EQ(MlaSparsePrefillHeadsPerBlock(h200), 64);
-  EXPECT_EQ(MlaPrefillValueSlice(h200, 192, 256), 128);
+  EXPECT_EQ(ChooseMlaPrefillForm(h200, 192, 256).value_slice, 128);
+  EXPECT_EQ(ChooseMlaPrefillForm(h200, 192, 256).key_tile, 64);
   DeviceInfo gb10 = h200;
   gb10.cc = 121;
   gb10.smem_per_block_optin = 101376;
@@ -109,16 +110,21 @@ TEST(MlaFormsTest, SharedMemoryPicksTheForms) {
   const std::string forms = MlaKernelForms(gb10);
   EXPECT_NE(forms.find("decode tensor cores"), std::string::npos) << forms;
   EXPECT_NE(forms.find("32 heads a block"), std::string::npos) << forms;
-  // GLM-5's dense prefill (111 KB at 128-dim value slices) takes 64-dim slices there;
-  // DeepSeek-V3's (nope 128, v 128: 95 KB) keeps 128.
-  EXPECT_EQ(MlaPrefillValueSlice(gb10, 192, 256), 64);
-  EXPECT_EQ(MlaPrefillValueSlice(gb10, 128, 128), 128);
-  EXPECT_NE(forms.find("rope in the kernel, 64-dim value slices"), std::string::npos) << forms;
+  // GLM-5's dense prefill (111 KB at 128-dim value slices of 64-key tiles) takes 32-key
+  // tiles there; DeepSeek-V3's (nope 128, v 128: 95 KB) keeps 64-key tiles.
+  EXPECT_EQ(ChooseMlaPrefillForm(gb10, 192, 256).value_slice, 128);
+  EXPECT_EQ(ChooseMlaPrefillForm(gb10, 192, 256).key_tile, 32);
+  EXPECT_EQ(ChooseMlaPrefillForm(gb10, 128, 128).key_tile, 64);
+  EXPECT_NE(forms.find("rope in the kernel, 128-dim value slices, 32-key tiles (61440 B)"), std::string::npos)
+      << forms;
+  DeviceInfo tight = gb10;  // a byte short of the 32-key form; the 64-dim one needs 95 KB
+  tight.smem_per_block_optin = 61439;
+  EXPECT_EQ(ChooseMlaPrefillForm(tight, 192, 256).value_slice, 0);
   DeviceInfo small = h200;
   small.smem_per_block_optin = 49152;
   EXPECT_EQ(ChooseMlaDecodeForm(small), MlaDecodeForm::kSimt);
   EXPECT_EQ(MlaSparsePrefillHeadsPerBlock(small), 0);
-  EXPECT_EQ(MlaPrefillValueSlice(small, 192, 256), 0);
+  EXPECT_EQ(ChooseMlaPrefillForm(small, 192, 256).value_slice, 0);
   EXPECT_NE(MlaKernelForms(small).find("rope scores as an additive mask"), std::string::npos)
       << MlaKernelForms(small);
   DeviceInfo turing = h200;
