@@ -115,6 +115,43 @@ Bytes CountBytes(const std::string& dir) {
   return b;
 }
 
+// FLOPs of the linear layers (2 x rows x cols a token) of a T-token prompt in one step, as
+// the GPU stage runs it with every row seeing at most index_topk keys: MLA's projections, its
+// latent cache expanded into T keys' and values' heads, the indexer's projections on layers
+// with their own, the dense MLP or the MoE router, shared and top-k routed experts, and
+// lm_head on the last row. 0 where the model is not MLA or T is past index_topk (rows then
+// run absorbed, whose products are not a linear layer's).
+struct LinearFlops {
+  double total = 0, routed = 0;
+};
+LinearFlops PrefillLinearFlops(const ring::ModelConfig& c, int64_t T) {
+  LinearFlops f;
+  if (c.kv_lora_rank <= 0 || (c.has_indexer() && T > c.index_topk)) return f;
+  const double t = static_cast<double>(T), h = static_cast<double>(c.hidden_size);
+  const double H = static_cast<double>(c.num_attention_heads);
+  const double qd = H * (c.qk_nope_head_dim + c.qk_rope_head_dim);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    double per_tok = c.q_lora_rank ? h * *c.q_lora_rank + *c.q_lora_rank * qd : h * qd;
+    per_tok += h * (c.kv_lora_rank + c.qk_rope_head_dim);                     // kv_a
+    per_tok += c.kv_lora_rank * H * (c.qk_nope_head_dim + c.v_head_dim);      // expanded K, V
+    per_tok += H * c.v_head_dim * h;                                          // o_proj
+    if (c.has_indexer() && c.has_indexer_weights(l)) {
+      per_tok += (c.q_lora_rank ? *c.q_lora_rank : h) * c.index_n_heads * c.index_head_dim +
+                 h * c.index_head_dim + h * c.index_n_heads;                  // wq_b, wk, weights
+    }
+    if (c.is_moe_layer(l)) {
+      const double expert = 3.0 * h * c.moe_intermediate_size;
+      per_tok += h * c.n_routed_experts + c.n_shared_experts * expert;        // router, shared
+      f.routed += 2 * t * c.num_experts_per_tok * expert;
+    } else {
+      per_tok += 3.0 * h * c.intermediate_size;
+    }
+    f.total += 2 * t * per_tok;
+  }
+  f.total += f.routed + 2 * h * c.vocab_size;  // lm_head, last row
+  return f;
+}
+
 ring::StageOutput Step(const ring::Stage& st, ring::Sequence& seq, const std::vector<int32_t>& toks) {
   ring::StageInput in;
   in.tokens = toks;
@@ -210,6 +247,11 @@ int main(int argc, char** argv) {
   std::printf("decode bytes per token: weights %.1f MB\n", weights_total / 1e6);
 
   // Prefill.
+  const LinearFlops lf = PrefillLinearFlops(c, o.prompt);
+  if (lf.total > 0 && o.chunk == 0) {
+    std::printf("prefill linear FLOPs: %.6g TFLOP (routed experts %.6g TFLOP)\n", lf.total / 1e12,
+                lf.routed / 1e12);
+  }
   const std::vector<int32_t> prompt = Tokens(o.prompt, 3, c.vocab_size);
   std::printf("step order: prefill %d (warm-up), prefill %d x %d, decode %d, prefill %d, decode %d\n",
               o.prompt, o.prompt, o.reps, o.decode, o.short_prompt, o.decode);

@@ -7,8 +7,10 @@
 // routing) in one launch through expert ids, against cuBLAS strided-batched bf16.
 //
 //   gpu_gemm_bench [--no-cublas] [--only NAME] [--modes mxfp4,affine4] [--ms 512,2048]
-//                  [--tile N]
+//                  [--tile N] [--peak-only]
 //
+// --peak-only prints the cuBLAS peak probe alone (exit 1 without cuBLAS), the figure
+// bench/gpu/glm_trace_report.py --peak-tflops reads the slice's prefill against.
 // --tile N forces GEMM tile configuration N (TEST_SetGemmTile; tuning aid).
 // Timing (bench/gpu_bench_util.cuh): CUDA events around back-to-back launches, median of 5
 // batches after a warm-up batch; each batch runs about 25 ms of work (iterations sized from
@@ -43,7 +45,7 @@ using namespace bench;  // NOLINT: the shared benchmark helpers
 constexpr double kNominalBf16Tflops = 989.0;
 
 struct Opts {
-  bool use_cublas = true;
+  bool use_cublas = true, peak_only = false;
   std::string only, modes = "mxfp4,affine4";
   std::vector<int> ms = {512, 2048};
 };
@@ -233,6 +235,8 @@ int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--no-cublas")) {
       o.use_cublas = false;
+    } else if (!std::strcmp(argv[i], "--peak-only")) {
+      o.peak_only = true;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       o.only = argv[++i];
     } else if (!std::strcmp(argv[i], "--tile") && i + 1 < argc) {
@@ -261,6 +265,7 @@ int Main(int argc, char** argv) {
   } else {
     std::printf("no cuBLAS: %%peak uses the nominal %.0f TFLOP/s\n", kNominalBf16Tflops);
   }
+  if (o.peak_only) return cublas.ok() ? 0 : 1;
   RunDense(o, dev, cublas, peak, st);
   RunMoe(o, dev, cublas, peak, st);
   BENCH_CHECK(CudaOk(cudaDeviceSynchronize()));

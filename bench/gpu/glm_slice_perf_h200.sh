@@ -18,6 +18,8 @@
 # timing only).
 # Each BUNDLE (deploy/bundle.sh) holds bin/glm_slice_bench, bin/ringctl (for synth) and
 # lib/libring_kernel_trace.so + lib/libcupti.so.13; the report script sits beside this one.
+# With bin/gpu_gemm_bench in the first bundle the traces' prefill also reports its linear
+# layers as a fraction of the cuBLAS bf16 peak probed in the same call.
 # Output under $OUT: slice_<bundle>.txt (timing), trace_<bundle>.txt (reports).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BUNDLE [BUNDLE...]" >&2; exit 2; }
@@ -35,6 +37,19 @@ if [ ! -d "$m" ]; then
   LD_LIBRARY_PATH="$first/lib" timeout 300 "$first/bin/ringctl" synth --arch glm_moe_dsa \
     --preset glm-5.2 --layers 4 --quant mxfp4 --out "$m" > /tmp/synth.txt 2>&1 || { cat /tmp/synth.txt; exit 1; }
   echo "synth: $(( $(date +%s) - t0 )) s" >> "$out/machine.txt"
+fi
+# The bf16 tensor-core peak of this call (cuBLAS through gpu_gemm_bench --peak-only), where the
+# first bundle has that bench and the image has cuBLAS: the report puts the prefill's linear
+# layers against it (the issue's >= 0.4 target).
+peak_args=()
+if [ -x "$first/bin/gpu_gemm_bench" ]; then
+  source "$here/cublas_path.sh"
+  peak=$(LD_LIBRARY_PATH="$first/lib:$cublas_dirs" timeout 120 "$first/bin/gpu_gemm_bench" --peak-only 2>&1 |
+         sed -nE 's/^tensor-core peak probe: .* ([0-9]+) TFLOP\/s \(best.*/\1/p')
+  if [ -n "$peak" ]; then
+    echo "bf16 tensor-core peak probe (cuBLAS): $peak TFLOP/s" >> "$out/machine.txt"
+    peak_args=(--peak-tflops "$peak")
+  fi
 fi
 status=0
 for b in "$@"; do
@@ -57,7 +72,7 @@ for b in "$@"; do
     echo "== $v: kernel trace ($mode)" >> "$out/trace_$v.txt"
     grep -E "^(prefill|decode|  decode)" "/tmp/bench_${v}_$mode.txt" >> "$out/trace_$v.txt"
     python3 "$here/glm_trace_report.py" "/tmp/bench_${v}_$mode.txt" "/tmp/trace_${v}_$mode.txt" \
-      $([ $mode = marks ] && echo --marks) >> "$out/trace_$v.txt" 2>&1 || status=1
+      $([ $mode = marks ] && echo --marks) "${peak_args[@]}" >> "$out/trace_$v.txt" 2>&1 || status=1
   done
   grep -A4 "^summary" "$out/slice_$v.txt"
   grep -E "^== |GPU span|78-layer|  (layer|head|embedding)" "$out/trace_$v.txt"

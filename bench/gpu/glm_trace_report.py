@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the GPU time of the GLM slice's decode steps goes, from a kernel trace.
 
-  glm_trace_report.py BENCH_OUT TRACE [--marks]
+  glm_trace_report.py BENCH_OUT TRACE [--marks] [--peak-tflops P]
 
 BENCH_OUT: glm_slice_bench's output of the traced run (step order, bytes per layer, probed
 bandwidth). TRACE: bench/gpu/kernel_trace.cc's file of the same run. Steps are cut at the
@@ -13,6 +13,8 @@ span (gaps between kernels), the gap between steps (host), and a per-kernel tabl
 With the runtime-API records of RING_KERNEL_TRACE_API=1 in the trace: how much of the idle
 time the host caused (the GPU idle while the call that queued the next work had not yet
 returned) and the host's CUDA calls per step by function.
+Prefill: the linear layers' kernel time and TFLOP/s (the bench prints their FLOPs), and with
+--peak-tflops (gpu_gemm_bench --peak-only's cuBLAS bf16 figure, same call) the fraction of it.
 With --marks (the run had RING_CUDA_LAYER_MARKS=1): per-layer times (from one layer mark to
 the next; the head until the step's end) and the 78-layer GLM-5.2 extrapolation next to
 its roofline: 3 dense layers with a full indexer, 18 MoE layers with a full indexer, 57
@@ -43,7 +45,26 @@ def parse_bench(path):
         m = re.match(r"decode bytes per token \(weights\): embedding row ([\d.]+) B, head ([\d.]+) MB", line)
         if m:
             info["head_mb"] = float(m.group(2)) + float(m.group(1)) / 1e6
+        m = re.match(r"prefill linear FLOPs: ([\d.eE+-]+) TFLOP", line)
+        if m:
+            info["linear_tflop"] = float(m.group(1))
     return info
+
+
+# The kernels of the prefill's linear layers: the GEMMs (and a GEMV where a launch has at most
+# 8 rows: lm_head's last row), the grouped experts' slot sort and row gather, the transposed
+# weight decode of MLA's expanded keys.
+LINEAR_KERNELS = re.compile(r"QmmGemmKernel|QmmSimtKernel|QmmNKernel|QgemvKernel|QgemvColKernel|"
+                            r"DecodeTransposedKernel|GatherBf16Kernel|GroupSlotsKernel")
+
+
+def linear_share(steps, short, tflop, peak_tflops=None):
+    """(ms a step in the linear layers' kernels, TFLOP/s, fraction of peak_tflops or None)
+    for `steps` (lists of records) whose linear layers do `tflop` TFLOP each."""
+    ns = sum(r[2] - r[1] for s in steps for r in s if r[0] == "K" and LINEAR_KERNELS.search(short[r[3]]))
+    ms = ns / max(1, len(steps)) / 1e6
+    rate = tflop / (ms / 1e3) if ms > 0 else 0.0
+    return ms, rate, (rate / peak_tflops if peak_tflops else None)
 
 
 def demangle(names):
@@ -118,6 +139,9 @@ def host_calls(steps, corr, api):
 def main():
     bench, trace = sys.argv[1], sys.argv[2]
     marks = "--marks" in sys.argv
+    peak = None
+    if "--peak-tflops" in sys.argv:
+        peak = float(sys.argv[sys.argv.index("--peak-tflops") + 1])
     info = parse_bench(bench)
     recs, api = [], []
     corr = {}  # record -> correlation id of the host call that queued it
@@ -195,6 +219,11 @@ def main():
         print(f"|---|---:|---:|---:|")
         for k, (us, cnt) in rows[:25]:
             print(f"| `{k}` | {us / n:.1f} | {cnt / n:.1f} | {100 * us / n / 1e3 / busy:.1f}% |")
+        if gname.startswith("prefill") and info.get("linear_tflop"):
+            ms, rate, frac = linear_share(g, short, info["linear_tflop"], peak)
+            print(f"linear layers: {info['linear_tflop']:.3f} TFLOP in {ms:.2f} ms a prefill = {rate:.0f} TFLOP/s" +
+                  (f" = {frac:.2f} of the {peak:.0f} TFLOP/s bf16 peak (--peak-tflops)" if frac is not None else
+                   " (--peak-tflops P: as a fraction of the bf16 peak)"))
         if gname.startswith("prefill") and not marks:
             # The same kernel serves several jobs in prefill (QmmGemmKernel: projections, MLPs,
             # grouped experts, expanded keys/values): per launch shape (grid x.y.z), so time can

@@ -75,5 +75,30 @@ class HostCalls(unittest.TestCase):
                           "cudaMemcpyAsync": (2, 1), "cudaStreamSynchronize": (25, 1)})
 
 
+class LinearShare(unittest.TestCase):
+    def test_linear_kernels_only_per_step(self):
+        short = {"g": "void QmmGemmKernel<qdec::Mxfp4, GemmCfg<8, 16, 3, 1, true> >",
+                 "a": "void AttentionMmaKernel<192, 128, 64, 64>", "x": "GatherBf16Kernel"}
+        # Two steps of 3 ms of linear kernels (2.5 + 0.5) and 1 ms of attention each.
+        steps = [[K(0, 2_500_000, "g"), K(2_500_000, 3_500_000, "a"), K(3_500_000, 4_000_000, "x")]] * 2
+        ms, rate, frac = rep.linear_share(steps, short, 0.9, 600.0)
+        self.assertAlmostEqual(ms, 3.0)
+        self.assertAlmostEqual(rate, 300.0)
+        self.assertAlmostEqual(frac, 0.5)
+
+    def test_no_peak_no_fraction(self):
+        ms, rate, frac = rep.linear_share([[K(0, 1_000_000, "g")]], {"g": "QgemvColKernel"}, 0.1)
+        self.assertEqual((round(ms, 6), round(rate, 6), frac), (1.0, 100.0, None))
+
+    def test_bench_line_parsed(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("prefill linear FLOPs: 7.001 TFLOP (routed experts 1.237 TFLOP)\n")
+        try:
+            self.assertAlmostEqual(rep.parse_bench(f.name)["linear_tflop"], 7.001)
+        finally:
+            os.unlink(f.name)
+
+
 if __name__ == "__main__":
     unittest.main()

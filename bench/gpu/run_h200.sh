@@ -16,12 +16,7 @@ out=${OUT:-$PWD/gpu_out}
 mkdir -p "$out"
 bin=$bundle/bin
 
-# Where the device image may keep cuBLAS: the toolkit, or the pip wheel beside PyTorch.
-cublas_dirs=/usr/local/cuda/lib64
-if command -v python3 >/dev/null; then
-  pip_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
-  [ -n "$pip_cublas" ] && cublas_dirs="$cublas_dirs:$pip_cublas"
-fi
+source "$(dirname "$0")/cublas_path.sh"
 export LD_LIBRARY_PATH="$bundle/lib:$cublas_dirs:${LD_LIBRARY_PATH:-}"
 
 status=0
