@@ -473,9 +473,10 @@ __global__ void __launch_bounds__(256) AttentionTileKernel(AttentionParams p, cp
 // can move. A block takes kMmaQ queries of one head (16 per warp) and a DVC-wide slice of the
 // value dims (blockIdx.z; the scores are recomputed per slice, which the tensor cores afford
 // and which keeps the output accumulators at DVC / 2 registers), and walks the keys in tiles
-// of kMmaKeys (32 where a block's shared memory holds no more: MmaFormFor), two tiles in flight (the next is copied while this one is used): the tile's K
-// rows and V rows (bf16, row-major, padded) in shared memory, read as mma fragments by
-// ldmatrix (V transposed by it); S = Q K^T by bf16 mma (exact products, fp32 sums), times
+// of kMmaKeys (32 where a block's shared memory holds no more: MmaFormFor), two tiles in
+// flight (the next is copied while this one is used): the tile's K rows and V rows (bf16,
+// row-major, padded) in shared memory, read as mma fragments by ldmatrix (V transposed by
+// it); S = Q K^T by bf16 mma (exact products, fp32 sums), times
 // the scale, plus the additive mask, causal keys at -inf; an online softmax per row in
 // registers (rows g and g + 8 of the warp's 16 per lane, quad shuffles for the row max and
 // sum); O += P V by bf16 mma with P split into two bf16 halves (hi = bf16(p), lo =
