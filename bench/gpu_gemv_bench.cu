@@ -481,7 +481,12 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
   const auto bf16 = cpu::ActDType::kBF16;
   // The shared expert in launches of its own, after the routed experts (the layer program
   // without ExpertsSwiGluShared), or as one more problem of the routed launches.
-  auto block = [&](int i, bool joint) {
+  // scratch: the experts' gate/up rows in a buffer of the caller (as the CUDA backend passes
+  // them) rather than stream-ordered allocations (graph nodes that cost the gate/up GEMV its
+  // PDL start under the routing).
+  DeviceBuffer scratch = Must(DeviceBuffer::Allocate(
+      ExpertsScratchBytes(gate.views[0], up.views[0], down.views[0], 1, kK, bf16, ExpertsPath::kAuto, true)));
+  auto block = [&](int i, bool joint, bool with_scratch = false) {
     const int64_t row = i % kRows;
     QMatmulArgs a;
     a.x = xb.as<uint16_t>() + row * kHidden;
@@ -495,7 +500,8 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
                                  &sd.views[i % sd.views.size()]};
     BENCH_CHECK(ExpertsSwiGlu(gate.views[0], up.views[0], down.views[0], x32.as<float>() + row * kHidden, 1,
                               ids.as<int32_t>(), kK, bf16, y.as<float>(), st, ExpertsPath::kAuto,
-                              xb.as<uint16_t>() + row * kHidden, joint ? &sh : nullptr));
+                              xb.as<uint16_t>() + row * kHidden, joint ? &sh : nullptr,
+                              with_scratch ? scratch.data() : nullptr));
     float* sh_out = y.as<float>() + kK * kHidden;
     if (!joint) {
     const DeviceQuantWeight* gu[] = {&sg.views[i % sg.views.size()], &su.views[i % su.views.size()]};
@@ -535,6 +541,41 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
       std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
                   joint ? "shared expert with the routed launches:" : "shared expert in launches of its own:",
                   ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
+    }
+  }
+  // The same blocks replayed from CUDA graphs, as the backend runs a decode step: the lines
+  // above launch each block's kernels from the host (a dozen calls, some with PDL or cluster
+  // attributes), whose cost could hide behind them or not. kGraphs captures of different
+  // activation rows and weight copies, replayed in turn.
+  {
+    constexpr int kGraphs = 16;
+    std::vector<cudaGraphExec_t> graphs[3];
+    for (int how = 0; how < 3; ++how) {
+      for (int g = 0; g < kGraphs; ++g) {
+        cudaGraph_t graph = nullptr;
+        BENCH_CHECK(CudaOk(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal)));
+        block(g, how >= 1, how == 2);
+        BENCH_CHECK(CudaOk(cudaStreamEndCapture(st, &graph)));
+        cudaGraphExec_t exec = nullptr;
+        BENCH_CHECK(CudaOk(cudaGraphInstantiate(&exec, graph, 0)));
+        cudaGraphDestroy(graph);
+        graphs[how].push_back(exec);
+      }
+    }
+    for (int rep = 0; rep < 2; ++rep) {
+      for (int how = 0; how < 3; ++how) {
+        const float ms = MedianMs(st, iters, [&](int i) {
+          BENCH_CHECK(CudaOk(cudaGraphLaunch(graphs[how][i % kGraphs], st)));
+        });
+        std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
+                    how == 0   ? "graph: shared expert in launches of its own:"
+                    : how == 1 ? "graph: shared expert with the routed launches:"
+                               : "graph: the same, experts' scratch passed in:",
+                    ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
+      }
+    }
+    for (auto& v : graphs) {
+      for (cudaGraphExec_t e : v) cudaGraphExecDestroy(e);
     }
   }
   // The K split of every GEMV of the block capped at 1, automatic, exactly 2 or 4, and the

@@ -468,11 +468,42 @@ bool ExpertsTakeShared(const DeviceQuantWeight& gate, const DeviceQuantWeight& u
   return true;
 }
 
+namespace {
+
+// Problems per per-slot launch: whole tokens, at most 65535.
+int64_t TokensPerSlotChunk(int64_t k) { return std::max<int64_t>(1, 65535 / k); }
+
+// The per-slot launches' scratch of one chunk of np problems: g (gate, then SwiGLU) and u
+// fp32, gb bf16, each 256-byte aligned.
+struct SlotScratch {
+  static size_t Piece(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  static size_t Bytes(int64_t np, int64_t inter) {
+    return 2 * Piece(np * inter * sizeof(float)) + Piece(np * inter * sizeof(uint16_t));
+  }
+  SlotScratch(void* base, int64_t np, int64_t inter)
+      : g(static_cast<float*>(base)),
+        u(reinterpret_cast<float*>(static_cast<char*>(base) + Piece(np * inter * sizeof(float)))),
+        gb(reinterpret_cast<uint16_t*>(static_cast<char*>(base) + 2 * Piece(np * inter * sizeof(float)))) {}
+  float* g;
+  float* u;
+  uint16_t* gb;
+};
+
+}  // namespace
+
+size_t ExpertsScratchBytes(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                           const DeviceQuantWeight& down, int64_t T, int64_t k,
+                           cpu::ActDType round, ExpertsPath path, bool with_shared) {
+  if (T <= 0 || k <= 0 || UseGrouped(gate, up, down, T, k, round, path)) return 0;
+  const int64_t nt = std::min(T, TokensPerSlotChunk(k));
+  return SlotScratch::Bytes(nt * k + (with_shared ? nt : 0), gate.rows);
+}
+
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
                            cudaStream_t stream, ExpertsPath path, const uint16_t* x_bf16,
-                           const SharedExpertWeights* shared) {
+                           const SharedExpertWeights* shared, void* scratch) {
   const int64_t inter = gate.rows, hidden = down.rows;
   if (up.rows != inter || gate.cols != hidden || up.cols != hidden || down.cols != inter ||
       gate.batch != up.batch || gate.batch != down.batch) {
@@ -500,13 +531,22 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     return absl::OkStatus();
   }
   // Problems per launch are capped (65535): whole tokens per chunk.
-  const int64_t tok_per_chunk = std::max<int64_t>(1, 65535 / k);
+  const int64_t tok_per_chunk = TokensPerSlotChunk(k);
+  // The caller's scratch serves every chunk in turn (one stream), else one allocation each.
+  StreamBuffer owned;
+  if (scratch == nullptr) {
+    const int64_t nt = std::min(tok_per_chunk, T);
+    RING_ASSIGN_OR_RETURN(owned, StreamBuffer::Allocate(
+                                     SlotScratch::Bytes(nt * k + (shared != nullptr ? nt : 0), inter),
+                                     stream));
+    scratch = owned.data();
+  }
   for (int64_t t0 = 0; t0 < T; t0 += tok_per_chunk) {
     // With the shared expert (one chunk: ExpertsTakeShared), its nt problems follow the
     // routed ones.
     const int64_t nt = std::min(tok_per_chunk, T - t0), nr = nt * k;
     const int64_t alt = shared != nullptr ? nt : 0, np = nr + alt;
-    RING_ASSIGN_OR_RETURN(StreamBuffer g, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
+    const SlotScratch sc(scratch, std::min(tok_per_chunk, T) * k + alt, inter);
     // The GEMVs may become resident while the kernel before them drains (overlap 1: they
     // wait for it before reading the ids or x): gpu_gemv_bench --moe, H200, one token:
     // gate+up 36.8 -> 35.4 us, down 21.3 -> 20.2 (session 16).
@@ -527,10 +567,7 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     }
     // bf16 activations: SwiGLU also writes the bf16 copy down's GEMV reads (LinearT would
     // make the same copy in a launch of its own; same bits, the products are bf16 numbers).
-    StreamBuffer gb;
-    if (round == cpu::ActDType::kBF16) {
-      RING_ASSIGN_OR_RETURN(gb, StreamBuffer::Allocate(np * inter * 2, stream));
-    }
+    uint16_t* const gb = round == cpu::ActDType::kBF16 ? sc.gb : nullptr;
     const bool bf16_x = x_bf16 != nullptr && round == cpu::ActDType::kBF16;
     if (bf16_x) {
       // What LinearTMany runs after its own conversion of x.
@@ -543,8 +580,8 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     bool fused = false;
     if (bf16_x && FusedSwiGluEnabled()) {
       QMatmulArgs f = a;
-      f.y = g.as<float>();
-      f.y_bf16 = gb.as<uint16_t>();
+      f.y = sc.g;
+      f.y_bf16 = gb;
       const absl::Status st = QMatmulTSwiGlu(gate, up, f, stream);
       if (!absl::IsFailedPrecondition(st)) {
         RING_RETURN_IF_ERROR(st);
@@ -552,21 +589,19 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
       }
     }
     if (!fused) {
-      RING_ASSIGN_OR_RETURN(StreamBuffer u, StreamBuffer::Allocate(np * inter * sizeof(float), stream));
       const DeviceQuantWeight* gu[] = {&gate, &up};
-      float* gu_out[] = {g.as<float>(), u.as<float>()};
+      float* gu_out[] = {sc.g, sc.u};
       if (bf16_x) {
         RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, a, stream));
       } else {
         RING_RETURN_IF_ERROR(LinearTMany(gu, gu_out, a, round, stream));
       }
-      RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32},
-                                  np * inter, round, DevMutArray{g.data(), DType::kF32}, stream,
-                                  gb.as<uint16_t>()));
+      RING_RETURN_IF_ERROR(SwiGlu(DevArray{sc.g, DType::kF32}, DevArray{sc.u, DType::kF32},
+                                  np * inter, round, DevMutArray{sc.g, DType::kF32}, stream, gb));
     }
     QMatmulArgs d;
     d.overlap = 1;
-    d.x = g.data();
+    d.x = sc.g;
     d.m = 1;
     d.problems = np;
     d.expert_ids = ids + t0 * k;
@@ -580,7 +615,7 @@ absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeigh
     }
     d.y = y + t0 * k * hidden;
     if (round == cpu::ActDType::kBF16) {
-      d.x = gb.data();
+      d.x = gb;
       d.x_dtype = DType::kBF16;
       d.round_bf16 = true;
       RING_RETURN_IF_ERROR(QMatmulT(down, d, stream));

@@ -68,12 +68,23 @@ struct SharedExpertWeights {
   const DeviceQuantWeight* up = nullptr;
   const DeviceQuantWeight* down = nullptr;
 };
+//
+// scratch: device memory of ExpertsScratchBytes(...) for the per-slot launches' gate/up and
+// SwiGLU rows, or null (they are then stream-ordered allocations). Inside a CUDA graph such
+// an allocation is a node between the routing and the gate/up GEMV, which then cannot start
+// under the routing kernel (PDL) as it does after a kernel.
 absl::Status ExpertsSwiGlu(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
                            const DeviceQuantWeight& down, const float* x, int64_t T,
                            const int32_t* ids, int64_t k, cpu::ActDType round, float* y,
                            cudaStream_t stream, ExpertsPath path = ExpertsPath::kAuto,
                            const uint16_t* x_bf16 = nullptr,
-                           const SharedExpertWeights* shared = nullptr);
+                           const SharedExpertWeights* shared = nullptr, void* scratch = nullptr);
+// Bytes of ExpertsSwiGlu's scratch for these arguments (with_shared: with `shared`): 0 where
+// it takes the grouped GEMM (which allocates its own, larger, buffers).
+size_t ExpertsScratchBytes(const DeviceQuantWeight& gate, const DeviceQuantWeight& up,
+                           const DeviceQuantWeight& down, int64_t T, int64_t k,
+                           cpu::ActDType round, ExpertsPath path = ExpertsPath::kAuto,
+                           bool with_shared = false);
 // Whether ExpertsSwiGlu runs `shared` with the routed experts for these arguments: the
 // per-slot launches (not the grouped GEMM) with bf16 activations, all T * (k + 1) problems
 // in one launch, shared matrices laid out as one expert slice.

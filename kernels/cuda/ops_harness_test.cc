@@ -2999,6 +2999,18 @@ TEST_F(GpuTest, MoeExpertsAndCombine) {
         ASSERT_TRUE(st.ok()) << st;
         const std::vector<float> got2 = Dl(dy2.as<float>(), ref.size());
         EXPECT_EQ(std::memcmp(got2.data(), got.data(), got.size() * sizeof(float)), 0) << gate->Mode();
+        // The caller's scratch instead of stream-ordered allocations: the same bits.
+        const size_t sb = ExpertsScratchBytes(gate->dev.view, up->dev.view, down->dev.view, T, k, t);
+        ASSERT_GT(sb, 0u);
+        absl::StatusOr<DeviceBuffer> scratch = DeviceBuffer::Allocate(sb);
+        ASSERT_TRUE(scratch.ok()) << scratch.status();
+        DeviceBuffer dy3 = Zeros(ref.size());
+        st = ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
+                           di.as<int32_t>(), k, t, dy3.as<float>(), nullptr, ExpertsPath::kAuto,
+                           xb.as<uint16_t>(), nullptr, scratch->data());
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_EQ(std::memcmp(Dl(dy3.as<float>(), ref.size()).data(), got.data(), got.size() * sizeof(float)), 0)
+            << gate->Mode() << " with scratch";
         Report("moe experts swiglu x-bf16", absl::StrFormat("T%d k%d of %dx%dx%d", T, k, E, inter, hidden),
                absl::StrCat(gate->Mode(), " ", ActName(t)), got2, ref, kTolEwBf16, hidden);
       }
@@ -3031,6 +3043,20 @@ TEST_F(GpuTest, MoeExpertsAndCombine) {
                            di.as<int32_t>(), k, t, dj.as<float>(), nullptr, ExpertsPath::kAuto,
                            nullptr, &sh);
         ASSERT_TRUE(st.ok()) << st;
+        {  // with the caller's scratch: the same bits
+          absl::StatusOr<DeviceBuffer> scratch = DeviceBuffer::Allocate(
+              ExpertsScratchBytes(gate->dev.view, up->dev.view, down->dev.view, T, k, t, ExpertsPath::kAuto, true));
+          ASSERT_TRUE(scratch.ok()) << scratch.status();
+          DeviceBuffer dj2 = Zeros(jref.size());
+          ASSERT_TRUE(ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
+                                    di.as<int32_t>(), k, t, dj2.as<float>(), nullptr, ExpertsPath::kAuto,
+                                    nullptr, &sh, scratch->data())
+                          .ok());
+          EXPECT_EQ(std::memcmp(Dl(dj2.as<float>(), jref.size()).data(), Dl(dj.as<float>(), jref.size()).data(),
+                                jref.size() * sizeof(float)),
+                    0)
+              << gate->Mode() << " +shared with scratch";
+        }
         Report("moe experts swiglu +shared", absl::StrFormat("T%d k%d+1 of %dx%dx%d", T, k, E, inter, hidden),
                absl::StrCat(gate->Mode(), " ", ActName(t)), Dl(dj.as<float>(), jref.size()), jref,
                kTolEwBf16, hidden);

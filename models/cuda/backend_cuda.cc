@@ -947,10 +947,12 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* u, Weight(up));
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(down));
     const uint16_t* xb = HeldBf16Copy(x, T * g->cols, t);
+    RING_ASSIGN_OR_RETURN(Buffer scratch, ExpertsScratch(*g, *u, *d, T, k, t, false));
+    void* const sp = scratch.data();
     KeepConversionPast({{y, T * k * d->rows}});
-    return Submit(OpRecord('E').Add(g, u, d, x, T, ids, k, t, y, xb).Take(), [=, this] {
+    return Submit(OpRecord('E').Add(g, u, d, x, T, ids, k, t, y, xb, sp).Take(), [=, this] {
       return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
-                                 cuda::ExpertsPath::kAuto, xb);
+                                 cuda::ExpertsPath::kAuto, xb, nullptr, sp);
     });
   }
   absl::StatusOr<bool> ExpertsSwiGluShared(const QuantWeight& gate, const QuantWeight& up,
@@ -968,14 +970,31 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(sh.down, Weight(shared_down));
     if (!SharedExpertFused() || !cuda::ExpertsTakeShared(*g, *u, *d, sh, T, k, t)) return false;
     const uint16_t* xb = HeldBf16Copy(x, T * g->cols, t);
+    RING_ASSIGN_OR_RETURN(Buffer scratch, ExpertsScratch(*g, *u, *d, T, k, t, true));
+    void* const sp = scratch.data();
     KeepConversionPast({{y, T * (k + 1) * d->rows}});
     RING_RETURN_IF_ERROR(Submit(
-        OpRecord('S').Add(g, u, d, sh.gate, sh.up, sh.down, x, T, ids, k, t, y, xb).Take(),
+        OpRecord('S').Add(g, u, d, sh.gate, sh.up, sh.down, x, T, ids, k, t, y, xb, sp).Take(),
         [=, this] {
           return cuda::ExpertsSwiGlu(*g, *u, *d, x, T, ids, k, t, y, stream_,
-                                     cuda::ExpertsPath::kAuto, xb, &sh);
+                                     cuda::ExpertsPath::kAuto, xb, &sh, sp);
         }));
     return true;
+  }
+  // The per-slot expert launches' scratch from the step's arena (cuda::ExpertsSwiGlu), an
+  // empty buffer where they do not run per slot. RING_CUDA_EXPERT_SCRATCH=0 (read once, A/B
+  // runs) leaves them their stream-ordered allocations.
+  absl::StatusOr<Buffer> ExpertsScratch(const cuda::DeviceQuantWeight& g,
+                                        const cuda::DeviceQuantWeight& u,
+                                        const cuda::DeviceQuantWeight& d, int64_t T, int64_t k,
+                                        ActDType t, bool with_shared) {
+    static const bool on = [] {
+      const char* v = std::getenv("RING_CUDA_EXPERT_SCRATCH");
+      return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    if (!on) return Buffer();
+    return Alloc(static_cast<int64_t>(
+        cuda::ExpertsScratchBytes(g, u, d, T, k, t, cuda::ExpertsPath::kAuto, with_shared)));
   }
   absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                           int64_t k, int64_t hidden, cpu::CombineMode mode, ActDType t,
