@@ -479,6 +479,32 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
   r.k = kK;
   r.routed_scaling_factor = 2.5f;
   const auto bf16 = cpu::ActDType::kBF16;
+  // The whole block as the CUDA backend runs it by default: MoeBlock, the shared expert on a
+  // side stream beside the router and the routing.
+  SideStream side;
+  BENCH_CHECK(CudaOk(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking)));
+  BENCH_CHECK(CudaOk(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming)));
+  BENCH_CHECK(CudaOk(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming)));
+  auto block_args = [&](int i) {
+    const int64_t row = i % kRows;
+    MoeBlockArgs mb;
+    mb.router = &router.views[i % router.views.size()];
+    mb.bias = dbias.as<float>();
+    mb.routing = r;
+    mb.gate = &gate.views[0];
+    mb.up = &up.views[0];
+    mb.down = &down.views[0];
+    mb.shared = SharedExpertWeights{&sg.views[i % sg.views.size()], &su.views[i % su.views.size()],
+                                    &sd.views[i % sd.views.size()]};
+    mb.x = x32.as<float>() + row * kHidden;
+    mb.x_bf16 = xb.as<uint16_t>() + row * kHidden;
+    mb.T = 1;
+    mb.router_overlap = 2;  // the backend's setting for matrices <= 64 MB
+    mb.out = out.as<float>();
+    return mb;
+  };
+  DeviceBuffer block_scratch = Must(DeviceBuffer::Allocate(MoeBlockScratchBytes(block_args(0))));
+  auto beside = [&](int i) { BENCH_CHECK(MoeBlock(block_args(i), block_scratch.data(), st, &side)); };
   // The shared expert in launches of its own, after the routed experts (the layer program
   // without ExpertsSwiGluShared), or as one more problem of the routed launches.
   // scratch: the experts' gate/up rows in a buffer of the caller (as the CUDA backend passes
@@ -536,25 +562,40 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
                 ms * 1e3, 100.0 * router.bytes / (ms * 1e-3) / 1e9 / probe, how.c_str());
   }
   for (int rep = 0; rep < 2; ++rep) {
-    for (bool joint : {false, true}) {
-      const float ms = MedianMs(st, iters, [&](int i) { block(i, joint); });
-      std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
-                  joint ? "shared expert with the routed launches:" : "shared expert in launches of its own:",
-                  ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
+    for (int how : {0, 1, 2}) {
+      const float ms = MedianMs(st, iters, [&](int i) {
+        if (how == 2) {
+          beside(i);
+        } else {
+          block(i, how == 1);
+        }
+      });
+      const char* name = how == 0   ? "shared expert in launches of its own:"
+                         : how == 1 ? "shared expert with the routed launches:"
+                                    : "shared expert beside the routing (MoeBlock):";
+      std::printf("  %-44s %.1f us = %.1f%% of the probe\n", name, ms * 1e3,
+                  100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
     }
   }
   // The same blocks replayed from CUDA graphs, as the backend runs a decode step: the lines
   // above launch each block's kernels from the host (a dozen calls, some with PDL or cluster
   // attributes), whose cost could hide behind them or not. kGraphs captures of different
-  // activation rows and weight copies, replayed in turn.
+  // activation rows and weight copies, replayed in turn. Forms: the shared expert in
+  // launches of its own; with the routed launches; the same with the experts' scratch passed
+  // in (no allocation nodes before the gate/up GEMV); beside the routing (MoeBlock, the
+  // backend's default).
   {
-    constexpr int kGraphs = 16;
-    std::vector<cudaGraphExec_t> graphs[3];
-    for (int how = 0; how < 3; ++how) {
+    constexpr int kGraphs = 16, kForms = 4;
+    std::vector<cudaGraphExec_t> graphs[kForms];
+    for (int how = 0; how < kForms; ++how) {
       for (int g = 0; g < kGraphs; ++g) {
         cudaGraph_t graph = nullptr;
         BENCH_CHECK(CudaOk(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal)));
-        block(g, how >= 1, how == 2);
+        if (how == 3) {
+          beside(g);
+        } else {
+          block(g, how >= 1, how == 2);
+        }
         BENCH_CHECK(CudaOk(cudaStreamEndCapture(st, &graph)));
         cudaGraphExec_t exec = nullptr;
         BENCH_CHECK(CudaOk(cudaGraphInstantiate(&exec, graph, 0)));
@@ -562,16 +603,16 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
         graphs[how].push_back(exec);
       }
     }
+    static const char* const kNames[kForms] = {
+        "graph: shared expert in launches of its own:", "graph: shared expert with the routed launches:",
+        "graph: the same, experts' scratch passed in:", "graph: shared expert beside the routing:"};
     for (int rep = 0; rep < 2; ++rep) {
-      for (int how = 0; how < 3; ++how) {
+      for (int how = 0; how < kForms; ++how) {
         const float ms = MedianMs(st, iters, [&](int i) {
           BENCH_CHECK(CudaOk(cudaGraphLaunch(graphs[how][i % kGraphs], st)));
         });
-        std::printf("  %-44s %.1f us = %.1f%% of the probe\n",
-                    how == 0   ? "graph: shared expert in launches of its own:"
-                    : how == 1 ? "graph: shared expert with the routed launches:"
-                               : "graph: the same, experts' scratch passed in:",
-                    ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
+        std::printf("  %-44s %.1f us = %.1f%% of the probe\n", kNames[how], ms * 1e3,
+                    100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
       }
     }
     for (auto& v : graphs) {

@@ -252,6 +252,26 @@ class Backend {
   virtual absl::Status MoeCombine(const float* y, const float* w, const float* shared,
                                   int64_t T, int64_t k, int64_t hidden, cpu::CombineMode mode,
                                   ActDType t, float* out) = 0;
+  // A sigmoid-routed MoE block with a shared expert in one op: out = MoeCombine (fp32 sum)
+  // of RouteSigmoid over Linear(router, x), the routed experts (ExpertsSwiGlu) and the shared
+  // expert's SwiGLU MLP, as MlaStage::Moe composes them from the ops above, so that a backend
+  // may overlap the shared expert with the routing (the CUDA backend's side stream). False,
+  // with nothing run, where a backend has no joint form: the caller composes the ops itself.
+  struct MoeBlockWeights {
+    const QuantWeight* router = nullptr;
+    const TensorView* score_bias = nullptr;
+    const QuantWeight* gate = nullptr;
+    const QuantWeight* up = nullptr;
+    const QuantWeight* down = nullptr;
+    const QuantWeight* shared_gate = nullptr;
+    const QuantWeight* shared_up = nullptr;
+    const QuantWeight* shared_down = nullptr;
+  };
+  virtual absl::StatusOr<bool> MoeBlock(const MoeBlockWeights& /*w*/,
+                                        const cpu::SigmoidRouting& /*r*/, const float* /*x*/,
+                                        int64_t /*T*/, ActDType /*t*/, float* /*out*/) {
+    return false;
+  }
   // host_out[r] = argmax of row r of x [rows, n] (lowest index on ties).
   virtual absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) = 0;
   // *host_out = cpu::SampleToken of one row of logits [vocab] for `req`, computed where the

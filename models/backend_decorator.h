@@ -144,6 +144,10 @@ class ForwardingBackend : public Backend {
                           float* out) override {
     return inner_->MoeCombine(y, w, shared, T, k, hidden, mode, t, out);
   }
+  absl::StatusOr<bool> MoeBlock(const MoeBlockWeights& w, const cpu::SigmoidRouting& r,
+                                const float* x, int64_t T, ActDType t, float* out) override {
+    return inner_->MoeBlock(w, r, x, T, t, out);
+  }
   absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) override {
     return inner_->ArgMax(x, rows, n, host_out);
   }

@@ -387,8 +387,6 @@ absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* 
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, hid = c.hidden_size;
-  RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(T * E));
-  RING_RETURN_IF_ERROR(b.Linear(L.router, x, T, t, logits.f()));
   cpu::SigmoidRouting r;
   r.E = E;
   r.k = K;
@@ -396,6 +394,23 @@ absl::Status MlaStage::Moe(const MlaLayer& L, const float* x, int64_t T, float* 
   r.topk_group = c.topk_group;
   r.norm_topk_prob = c.norm_topk_prob;
   r.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  if (L.has_shared) {
+    // The whole block as one op where the backend has one (the ops below, composed and
+    // launched by the backend).
+    Backend::MoeBlockWeights w;
+    w.router = &L.router;
+    w.score_bias = &L.score_bias;
+    w.gate = &L.experts.gate;
+    w.up = &L.experts.up;
+    w.down = &L.experts.down;
+    w.shared_gate = &L.shared.gate;
+    w.shared_up = &L.shared.up;
+    w.shared_down = &L.shared.down;
+    RING_ASSIGN_OR_RETURN(const bool done, b.MoeBlock(w, r, x, T, t, out));
+    if (done) return absl::OkStatus();
+  }
+  RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(T * E));
+  RING_RETURN_IF_ERROR(b.Linear(L.router, x, T, t, logits.f()));
   RING_ASSIGN_OR_RETURN(Buffer ids, b.Alloc(T * K * 4));
   RING_ASSIGN_OR_RETURN(Buffer wts, b.AllocF(T * K));
   RING_RETURN_IF_ERROR(b.RouteSigmoid(logits.f(), L.score_bias, T, r, ids.i(), wts.f()));

@@ -481,6 +481,111 @@ TEST(MoeSharedExpert, JointOpMatchesSeparateLaunches) {
   EXPECT_EQ(std::memcmp(got.data(), want->data(), got.size() * sizeof(float)), 0);
 }
 
+// A backend with the whole-MoE-block op, built from the CPU backend's ops in the layer
+// program's order: the program's MoeBlock branch (the weights and routing it hands over)
+// must give the logits of the composed ops bit for bit.
+class MoeBlockBackend final : public internal::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  absl::StatusOr<bool> MoeBlock(const MoeBlockWeights& w, const cpu::SigmoidRouting& r,
+                                const float* x, int64_t T, cpu::ActDType t, float* out) override {
+    const int64_t hid = w.down->rows();
+    std::vector<float> logits(T * r.E), wts(T * r.k), y(T * r.k * hid), shared(T * hid);
+    std::vector<int32_t> ids(T * r.k);
+    RING_RETURN_IF_ERROR(inner().Linear(*w.router, x, T, t, logits.data()));
+    RING_RETURN_IF_ERROR(inner().RouteSigmoid(logits.data(), *w.score_bias, T, r, ids.data(), wts.data()));
+    RING_RETURN_IF_ERROR(inner().ExpertsSwiGlu(*w.gate, *w.up, *w.down, x, T, ids.data(), r.k, t, y.data()));
+    internal::Mlp mlp{*w.shared_gate, *w.shared_up, *w.shared_down};
+    RING_RETURN_IF_ERROR(internal::RunMlp(*this, mlp, x, T, t, shared.data()));
+    RING_RETURN_IF_ERROR(inner().MoeCombine(y.data(), wts.data(), shared.data(), T, r.k, hid,
+                                            cpu::CombineMode::kFp32Sum, t, out));
+    ++calls;
+    return true;
+  }
+  int calls = 0;
+};
+
+TEST(MoeSharedExpert, BlockOpMatchesComposedOps) {
+  const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
+  RunSpec spec;
+  spec.prompt = Prompt(9);
+  spec.decode = {5, 17, 3};
+  absl::StatusOr<std::vector<float>> want = RunSteps(dir, spec);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  auto block = std::make_shared<MoeBlockBackend>(internal::NewCpuBackend());
+  absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, LoadOptions{}, block);
+  ASSERT_TRUE(st.ok()) << st.status();
+  std::unique_ptr<Sequence> seq = (*st)->NewSequence();
+  std::vector<float> got;
+  std::vector<std::vector<int32_t>> steps = {spec.prompt};
+  for (int32_t t : spec.decode) steps.push_back({t});
+  for (const auto& toks : steps) {
+    StageInput in;
+    in.tokens = toks;
+    absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
+    ASSERT_TRUE(out.ok()) << out.status();
+    got.insert(got.end(), out->logits.begin(), out->logits.end());
+  }
+  EXPECT_GT(block->calls, 0) << "the tiny GLM model has no MoE layer with a shared expert";
+  ASSERT_EQ(got.size(), want->size());
+  EXPECT_EQ(std::memcmp(got.data(), want->data(), got.size() * sizeof(float)), 0);
+}
+
+// On the CUDA backend: the MoE block as one op (MoeBlock: the shared expert on a side
+// stream, in CUDA graphs from the third decode step) against the block's ops composed by the
+// layer program (MoeBlock refused): the same logits up to summation order (the shared expert
+// leaves the routed launches, so their K splits may change), and the block op ran.
+class MoeBlockSwitch final : public internal::ForwardingBackend {
+ public:
+  MoeBlockSwitch(std::shared_ptr<Backend> inner, bool on)
+      : ForwardingBackend(std::move(inner)), on_(on) {}
+  absl::StatusOr<bool> MoeBlock(const MoeBlockWeights& w, const cpu::SigmoidRouting& r,
+                                const float* x, int64_t T, cpu::ActDType t, float* out) override {
+    if (!on_) return false;
+    RING_ASSIGN_OR_RETURN(const bool ran, inner().MoeBlock(w, r, x, T, t, out));
+    calls += ran;
+    return ran;
+  }
+  int calls = 0;
+
+ private:
+  const bool on_;
+};
+
+TEST(MoeSharedExpert, CudaBlockOpMatchesComposedOps) {
+  if (const char* v = std::getenv("RING_CUDA_SHARED_EXPERT"); v != nullptr && std::strcmp(v, "beside") != 0) {
+    GTEST_SKIP() << "RING_CUDA_SHARED_EXPERT=" << v;
+  }
+  const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
+  std::vector<float> logits[2];
+  int calls[2] = {0, 0};
+  for (int on = 0; on < 2; ++on) {
+    absl::StatusOr<std::shared_ptr<internal::Backend>> cuda = internal::NewCudaBackend(0);
+    if (!cuda.ok()) GTEST_SKIP() << "no usable CUDA device: " << cuda.status();
+    auto b = std::make_shared<MoeBlockSwitch>(*cuda, on == 1);
+    LoadOptions lo;
+    lo.device.kind = DeviceSpec::Kind::kCuda;
+    absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, lo, b);
+    ASSERT_TRUE(st.ok()) << st.status();
+    std::unique_ptr<Sequence> seq = (*st)->NewSequence();
+    for (const std::vector<int32_t>& toks :
+         std::vector<std::vector<int32_t>>{Prompt(9), {5}, {17}, {3}, {44}, {8}, {21}}) {
+      StageInput in;
+      in.tokens = toks;
+      absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
+      ASSERT_TRUE(out.ok()) << out.status();
+      logits[on].insert(logits[on].end(), out->logits.begin(), out->logits.end());
+    }
+    calls[on] = b->calls;
+  }
+  std::printf("glm_moe_dsa mxfp4: %d MoE block ops\n", calls[1]);
+  EXPECT_EQ(calls[0], 0);
+  EXPECT_GT(calls[1], 0) << "the decode steps' MoE layers should take the block op";
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_LT(Nmse(logits[1].data(), logits[0].data(), static_cast<int64_t>(logits[0].size())), 1e-6);
+}
+
 // On the CUDA backend: the dense MLP's gate, up and SwiGLU as one op (LinearSwiGlu: the fused
 // SwiGLU GEMV at one or two rows) or, with the op refused, as the layer program's LinearMany
 // and SwiGlu: the same logits bit for bit, and the joint op ran.

@@ -2,6 +2,7 @@
 #include "kernels/cuda/moe.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -636,6 +637,178 @@ absl::Status MoeCombine(const float* y, const float* w, const float* shared, int
   RING_LAUNCH_PDL(CombineKernel, Blocks(T * hidden, 256), 256, 0, stream, y, w, shared, T, k,
                   hidden, mode == cpu::CombineMode::kRoundedProducts, round, out);
   return absl::OkStatus();
+}
+
+namespace {
+
+constexpr int64_t kMoeBlockMaxT = 8;
+
+std::atomic<int64_t> g_side_delay_ns{0};
+
+__global__ void SpinKernel(int64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (static_cast<int64_t>(t - t0) < ns);
+}
+
+// MoeBlock's scratch, carved from one caller buffer (256-byte aligned pieces).
+struct BlockScratch {
+  float* logits;   // [T, E]
+  int32_t* ids;    // [T, k]
+  float* wts;      // [T, k]
+  float* y;        // [T, k, hidden]
+  float* ys;       // [T, hidden], the shared expert's output
+  float* g;        // [T, inter], the shared expert's gate (then SwiGLU) and up
+  float* u;
+  uint16_t* gb;    // [T, inter], SwiGLU's bf16 copy
+  void* experts;   // the routed experts' (ExpertsScratchBytes)
+};
+size_t CarveScratch(const MoeBlockArgs& a, void* base, BlockScratch* out) {
+  const int64_t T = a.T, k = a.routing.k, E = a.routing.E, hidden = a.down->rows,
+                inter = a.shared.gate->rows;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    void* p = base == nullptr ? nullptr : static_cast<char*>(base) + off;
+    off += (bytes + 255) / 256 * 256;
+    return p;
+  };
+  BlockScratch b;
+  b.logits = static_cast<float*>(take(T * E * sizeof(float)));
+  b.ids = static_cast<int32_t*>(take(T * k * sizeof(int32_t)));
+  b.wts = static_cast<float*>(take(T * k * sizeof(float)));
+  b.y = static_cast<float*>(take(T * k * hidden * sizeof(float)));
+  b.ys = static_cast<float*>(take(T * hidden * sizeof(float)));
+  b.g = static_cast<float*>(take(T * inter * sizeof(float)));
+  b.u = static_cast<float*>(take(T * inter * sizeof(float)));
+  b.gb = static_cast<uint16_t*>(take(T * inter * sizeof(uint16_t)));
+  b.experts = take(ExpertsScratchBytes(*a.gate, *a.up, *a.down, T, k, cpu::ActDType::kBF16,
+                                       ExpertsPath::kPerSlot));
+  if (out != nullptr) *out = b;
+  return off;
+}
+
+// The shared expert's SwiGLU MLP on `stream`, as the CUDA backend's LinearSwiGlu and Linear
+// run it (the fused SwiGLU GEMV where it takes the launch, else gate/up and SwiGlu).
+absl::Status SharedMlp(const MoeBlockArgs& a, const BlockScratch& b, cudaStream_t stream) {
+  const SharedExpertWeights& sh = a.shared;
+  const int64_t T = a.T, inter = sh.gate->rows;
+  QMatmulArgs q;
+  q.x = a.x_bf16;
+  q.x_dtype = DType::kBF16;
+  q.m = T;
+  q.round_bf16 = true;
+  q.y = b.g;
+  bool fused = false;
+  if (FusedSwiGluEnabled()) {
+    QMatmulArgs f = q;
+    f.y_bf16 = b.gb;
+    const absl::Status st = QMatmulTSwiGlu(*sh.gate, *sh.up, f, stream);
+    if (!absl::IsFailedPrecondition(st)) {
+      RING_RETURN_IF_ERROR(st);
+      fused = true;
+    }
+  }
+  if (!fused) {
+    const DeviceQuantWeight* gu[] = {sh.gate, sh.up};
+    float* gu_out[] = {b.g, b.u};
+    RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, q, stream));
+    RING_RETURN_IF_ERROR(SwiGlu(DevArray{b.g, DType::kF32}, DevArray{b.u, DType::kF32}, T * inter,
+                                cpu::ActDType::kBF16, DevMutArray{b.g, DType::kF32}, stream, b.gb));
+  }
+  QMatmulArgs d = q;
+  d.x = b.gb;
+  d.overlap = 2;  // after the gate/up launch on the same stream
+  d.y = b.ys;
+  return QMatmulT(*sh.down, d, stream);
+}
+
+}  // namespace
+
+void TEST_SetMoeSideDelayNs(int64_t ns) { g_side_delay_ns.store(ns); }
+
+size_t MoeBlockScratchBytes(const MoeBlockArgs& a) {
+  return MoeBlockApplies(a) ? CarveScratch(a, nullptr, nullptr) : 0;
+}
+
+bool MoeBlockApplies(const MoeBlockArgs& a) {
+  const auto& r = a.routing;
+  if (a.router == nullptr || a.bias == nullptr || a.gate == nullptr || a.up == nullptr ||
+      a.down == nullptr || a.x == nullptr || a.x_bf16 == nullptr || a.out == nullptr ||
+      a.T < 1 || a.T > kMoeBlockMaxT || r.k < 1 || r.E != a.gate->batch ||
+      a.router->batch != 1 || a.router->rows != r.E || a.router->cols != a.gate->cols ||
+      a.down->rows != a.gate->cols) {
+    return false;
+  }
+  for (const DeviceQuantWeight* w : {a.shared.gate, a.shared.up, a.shared.down}) {
+    if (w == nullptr || w->batch != 1) return false;
+  }
+  if (!ExpertsTakeShared(*a.gate, *a.up, *a.down, a.shared, a.T, r.k, cpu::ActDType::kBF16)) {
+    return false;
+  }
+  QMatmulArgs probe;
+  probe.x_dtype = DType::kBF16;
+  probe.m = a.T;
+  probe.round_bf16 = true;
+  probe.overlap = a.router_overlap;
+  alignas(16) static float dummy_y[4];
+  probe.y = dummy_y;
+  return DescribeQmm(*a.router, probe).ok();
+}
+
+absl::Status MoeBlock(const MoeBlockArgs& a, void* scratch, cudaStream_t stream,
+                      const SideStream* side) {
+  if (!MoeBlockApplies(a) || scratch == nullptr) {
+    return absl::InvalidArgumentError(
+        "moe block: needs 1 <= T <= 8 bf16 tokens, matching router / expert / shared-expert "
+        "shapes, formats the decode GEMV takes (ExpertsTakeShared) and its scratch");
+  }
+  const int64_t T = a.T, k = a.routing.k, hidden = a.down->rows;
+  const auto bf16 = cpu::ActDType::kBF16;
+  BlockScratch b;
+  CarveScratch(a, scratch, &b);
+  // The fork point is x's producer, but the router is launched first: it is on the critical
+  // path, keeps its PDL start under that producer, and a shared-expert launch queued ahead of
+  // it would hold the SMs its cluster needs.
+  if (side != nullptr) RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(side->fork, stream));
+  QMatmulArgs r;
+  r.x = a.x_bf16;
+  r.x_dtype = DType::kBF16;
+  r.m = T;
+  r.round_bf16 = true;
+  r.overlap = a.router_overlap;
+  r.y = b.logits;
+  const absl::Status router_st = QMatmulT(*a.router, r, stream);
+  cudaStream_t s2 = stream;
+  if (side != nullptr) {
+    RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side->stream, side->fork, 0));
+    s2 = side->stream;
+  }
+  const absl::Status shared_st = [&]() -> absl::Status {
+    RING_RETURN_IF_ERROR(router_st);
+    if (const int64_t ns = g_side_delay_ns.load(); ns > 0) {
+      SpinKernel<<<1, 1, 0, s2>>>(ns);
+      RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    }
+    return SharedMlp(a, b, s2);
+  }();
+  // The side stream is joined whatever happened, so that a capture is never left forked.
+  const cudaError_t rec = side != nullptr ? cudaEventRecord(side->join, s2) : cudaSuccess;
+  const absl::Status st = [&]() -> absl::Status {
+    RING_RETURN_IF_ERROR(shared_st);
+    RING_RETURN_IF_ERROR(RouteSigmoid(b.logits, a.bias, T, a.routing, b.ids, b.wts, stream));
+    return ExpertsSwiGlu(*a.gate, *a.up, *a.down, a.x, T, b.ids, k, bf16, b.y, stream,
+                         ExpertsPath::kPerSlot, a.x_bf16, nullptr, b.experts);
+  }();
+  if (side != nullptr) {
+    RING_CUDA_RETURN_IF_ERROR(rec);
+    RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, side->join, 0));
+  }
+  RING_RETURN_IF_ERROR(st);
+  return MoeCombine(b.y, b.wts, b.ys, T, k, hidden, cpu::CombineMode::kFp32Sum, bf16, a.out,
+                    stream);
 }
 
 }  // namespace ring::cuda

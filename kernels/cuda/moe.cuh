@@ -96,6 +96,54 @@ absl::Status MoeCombine(const float* y, const float* w, const float* shared, int
                         int64_t k, int64_t hidden, cpu::CombineMode mode, cpu::ActDType round,
                         float* out, cudaStream_t stream);
 
+// One sigmoid-routed MoE block of a few decode tokens with a shared expert, as the layer
+// program composes it (models/deepseek.cc, MlaStage::Moe): the router GEMV on x's bf16
+// copy, RouteSigmoid, the routed experts (ExpertsSwiGlu's per-slot launches), the shared
+// expert's SwiGLU MLP (the launches the CUDA backend's LinearSwiGlu and Linear make),
+// MoeCombine (fp32 sum); bf16 activations. With a side stream, the shared expert runs
+// there: forked after the work queued on `stream` before the call (x is ready) and joined
+// before the combine, so that its weights (20 MB of GLM-5.2's 184 MB block) stream in while
+// the router GEMV and the routing, which leave the DRAM mostly idle, run, and the routed
+// launches carry 8 problems a token, not 9. The router is launched ahead of the shared
+// expert (a shared-expert launch queued first would hold the SMs the router's clusters
+// need). Without a side stream the same launches run on `stream`. Either way the result is
+// the same bits, and the call returns with every launch joined into `stream` (so it may run
+// inside a stream capture). H200, GLM-5.2 dims: a MoE layer of a traced decode step ~75 ->
+// ~70 us; replayed alone the block is ~1.5 us slower (docs/benchmarks.md, session 35).
+struct MoeBlockArgs {
+  const DeviceQuantWeight* router = nullptr;  // [E, hidden], any format the GEMV takes
+  const float* bias = nullptr;                // [E] fp32, e_score_correction_bias
+  cpu::SigmoidRouting routing;
+  const DeviceQuantWeight* gate = nullptr;  // routed experts, as ExpertsSwiGlu
+  const DeviceQuantWeight* up = nullptr;
+  const DeviceQuantWeight* down = nullptr;
+  SharedExpertWeights shared;  // one slice each (batch 1)
+  const float* x = nullptr;          // [T, hidden] fp32
+  const uint16_t* x_bf16 = nullptr;  // x's bf16 copy (ToBf16's bits)
+  int64_t T = 0;
+  int router_overlap = 0;  // QMatmulArgs::overlap of the router GEMV
+  float* out = nullptr;    // [T, hidden]
+};
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr;  // two events owned by the caller, reusable across calls
+  cudaEvent_t join = nullptr;
+};
+// Whether MoeBlock takes these arguments: 1 <= T <= 8, shapes that match, the routed and
+// shared experts on the per-slot decode GEMV (ExpertsTakeShared's conditions) and a router
+// the bf16 GEMV takes.
+bool MoeBlockApplies(const MoeBlockArgs& a);
+// Device scratch MoeBlock needs for `a` (0 where it does not apply): the router's logits,
+// the routing, the experts' rows and outputs. The caller's (not stream-ordered allocations:
+// graph nodes that would cost the router and the experts' GEMVs their PDL starts).
+size_t MoeBlockScratchBytes(const MoeBlockArgs& a);
+// InvalidArgument (nothing launched) where MoeBlockApplies is false or scratch is null.
+absl::Status MoeBlock(const MoeBlockArgs& a, void* scratch, cudaStream_t stream,
+                      const SideStream* side = nullptr);
+// Tests: a kernel that spins for `ns` on the side stream before the shared expert (0: none),
+// so that a missing join shows as a wrong result rather than as a rare race.
+void TEST_SetMoeSideDelayNs(int64_t ns);
+
 }  // namespace ring::cuda
 
 #endif  // RINGSERVE_KERNELS_CUDA_MOE_CUH_

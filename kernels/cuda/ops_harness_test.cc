@@ -74,6 +74,7 @@
 #include "kernels/cpu/model_ops.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -83,6 +84,7 @@
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/dtype.h"
 #include "kernels/quant.h"
+#include "kernels/status.h"
 
 namespace ring::cuda {
 namespace {
@@ -3088,6 +3090,188 @@ TEST_F(GpuTest, MoeExpertsAndCombine) {
       }
     }
   }
+}
+
+// The whole MoE block (MoeBlock): with the shared expert on a side stream and without one,
+// eagerly and replayed from a CUDA graph, the same bits as the block's ops launched one after
+// another on one stream (each op is checked against the CPU above). Every run gets new
+// activations and the side stream is also delayed by 2 ms before the shared expert
+// (TEST_SetMoeSideDelayNs), so that a combine not joined to the side stream would read a
+// previous run's shared rows, or none. Refused where it does not apply.
+void CheckMoeBlock(const FormatCase& f, int64_t E, int64_t k, int64_t hidden, int64_t inter,
+                   const cpu::SigmoidRouting& r, std::initializer_list<int64_t> tokens,
+                   uint32_t seed) {
+  auto [gate, up, down] = MakeExperts(f, E, hidden, inter, seed);
+  auto sg = MakeWeight(f.spec, f.dtype, 1, inter, hidden, ++seed);
+  auto su = MakeWeight(f.spec, f.dtype, 1, inter, hidden, ++seed);
+  auto sd = MakeWeight(f.spec, f.dtype, 1, hidden, inter, ++seed);
+  auto router = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, E, hidden, ++seed);
+  ASSERT_TRUE(gate && up && down && sg && su && sd && router);
+  const auto bf16 = cpu::ActDType::kBF16;
+  const std::string mode = gate->Mode();
+  cudaStream_t st = nullptr;
+  SideStream side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming), cudaSuccess);
+  DeviceBuffer bias = UpF(RandomFloats(E, ++seed, 0.3f, false));
+  for (const int64_t T : tokens) {
+    const std::string shape = absl::StrFormat("T%d k%d of %dx%dx%d +shared", T, k, E, inter, hidden);
+    DeviceBuffer dx = Zeros(T * hidden), xb = Zeros(T * hidden), out = Zeros(T * hidden);
+    DeviceBuffer logits = Zeros(T * E), ids = Zeros(T * k), wts = Zeros(T * k),
+                 y = Zeros(T * k * hidden), ys = Zeros(T * hidden), g = Zeros(T * inter),
+                 u = Zeros(T * inter), gb = Zeros(T * inter), want = Zeros(T * hidden);
+    MoeBlockArgs a;
+    a.router = &router->dev.view;
+    a.bias = bias.as<float>();
+    a.routing = r;
+    a.gate = &gate->dev.view;
+    a.up = &up->dev.view;
+    a.down = &down->dev.view;
+    a.shared = SharedExpertWeights{&sg->dev.view, &su->dev.view, &sd->dev.view};
+    a.x = dx.as<float>();
+    a.x_bf16 = xb.as<uint16_t>();
+    a.T = T;
+    a.router_overlap = 2;  // scheduling only: the composed ops below launch without PDL
+    a.out = out.as<float>();
+    ASSERT_TRUE(MoeBlockApplies(a)) << mode << " " << shape;
+    absl::StatusOr<DeviceBuffer> scratch = DeviceBuffer::Allocate(MoeBlockScratchBytes(a));
+    ASSERT_TRUE(scratch.ok()) << scratch.status();
+    void* const sp = scratch->data();
+    // New activations, then the reference: the block's ops one after another on `st`.
+    auto next_x = [&]() -> absl::Status {
+      const std::vector<float> x = RandomFloats(T * hidden, ++seed, 1.f, true);
+      RING_CUDA_RETURN_IF_ERROR(cudaMemcpy(dx.data(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+      RING_RETURN_IF_ERROR(ToBf16(dx.as<float>(), T * hidden, xb.as<uint16_t>(), st));
+      QMatmulArgs ra;
+      ra.x = xb.data();
+      ra.x_dtype = DType::kBF16;
+      ra.m = T;
+      ra.round_bf16 = true;
+      ra.y = logits.as<float>();
+      RING_RETURN_IF_ERROR(QMatmulT(router->dev.view, ra, st));
+      RING_RETURN_IF_ERROR(RouteSigmoid(logits.as<float>(), bias.as<float>(), T, r, ids.as<int32_t>(),
+                                        wts.as<float>(), st));
+      RING_RETURN_IF_ERROR(ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
+                                         ids.as<int32_t>(), k, bf16, y.as<float>(), st,
+                                         ExpertsPath::kPerSlot, xb.as<uint16_t>()));
+      // The shared expert as LinearSwiGlu (or LinearMany and SwiGlu) and Linear launch it.
+      QMatmulArgs q = ra;
+      q.y = g.as<float>();
+      q.y_bf16 = gb.as<uint16_t>();
+      const absl::Status fused = QMatmulTSwiGlu(sg->dev.view, su->dev.view, q, st);
+      if (absl::IsFailedPrecondition(fused)) {
+        const DeviceQuantWeight* gu[] = {&sg->dev.view, &su->dev.view};
+        float* gu_out[] = {g.as<float>(), u.as<float>()};
+        q.y_bf16 = nullptr;
+        RING_RETURN_IF_ERROR(QMatmulTMany(gu, gu_out, q, st));
+        RING_RETURN_IF_ERROR(SwiGlu(DevArray{g.data(), DType::kF32}, DevArray{u.data(), DType::kF32}, T * inter,
+                                    bf16, DevMutArray{g.data(), DType::kF32}, st, gb.as<uint16_t>()));
+      } else {
+        RING_RETURN_IF_ERROR(fused);
+      }
+      QMatmulArgs d = ra;
+      d.x = gb.data();
+      d.y = ys.as<float>();
+      RING_RETURN_IF_ERROR(QMatmulT(sd->dev.view, d, st));
+      RING_RETURN_IF_ERROR(MoeCombine(y.as<float>(), wts.as<float>(), ys.as<float>(), T, k, hidden,
+                                      cpu::CombineMode::kFp32Sum, bf16, want.as<float>(), st));
+      RING_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+      return absl::OkStatus();
+    };
+    auto check = [&](const char* how) {
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      const std::vector<float> got = Dl(out.as<float>(), T * hidden), ref = Dl(want.as<float>(), T * hidden);
+      const bool same = std::memcmp(got.data(), ref.data(), got.size() * 4) == 0;
+      const bool finite = std::all_of(ref.begin(), ref.end(), [](float v) { return std::isfinite(v); }) &&
+                          std::any_of(ref.begin(), ref.end(), [](float v) { return v != 0.f; });
+      ReportExact("moe block", shape, absl::StrCat(mode, " ", how), {same && finite ? 0 : 1}, {0});
+    };
+    for (const int64_t delay : {int64_t{0}, int64_t{2000000}}) {
+      TEST_SetMoeSideDelayNs(delay);
+      const char* d = delay > 0 ? ", side delayed" : "";
+      ASSERT_TRUE(next_x().ok());
+      ASSERT_TRUE(MoeBlock(a, sp, st, nullptr).ok());
+      check(absl::StrCat("one stream", d).c_str());
+      ASSERT_TRUE(next_x().ok());
+      ASSERT_TRUE(MoeBlock(a, sp, st, &side).ok());
+      check(absl::StrCat("side stream", d).c_str());
+      // Captured once, replayed on two sets of activations.
+      cudaGraphExec_t exec = CaptureGraph(st, [&] { return MoeBlock(a, sp, st, &side); });
+      ASSERT_NE(exec, nullptr);
+      for (int rep = 0; rep < 2; ++rep) {
+        ASSERT_TRUE(next_x().ok());
+        ReplayGraph(exec, st);
+        check(absl::StrCat("side stream, graph", d).c_str());
+      }
+      cudaGraphExecDestroy(exec);
+    }
+    TEST_SetMoeSideDelayNs(0);
+  }
+  // Refused (nothing launched): too many tokens, a shared expert of another shape.
+  MoeBlockArgs bad;
+  bad.router = &router->dev.view;
+  bad.routing = r;
+  bad.gate = &gate->dev.view;
+  bad.up = &up->dev.view;
+  bad.down = &down->dev.view;
+  bad.shared = SharedExpertWeights{&sg->dev.view, &su->dev.view, &sd->dev.view};
+  DeviceBuffer dx = Zeros(9 * hidden), out = Zeros(9 * hidden);
+  bad.bias = bias.as<float>();
+  bad.x = dx.as<float>();
+  bad.x_bf16 = reinterpret_cast<const uint16_t*>(dx.data());
+  bad.out = out.as<float>();
+  bad.T = 9;
+  DeviceBuffer some = Zeros(1 << 20);
+  EXPECT_EQ(MoeBlockScratchBytes(bad), 0u);
+  EXPECT_EQ(MoeBlock(bad, some.data(), st, &side).code(), absl::StatusCode::kInvalidArgument);
+  bad.T = 1;
+  ASSERT_TRUE(MoeBlockApplies(bad));
+  EXPECT_EQ(MoeBlock(bad, nullptr, st, &side).code(), absl::StatusCode::kInvalidArgument);
+  auto wrong = MakeWeight(f.spec, f.dtype, 1, 2 * inter, hidden, ++seed);
+  bad.shared.gate = &wrong->dev.view;
+  EXPECT_FALSE(MoeBlockApplies(bad));
+  EXPECT_EQ(MoeBlock(bad, some.data(), st, &side).code(), absl::StatusCode::kInvalidArgument);
+  cudaEventDestroy(side.fork);
+  cudaEventDestroy(side.join);
+  cudaStreamDestroy(side.stream);
+  cudaStreamDestroy(st);
+}
+
+TEST_F(GpuTest, MoeBlockSideStream) {
+  for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
+                              FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
+    SCOPED_TRACE(f.spec.ToString());
+    CheckMoeBlock(f, 16, 4, 512, 256, cpu::SigmoidRouting{16, 4, 4, 2, true, 2.5f}, {1, 2, 5, 8}, 7100);
+  }
+  // Formats off the decode GEMV's tensor cores are refused.
+  auto g = MakeWeight({QuantMode::kAffine, 8, 64}, DType::kBF16, 4, 64, 128, 7190);
+  auto s = MakeWeight({QuantMode::kAffine, 8, 64}, DType::kBF16, 1, 64, 128, 7191);
+  auto sdn = MakeWeight({QuantMode::kAffine, 8, 64}, DType::kBF16, 1, 128, 64, 7192);
+  auto dn = MakeWeight({QuantMode::kAffine, 8, 64}, DType::kBF16, 4, 128, 64, 7193);
+  auto router = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, 4, 128, 7194);
+  ASSERT_TRUE(g && s && sdn && dn && router);
+  DeviceBuffer buf = Zeros(1024);
+  MoeBlockArgs a;
+  a.router = &router->dev.view;
+  a.bias = buf.as<float>();
+  a.routing = cpu::SigmoidRouting{4, 2, 1, 1, true, 1.f};
+  a.gate = a.up = &g->dev.view;
+  a.down = &dn->dev.view;
+  a.shared = SharedExpertWeights{&s->dev.view, &s->dev.view, &sdn->dev.view};
+  a.x = buf.as<float>();
+  a.x_bf16 = reinterpret_cast<const uint16_t*>(buf.data());
+  a.out = buf.as<float>();
+  a.T = 1;
+  EXPECT_FALSE(MoeBlockApplies(a));
+}
+
+TEST_F(GpuTest, MoeBlockSideStreamGlm52Shapes) {
+  if (!FullRun()) GTEST_SKIP() << "set RING_GPU_FULL=1 for the GLM-5.2 MoE block";
+  // GLM-5.2's expert, shared-expert and router shapes (16 of its 256 experts), k = 8.
+  CheckMoeBlock(FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8}, 16, 8, 6144, 2048,
+                cpu::SigmoidRouting{16, 8, 1, 1, true, 2.5f}, {1, 2}, 7200);
 }
 
 // ---- grouped experts (prefill) ----------------------------------------------------------

@@ -196,15 +196,22 @@ bool LayerMarksEnabledByEnv() {
   return v != nullptr && std::strcmp(v, "0") != 0;
 }
 
-// RING_CUDA_SHARED_EXPERT=separate runs a MoE layer's shared expert in launches of its own
-// instead of with the routed experts (ExpertsSwiGluShared), for A/B measurements.
-bool SharedExpertFused() {
-  static const bool fused = [] {
+// Where a MoE layer's shared expert runs (RING_CUDA_SHARED_EXPERT, read once, for A/B
+// measurements): `beside` (default) on a side stream concurrent with the router and the
+// routing (Backend::MoeBlock, cuda::MoeBlock), `joint` as one more problem of the routed
+// experts' launches (ExpertsSwiGluShared; also where MoeBlock does not apply), `separate` in
+// launches of its own after the routed experts.
+enum class SharedExpertMode { kBeside, kJoint, kSeparate };
+SharedExpertMode SharedExpertModeByEnv() {
+  static const SharedExpertMode mode = [] {
     const char* v = std::getenv("RING_CUDA_SHARED_EXPERT");
-    return v == nullptr || std::strcmp(v, "separate") != 0;
+    if (v != nullptr && std::strcmp(v, "separate") == 0) return SharedExpertMode::kSeparate;
+    if (v != nullptr && std::strcmp(v, "joint") == 0) return SharedExpertMode::kJoint;
+    return SharedExpertMode::kBeside;
   }();
-  return fused;
+  return mode;
 }
+bool SharedExpertFused() { return SharedExpertModeByEnv() != SharedExpertMode::kSeparate; }
 
 // An op count from the environment variable `name`: `unset` when it is not set, `low` when it
 // is below 2.
@@ -302,6 +309,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     if (dl_host_ != nullptr) cudaFreeHost(dl_host_);
     if (dpos_ != nullptr) cudaFree(dpos_);
     if (hpos_ != nullptr) cudaFreeHost(hpos_);
+    if (side_.fork != nullptr) cudaEventDestroy(side_.fork);
+    if (side_.join != nullptr) cudaEventDestroy(side_.join);
+    if (side_.stream != nullptr) cudaStreamDestroy(side_.stream);
     cudaStreamDestroy(stream_);
   }
 
@@ -996,6 +1006,62 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return Alloc(static_cast<int64_t>(
         cuda::ExpertsScratchBytes(g, u, d, T, k, t, cuda::ExpertsPath::kAuto, with_shared)));
   }
+  absl::StatusOr<bool> MoeBlock(const MoeBlockWeights& w, const cpu::SigmoidRouting& r,
+                                const float* x, int64_t T, ActDType t, float* out) override {
+    if (SharedExpertModeByEnv() != SharedExpertMode::kBeside || t != ActDType::kBF16 || T < 1 ||
+        w.router == nullptr || w.score_bias == nullptr || w.shared_gate == nullptr) {
+      return false;
+    }
+    cuda::MoeBlockArgs a;
+    RING_ASSIGN_OR_RETURN(a.router, Weight(*w.router));
+    RING_ASSIGN_OR_RETURN(a.gate, Weight(*w.gate));
+    RING_ASSIGN_OR_RETURN(a.up, Weight(*w.up));
+    RING_ASSIGN_OR_RETURN(a.down, Weight(*w.down));
+    RING_ASSIGN_OR_RETURN(a.shared.gate, Weight(*w.shared_gate));
+    RING_ASSIGN_OR_RETURN(a.shared.up, Weight(*w.shared_up));
+    RING_ASSIGN_OR_RETURN(a.shared.down, Weight(*w.shared_down));
+    RING_ASSIGN_OR_RETURN(const DevArray db, Tensor(*w.score_bias));
+    a.bias = static_cast<const float*>(db.data);
+    a.routing = r;
+    a.T = T;
+    a.router_overlap = PackedBytes(*a.router) <= OverlapMaxBytes() ? 2 : 0;
+    // Asked once per router and row count (the arguments' pointers stand in here: only
+    // shapes and formats decide).
+    const auto key = std::make_pair(a.router, T);
+    auto fits = moe_block_fits_.find(key);
+    if (fits == moe_block_fits_.end()) {
+      cuda::MoeBlockArgs probe = a;
+      probe.x = x;
+      probe.x_bf16 = reinterpret_cast<const uint16_t*>(x);
+      probe.out = out;
+      fits = moe_block_fits_.emplace(key, cuda::MoeBlockApplies(probe)).first;
+    }
+    if (!fits->second) return false;
+    RING_RETURN_IF_ERROR(EnsureSideStream());
+    a.x = x;
+    a.out = out;
+    a.x_bf16 = reinterpret_cast<const uint16_t*>(x);  // sizes only; the copy is set below
+    RING_ASSIGN_OR_RETURN(Buffer scratch, Alloc(static_cast<int64_t>(cuda::MoeBlockScratchBytes(a))));
+    void* const sp = scratch.data();
+    const int64_t span = T * a.gate->cols;
+    uint16_t* xb = nullptr;
+    bool reuse = false;
+    RING_RETURN_IF_ERROR(Bf16Input(x, span, &xb, &reuse));
+    NoteOutput(x, span, out, T * a.down->rows);
+    a.x_bf16 = xb;
+    const cuda::SideStream side = side_;
+    RING_RETURN_IF_ERROR(Submit(OpRecord('O')
+                                    .Add(a.router, a.bias, r.E, r.k, r.n_group, r.topk_group,
+                                         r.norm_topk_prob, r.routed_scaling_factor, a.gate, a.up,
+                                         a.down, a.shared.gate, a.shared.up, a.shared.down, x, T,
+                                         xb, reuse, a.router_overlap, out, sp)
+                                    .Take(),
+                                [=, this]() -> absl::Status {
+                                  if (!reuse) RING_RETURN_IF_ERROR(cuda::ToBf16(x, span, xb, stream_));
+                                  return cuda::MoeBlock(a, sp, stream_, &side);
+                                }));
+    return true;
+  }
   absl::Status MoeCombine(const float* y, const float* w, const float* shared, int64_t T,
                           int64_t k, int64_t hidden, cpu::CombineMode mode, ActDType t,
                           float* out) override {
@@ -1267,6 +1333,15 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     return absl::OkStatus();
   }
 
+  absl::Status EnsureSideStream() {
+    if (side_.stream != nullptr) return absl::OkStatus();
+    cuda::SideStream s;
+    RING_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    RING_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
+    RING_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming));
+    side_ = s;
+    return absl::OkStatus();
+  }
   // Waits for everything queued, held-back ops included.
   absl::Status Sync() {
     RING_RETURN_IF_ERROR(Flush());
@@ -1369,6 +1444,10 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   std::vector<std::string> prev2_, prev_, cur_;  // op records of the last two steps and this one
   std::vector<HeldOp> held_;
   std::unordered_map<std::string, GraphExec> graphs_;
+  // MoeBlock: the side stream the shared expert runs on and its fork / join events (made at
+  // the first MoeBlock), and whether the block takes a router at T rows.
+  cuda::SideStream side_;
+  std::map<std::pair<const cuda::DeviceQuantWeight*, int64_t>, bool> moe_block_fits_;
   // LinearSwiGlu: whether the fused launch takes (gate, up) at m rows.
   std::map<std::tuple<const cuda::DeviceQuantWeight*, const cuda::DeviceQuantWeight*, int64_t>, bool>
       swiglu_fits_;
