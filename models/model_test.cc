@@ -432,6 +432,25 @@ TEST(BatchTest, CudaBatchedDecodeMatchesSteppingAlone) {
   }
 }
 
+// The logits of a one-stage load of `dir` on `backend` over `steps` (a step's tokens each).
+absl::StatusOr<std::vector<float>> StageLogitsOn(const std::string& dir,
+                                                 std::shared_ptr<internal::Backend> backend,
+                                                 const LoadOptions& lo,
+                                                 const std::vector<std::vector<int32_t>>& steps) {
+  absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, lo, std::move(backend));
+  if (!st.ok()) return st.status();
+  std::unique_ptr<Sequence> seq = (*st)->NewSequence();
+  std::vector<float> logits;
+  for (const std::vector<int32_t>& toks : steps) {
+    StageInput in;
+    in.tokens = toks;
+    absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
+    if (!out.ok()) return out.status();
+    logits.insert(logits.end(), out->logits.begin(), out->logits.end());
+  }
+  return logits;
+}
+
 // A backend with a joint routed + shared experts op (as the CUDA backend has), built from
 // the CPU backend's own ops in the order the layer program runs them apart: the layer
 // program's joint branch (y with the shared rows after the routed ones, the combine reading
@@ -453,33 +472,6 @@ class JointExpertsBackend final : public internal::ForwardingBackend {
   }
   int calls = 0;
 };
-
-TEST(MoeSharedExpert, JointOpMatchesSeparateLaunches) {
-  const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
-  RunSpec spec;
-  spec.prompt = Prompt(9);
-  spec.decode = {5, 17, 3};
-  absl::StatusOr<std::vector<float>> want = RunSteps(dir, spec);
-  ASSERT_TRUE(want.ok()) << want.status();
-
-  auto joint = std::make_shared<JointExpertsBackend>(internal::NewCpuBackend());
-  absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, LoadOptions{}, joint);
-  ASSERT_TRUE(st.ok()) << st.status();
-  std::unique_ptr<Sequence> seq = (*st)->NewSequence();
-  std::vector<float> got;
-  std::vector<std::vector<int32_t>> steps = {spec.prompt};
-  for (int32_t t : spec.decode) steps.push_back({t});
-  for (const auto& toks : steps) {
-    StageInput in;
-    in.tokens = toks;
-    absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
-    ASSERT_TRUE(out.ok()) << out.status();
-    got.insert(got.end(), out->logits.begin(), out->logits.end());
-  }
-  EXPECT_GT(joint->calls, 0) << "the tiny GLM model has no MoE layer with a shared expert";
-  ASSERT_EQ(got.size(), want->size());
-  EXPECT_EQ(std::memcmp(got.data(), want->data(), got.size() * sizeof(float)), 0);
-}
 
 // A backend with the whole-MoE-block op, built from the CPU backend's ops in the layer
 // program's order: the program's MoeBlock branch (the weights and routing it hands over)
@@ -505,32 +497,31 @@ class MoeBlockBackend final : public internal::ForwardingBackend {
   int calls = 0;
 };
 
-TEST(MoeSharedExpert, BlockOpMatchesComposedOps) {
+// The tiny GLM model on a CPU backend decorated with a joint op (B): the plain CPU backend's
+// logits bit for bit, and the joint op ran.
+template <class B>
+void ExpectJointOpMatchesComposedOps() {
   const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
   RunSpec spec;
   spec.prompt = Prompt(9);
   spec.decode = {5, 17, 3};
   absl::StatusOr<std::vector<float>> want = RunSteps(dir, spec);
   ASSERT_TRUE(want.ok()) << want.status();
-
-  auto block = std::make_shared<MoeBlockBackend>(internal::NewCpuBackend());
-  absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, LoadOptions{}, block);
-  ASSERT_TRUE(st.ok()) << st.status();
-  std::unique_ptr<Sequence> seq = (*st)->NewSequence();
-  std::vector<float> got;
+  auto joint = std::make_shared<B>(internal::NewCpuBackend());
   std::vector<std::vector<int32_t>> steps = {spec.prompt};
   for (int32_t t : spec.decode) steps.push_back({t});
-  for (const auto& toks : steps) {
-    StageInput in;
-    in.tokens = toks;
-    absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
-    ASSERT_TRUE(out.ok()) << out.status();
-    got.insert(got.end(), out->logits.begin(), out->logits.end());
-  }
-  EXPECT_GT(block->calls, 0) << "the tiny GLM model has no MoE layer with a shared expert";
-  ASSERT_EQ(got.size(), want->size());
-  EXPECT_EQ(std::memcmp(got.data(), want->data(), got.size() * sizeof(float)), 0);
+  absl::StatusOr<std::vector<float>> got = StageLogitsOn(dir, joint, LoadOptions{}, steps);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GT(joint->calls, 0) << "the tiny GLM model has no MoE layer with a shared expert";
+  ASSERT_EQ(got->size(), want->size());
+  EXPECT_EQ(std::memcmp(got->data(), want->data(), got->size() * sizeof(float)), 0);
 }
+
+TEST(MoeSharedExpert, JointOpMatchesSeparateLaunches) {
+  ExpectJointOpMatchesComposedOps<JointExpertsBackend>();
+}
+
+TEST(MoeSharedExpert, BlockOpMatchesComposedOps) { ExpectJointOpMatchesComposedOps<MoeBlockBackend>(); }
 
 // On the CUDA backend: the MoE block as one op (MoeBlock: the shared expert on a side
 // stream, in CUDA graphs from the third decode step) against the block's ops composed by the
@@ -566,17 +557,10 @@ TEST(MoeSharedExpert, CudaBlockOpMatchesComposedOps) {
     auto b = std::make_shared<MoeBlockSwitch>(*cuda, on == 1);
     LoadOptions lo;
     lo.device.kind = DeviceSpec::Kind::kCuda;
-    absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, lo, b);
-    ASSERT_TRUE(st.ok()) << st.status();
-    std::unique_ptr<Sequence> seq = (*st)->NewSequence();
-    for (const std::vector<int32_t>& toks :
-         std::vector<std::vector<int32_t>>{Prompt(9), {5}, {17}, {3}, {44}, {8}, {21}}) {
-      StageInput in;
-      in.tokens = toks;
-      absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
-      ASSERT_TRUE(out.ok()) << out.status();
-      logits[on].insert(logits[on].end(), out->logits.begin(), out->logits.end());
-    }
+    absl::StatusOr<std::vector<float>> got =
+        StageLogitsOn(dir, b, lo, {Prompt(9), {5}, {17}, {3}, {44}, {8}, {21}});
+    ASSERT_TRUE(got.ok()) << got.status();
+    logits[on] = *std::move(got);
     calls[on] = b->calls;
   }
   std::printf("glm_moe_dsa mxfp4: %d MoE block ops\n", calls[1]);
@@ -627,18 +611,10 @@ TEST(MlpSwiGlu, CudaJointOpMatchesSeparateOps) {
       auto b = std::make_shared<MlpSwiGluBackend>(*cuda, joint == 1);
       LoadOptions lo;
       lo.device.kind = DeviceSpec::Kind::kCuda;
-      absl::StatusOr<std::unique_ptr<Stage>> st = internal::LoadStageOn(dir, lo, b);
-      ASSERT_TRUE(st.ok()) << st.status();
-      std::unique_ptr<Sequence> seq = (*st)->NewSequence();
       // A 9-token prompt (too many rows for the decode GEMV: the separate ops), then decode.
-      for (const std::vector<int32_t>& toks :
-           std::vector<std::vector<int32_t>>{Prompt(9), {5}, {17}, {3}, {44}}) {
-        StageInput in;
-        in.tokens = toks;
-        absl::StatusOr<StageOutput> out = (*st)->Forward(*seq, in);
-        ASSERT_TRUE(out.ok()) << out.status();
-        logits[joint].insert(logits[joint].end(), out->logits.begin(), out->logits.end());
-      }
+      absl::StatusOr<std::vector<float>> got = StageLogitsOn(dir, b, lo, {Prompt(9), {5}, {17}, {3}, {44}});
+      ASSERT_TRUE(got.ok()) << got.status();
+      logits[joint] = *std::move(got);
       calls[joint] = b->calls;
     }
     EXPECT_EQ(calls[0], 0);

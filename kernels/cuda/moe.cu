@@ -690,17 +690,24 @@ size_t CarveScratch(const MoeBlockArgs& a, void* base, BlockScratch* out) {
   return off;
 }
 
+// A GEMV on m bf16 rows x with outputs rounded to bf16, as the CUDA backend's Linear runs it.
+QMatmulArgs Bf16Gemv(const void* x, int64_t m, float* y, int overlap) {
+  QMatmulArgs q;
+  q.x = x;
+  q.x_dtype = DType::kBF16;
+  q.m = m;
+  q.round_bf16 = true;
+  q.overlap = overlap;
+  q.y = y;
+  return q;
+}
+
 // The shared expert's SwiGLU MLP on `stream`, as the CUDA backend's LinearSwiGlu and Linear
 // run it (the fused SwiGLU GEMV where it takes the launch, else gate/up and SwiGlu).
 absl::Status SharedMlp(const MoeBlockArgs& a, const BlockScratch& b, cudaStream_t stream) {
   const SharedExpertWeights& sh = a.shared;
   const int64_t T = a.T, inter = sh.gate->rows;
-  QMatmulArgs q;
-  q.x = a.x_bf16;
-  q.x_dtype = DType::kBF16;
-  q.m = T;
-  q.round_bf16 = true;
-  q.y = b.g;
+  const QMatmulArgs q = Bf16Gemv(a.x_bf16, T, b.g, 0);
   bool fused = false;
   if (FusedSwiGluEnabled()) {
     QMatmulArgs f = q;
@@ -718,11 +725,8 @@ absl::Status SharedMlp(const MoeBlockArgs& a, const BlockScratch& b, cudaStream_
     RING_RETURN_IF_ERROR(SwiGlu(DevArray{b.g, DType::kF32}, DevArray{b.u, DType::kF32}, T * inter,
                                 cpu::ActDType::kBF16, DevMutArray{b.g, DType::kF32}, stream, b.gb));
   }
-  QMatmulArgs d = q;
-  d.x = b.gb;
-  d.overlap = 2;  // after the gate/up launch on the same stream
-  d.y = b.ys;
-  return QMatmulT(*sh.down, d, stream);
+  // overlap 2: after the gate/up launch on the same stream.
+  return QMatmulT(*sh.down, Bf16Gemv(b.gb, T, b.ys, 2), stream);
 }
 
 }  // namespace
@@ -748,14 +752,8 @@ bool MoeBlockApplies(const MoeBlockArgs& a) {
   if (!ExpertsTakeShared(*a.gate, *a.up, *a.down, a.shared, a.T, r.k, cpu::ActDType::kBF16)) {
     return false;
   }
-  QMatmulArgs probe;
-  probe.x_dtype = DType::kBF16;
-  probe.m = a.T;
-  probe.round_bf16 = true;
-  probe.overlap = a.router_overlap;
   alignas(16) static float dummy_y[4];
-  probe.y = dummy_y;
-  return DescribeQmm(*a.router, probe).ok();
+  return DescribeQmm(*a.router, Bf16Gemv(nullptr, a.T, dummy_y, a.router_overlap)).ok();
 }
 
 absl::Status MoeBlock(const MoeBlockArgs& a, void* scratch, cudaStream_t stream,
@@ -773,14 +771,8 @@ absl::Status MoeBlock(const MoeBlockArgs& a, void* scratch, cudaStream_t stream,
   // path, keeps its PDL start under that producer, and a shared-expert launch queued ahead of
   // it would hold the SMs its cluster needs.
   if (side != nullptr) RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(side->fork, stream));
-  QMatmulArgs r;
-  r.x = a.x_bf16;
-  r.x_dtype = DType::kBF16;
-  r.m = T;
-  r.round_bf16 = true;
-  r.overlap = a.router_overlap;
-  r.y = b.logits;
-  const absl::Status router_st = QMatmulT(*a.router, r, stream);
+  const absl::Status router_st =
+      QMatmulT(*a.router, Bf16Gemv(a.x_bf16, T, b.logits, a.router_overlap), stream);
   cudaStream_t s2 = stream;
   if (side != nullptr) {
     RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side->stream, side->fork, 0));
