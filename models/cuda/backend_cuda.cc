@@ -1025,22 +1025,17 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     a.routing = r;
     a.T = T;
     a.router_overlap = PackedBytes(*a.router) <= OverlapMaxBytes() ? 2 : 0;
-    // Asked once per router and row count (the arguments' pointers stand in here: only
-    // shapes and formats decide).
+    a.x = x;
+    a.out = out;
+    a.x_bf16 = reinterpret_cast<const uint16_t*>(x);  // non-null for the checks; set below
+    // Asked once per router and row count (only shapes and formats decide).
     const auto key = std::make_pair(a.router, T);
     auto fits = moe_block_fits_.find(key);
     if (fits == moe_block_fits_.end()) {
-      cuda::MoeBlockArgs probe = a;
-      probe.x = x;
-      probe.x_bf16 = reinterpret_cast<const uint16_t*>(x);
-      probe.out = out;
-      fits = moe_block_fits_.emplace(key, cuda::MoeBlockApplies(probe)).first;
+      fits = moe_block_fits_.emplace(key, cuda::MoeBlockApplies(a)).first;
     }
     if (!fits->second) return false;
     RING_RETURN_IF_ERROR(EnsureSideStream());
-    a.x = x;
-    a.out = out;
-    a.x_bf16 = reinterpret_cast<const uint16_t*>(x);  // sizes only; the copy is set below
     RING_ASSIGN_OR_RETURN(Buffer scratch, Alloc(static_cast<int64_t>(cuda::MoeBlockScratchBytes(a))));
     void* const sp = scratch.data();
     const int64_t span = T * a.gate->cols;
