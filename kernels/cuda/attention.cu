@@ -1807,43 +1807,69 @@ absl::Status Attention(const cpu::AttentionArgs& a, cpu::ActDType round, float* 
 
 namespace {
 
-// Absorbed decode through MlaDecodeKernel (file comment): q_lat = round(q_nope @ W_UK_h^T)
-// per head, the split attention and its combine, out = round(o_lat @ W_UV_h^T).
-absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
-                       const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                       uint16_t* out_bf16, bool* wrote_bf16, int64_t Sk, size_t smem,
-                       const DeviceInfo& dev, cudaStream_t stream, const int32_t* pos_at) {
-  const int sm_count = dev.sm_count;
+// The absorbed decode's launch shape and its one scratch block: q_lat, o_lat, the partials,
+// then (bf16 mode) o_lat's bf16 bits (the combine writes them, so the unembed GEMV needs no
+// conversion launch of its own) and q_nope's bf16 copy (the embed GEMV's input).
+struct MlaDecodePlan {
+  bool mma = false;
+  int64_t head_blocks = 0, per_split = 0, splits = 0;
+  int64_t olat_bf16_at = 0, qnope_bf16_at = 0, qnope_n = 0, bytes = 0;  // byte offsets, sizes
+};
+
+absl::StatusOr<MlaDecodePlan> PlanMlaDecode(const cpu::MlaAttentionArgs& a, cpu::ActDType t,
+                                            int64_t Sk, const DeviceInfo& dev) {
+  MlaDecodePlan pl;
   const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
   const int64_t chunks = (Sk + kMlaChunk - 1) / kMlaChunk;
   // The tensor-core kernel where the activations are bf16 and the dims are GLM-5's.
   const MlaDecodeForm form =
       t == cpu::ActDType::kBF16 && kvl == 512 && a.rope == 64 ? ChooseMlaDecodeForm(dev) : MlaDecodeForm::kSimt;
-  const bool mma = form != MlaDecodeForm::kSimt;
-  const int64_t heads_per_block = mma ? kMlaMmaHeads : kMlaHeadsPerBlock;
-  const int64_t head_blocks = (H + heads_per_block - 1) / heads_per_block;
+  pl.mma = form != MlaDecodeForm::kSimt;
+  const int64_t heads_per_block = pl.mma ? kMlaMmaHeads : kMlaHeadsPerBlock;
+  pl.head_blocks = (H + heads_per_block - 1) / heads_per_block;
   // Splits enough for every SM's blocks (two of the fp32 kernel fit, one of the tensor-core
   // kernel), no more: each split adds a partial per head that the combine reads back.
-  const int64_t fill = (mma ? 1 : 2) * static_cast<int64_t>(std::max(sm_count, 1));
+  const int64_t fill = (pl.mma ? 1 : 2) * static_cast<int64_t>(std::max(dev.sm_count, 1));
   // (Longer splits on the tensor-core kernel, 3 or 4 chunks instead of 2 at 2k keys, measured
   // no faster: fewer partials, but half the SMs idle.)
-  const int64_t per_split = std::max({int64_t{1}, (chunks * head_blocks + fill - 1) / fill,
-                                      (chunks + kMaxSplits - 1) / kMaxSplits});
-  const int64_t splits = (chunks + per_split - 1) / per_split;
-  if (per_split > 0x7fffffff || head_blocks > 65535) {
+  pl.per_split = std::max({int64_t{1}, (chunks * pl.head_blocks + fill - 1) / fill,
+                           (chunks + kMaxSplits - 1) / kMaxSplits});
+  pl.splits = (chunks + pl.per_split - 1) / pl.per_split;
+  if (pl.per_split > 0x7fffffff || pl.head_blocks > 65535) {
     return absl::InvalidArgumentError("mla decode: too many keys or heads");
   }
-  // One scratch block: q_lat, o_lat, the partials, then o_lat's bf16 bits (bf16 mode: the
-  // combine writes them, so the unembed GEMV needs no conversion launch of its own).
   const bool bf16 = t == cpu::ActDType::kBF16;
-  const int64_t part_floats = splits * H * (kvl + 2);
-  const int64_t bf16_at = ((2 * H * kvl + part_floats) * 4 + 255) / 256 * 256;  // 16-byte rows
-  RING_ASSIGN_OR_RETURN(StreamBuffer scratch,
-                        StreamBuffer::Allocate(bf16_at + (bf16 ? H * kvl * 2 : 0), stream));
-  float* qlat = scratch.as<float>();
+  const auto up = [](int64_t b) { return (b + 255) / 256 * 256; };  // 16-byte rows and more
+  pl.olat_bf16_at = up((2 * H * kvl + pl.splits * H * (kvl + 2)) * 4);
+  pl.qnope_bf16_at = up(pl.olat_bf16_at + (bf16 ? H * kvl * 2 : 0));
+  pl.qnope_n = bf16 ? (H - 1) * qd + a.nope : 0;  // LinearT's span of x over the H problems
+  pl.bytes = pl.qnope_bf16_at + pl.qnope_n * 2;
+  return pl;
+}
+
+// Absorbed decode through MlaDecodeKernel (file comment): q_lat = round(q_nope @ W_UK_h^T)
+// per head, the split attention and its combine, out = round(o_lat @ W_UV_h^T). `scratch`
+// (optional): the caller's PlanMlaDecode(...).bytes, in place of a stream-ordered allocation
+// (which, in a graph, is a node between the kernels that costs the next one its PDL start).
+absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                       const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
+                       uint16_t* out_bf16, bool* wrote_bf16, int64_t Sk, size_t smem,
+                       const DeviceInfo& dev, cudaStream_t stream, const int32_t* pos_at,
+                       void* scratch) {
+  const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
+  RING_ASSIGN_OR_RETURN(const MlaDecodePlan pl, PlanMlaDecode(a, t, Sk, dev));
+  const bool mma = pl.mma;
+  const int64_t head_blocks = pl.head_blocks, per_split = pl.per_split, splits = pl.splits;
+  const bool bf16 = t == cpu::ActDType::kBF16;
+  StreamBuffer owned;
+  if (scratch == nullptr) {
+    RING_ASSIGN_OR_RETURN(owned, StreamBuffer::Allocate(pl.bytes, stream));
+    scratch = owned.data();
+  }
+  char* const base = static_cast<char*>(scratch);
+  float* qlat = reinterpret_cast<float*>(base);
   float* olat = qlat + H * kvl;
-  uint16_t* olat_bf16 =
-      bf16 ? reinterpret_cast<uint16_t*>(static_cast<char*>(scratch.data()) + bf16_at) : nullptr;
+  uint16_t* olat_bf16 = bf16 ? reinterpret_cast<uint16_t*>(base + pl.olat_bf16_at) : nullptr;
   QMatmulArgs qa;
   qa.x = a.q;  // q_nope of head h at h * qd
   qa.m = 1;
@@ -1851,6 +1877,13 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   qa.problems = H;
   qa.x_problem_stride = qd;
   qa.y_problem_stride = kvl;
+  if (bf16) {
+    // The copy LinearT would make (same conversion, so the same bits), in the scratch block.
+    uint16_t* qb = reinterpret_cast<uint16_t*>(base + pl.qnope_bf16_at);
+    RING_RETURN_IF_ERROR(ToBf16(a.q, pl.qnope_n, qb, stream));
+    qa.x = qb;
+    qa.x_dtype = DType::kBF16;
+  }
   RING_RETURN_IF_ERROR(LinearT(embed_q, qa, t, stream));
   MlaDecodeParams p;
   p.qlat = qlat;
@@ -2284,7 +2317,7 @@ bool MlaDecodeTakes(const cpu::MlaAttentionArgs& a, const DeviceInfo& dev) {
 absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                              const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
                              uint16_t* out_bf16, bool* wrote_bf16, cudaStream_t stream,
-                             const int32_t* pos_at) {
+                             const int32_t* pos_at, void* scratch) {
   const int64_t T = a.T, H = a.H, nope = a.nope, rope = a.rope, vd = a.vd, kvl = a.kvl;
   const int64_t qd = nope + rope;
   const bool sparse = a.topk != nullptr;
@@ -2306,7 +2339,7 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
     if (MlaDecodeTakes(a, **dev)) {
       const size_t smem = MlaDecodeSmem(static_cast<int>(kvl), static_cast<int>(rope));
       return MlaDecode(a, embed_q, unembed_out, t, out, t == cpu::ActDType::kBF16 ? out_bf16 : nullptr,
-                       wrote_bf16, Sk, smem, **dev, stream, pos_at);
+                       wrote_bf16, Sk, smem, **dev, stream, pos_at, scratch);
     }
   }
   if (pos_at != nullptr) {
@@ -2461,6 +2494,14 @@ bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a) {
   return dev.ok() && MlaDecodeTakes(a, **dev);
 }
 
+int64_t MlaAttentionScratchBytes(const cpu::MlaAttentionArgs& a, cpu::ActDType t) {
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  if (a.T != 1 || !dev.ok() || !MlaDecodeTakes(a, **dev)) return 0;
+  const int64_t Sk = a.topk != nullptr ? a.K : a.S;  // MlaAttentionOut's key count
+  absl::StatusOr<MlaDecodePlan> pl = PlanMlaDecode(a, t, Sk, **dev);
+  return pl.ok() ? pl->bytes : 0;
+}
+
 MlaDecodeForm ChooseMlaDecodeForm(const DeviceInfo& dev) {
   if (dev.cc < 80 || !AttentionMmaEnabled()) return MlaDecodeForm::kSimt;
   return static_cast<int64_t>(MlaMmaLayout<512, 64>::kTotal) <= dev.smem_per_block_optin
@@ -2522,10 +2563,11 @@ bool MlaAttentionAbsorbsRows(const cpu::MlaAttentionArgs& a, cpu::ActDType round
 
 absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                           const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                          cudaStream_t stream, uint16_t* out_bf16, const int32_t* pos_at) {
+                          cudaStream_t stream, uint16_t* out_bf16, const int32_t* pos_at,
+                          void* scratch) {
   bool wrote = false;
   RING_RETURN_IF_ERROR(
-      MlaAttentionOut(a, embed_q, unembed_out, t, out, out_bf16, &wrote, stream, pos_at));
+      MlaAttentionOut(a, embed_q, unembed_out, t, out, out_bf16, &wrote, stream, pos_at, scratch));
   if (out_bf16 != nullptr && !wrote && a.T > 0) {
     RING_RETURN_IF_ERROR(ToBf16(out, a.T * a.H * a.vd, out_bf16, stream));
   }

@@ -104,12 +104,19 @@ bool AttentionTakesDevicePos(const cpu::AttentionArgs& a);
 // *pos_at + 1, read on the device, so that a launch captured into a graph stays valid as the
 // cache grows; a.S (and a.offset = a.S - 1) is then an upper bound that sizes the grid (dense)
 // and the top-k indices' range check uses the count.
+// scratch (optional): MlaAttentionScratchBytes(a, round) bytes of device memory, untouched by
+// others until the stream has run this call's work, that the decode path uses instead of a
+// stream-ordered allocation (which, captured into a graph, is a node between two kernels
+// and costs the second its programmatic early start).
 absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                           const DeviceQuantWeight& unembed_out, cpu::ActDType round, float* out,
                           cudaStream_t stream, uint16_t* out_bf16 = nullptr,
-                          const int32_t* pos_at = nullptr);
+                          const int32_t* pos_at = nullptr, void* scratch = nullptr);
 // One query row on the split decode kernels (the latent width, rope and alignment they take).
 bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a);
+// Bytes of scratch the decode path (one row on the split kernels) takes from MlaAttention's
+// `scratch`; 0 where a takes another path (which then allocates its own, and ignores it).
+int64_t MlaAttentionScratchBytes(const cpu::MlaAttentionArgs& a, cpu::ActDType round);
 // Whether a prefill chunk (T > 1) with top-k rows runs each row in the absorbed form, as
 // cpu::MlaAttention computes a decode row (T = 1, offset + i, that row's top-k, or dense over
 // its offset + i + 1 keys when they are at most K), instead of the reference's expanded

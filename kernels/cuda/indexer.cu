@@ -694,8 +694,12 @@ bool IndexerTakesDevicePos(const cpu::IndexerArgs& a) {
          a.S / kDecodeKeys < 0x7fffffff;
 }
 
+int64_t IndexerTopKScratchBytes(const cpu::IndexerArgs& a) {
+  return a.T > 0 && a.S > 0 ? a.T * a.S * static_cast<int64_t>(sizeof(float)) : 0;
+}
+
 absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
-                         cudaStream_t stream, const int32_t* pos_at) {
+                         cudaStream_t stream, const int32_t* pos_at, void* scratch) {
   if (a.T <= 0) return absl::OkStatus();
   if (a.q == nullptr || a.keys == nullptr || a.w == nullptr || topk == nullptr) {
     return absl::InvalidArgumentError("indexer: null pointer");
@@ -713,8 +717,12 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
   }
   const size_t smem = a.heads * a.dim * sizeof(float);
   RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(IndexerScoresKernel, smem));
-  RING_ASSIGN_OR_RETURN(StreamBuffer scores,
-                        StreamBuffer::Allocate(a.T * a.S * sizeof(float), stream));
+  StreamBuffer owned;
+  if (scratch == nullptr) {
+    RING_ASSIGN_OR_RETURN(owned, StreamBuffer::Allocate(IndexerTopKScratchBytes(a), stream));
+    scratch = owned.data();
+  }
+  float* const scores = static_cast<float*>(scratch);
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
   if (IndexerTakesMma(a, round, **dev)) {
@@ -733,22 +741,22 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
     RING_LAUNCH_PDL(IndexerScoresMmaKernel,
                     dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(ygrid)),
                     kIdxWarps * 32, kIdxSmem, stream, a, pos_at, static_cast<int>(per_block),
-                    scores.as<float>());
-    return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream, pos_at);
+                    scores);
+    return TopKRows(scores, a.T, a.S, a.K, topk, stream, pos_at);
   }
   if (IndexerTakesDevicePos(a)) {
     const size_t dsmem = IndexerDecodeSmem(a.heads, a.dim);
     RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(IndexerScoresDecodeKernel, dsmem));
     RING_LAUNCH_PDL(IndexerScoresDecodeKernel,
                     static_cast<unsigned>((a.S + kDecodeKeys - 1) / kDecodeKeys),
-                    kDecodeWarps * 32, dsmem, stream, a, round, pos_at, scores.as<float>());
-    return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream, pos_at);
+                    kDecodeWarps * 32, dsmem, stream, a, round, pos_at, scores);
+    return TopKRows(scores, a.T, a.S, a.K, topk, stream, pos_at);
   }
   const int kpb = a.T == 1 ? kKeysPerBlockDecode : kKeysPerBlock;
   const dim3 grid(static_cast<unsigned>((a.S + kpb - 1) / kpb), static_cast<unsigned>(a.T));
   RING_LAUNCH_PDL(IndexerScoresKernel, grid, kScoreWarps * 32, smem, stream, a, round, kpb,
-                  scores.as<float>());
-  return TopKRows(scores.as<float>(), a.T, a.S, a.K, topk, stream);
+                  scores);
+  return TopKRows(scores, a.T, a.S, a.K, topk, stream);
 }
 
 }  // namespace ring::cuda

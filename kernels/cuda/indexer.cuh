@@ -38,8 +38,14 @@ absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, i
 // pos_at (optional; IndexerTakesDevicePos says where): the decode row's key count is
 // *pos_at + 1, read on the device, so that a launch captured into a graph stays valid as the
 // cache grows; a.S (and a.offset = a.S - 1) is then an upper bound that sizes the grid.
+// scratch (optional): IndexerTopKScratchBytes(a) bytes of device memory for the scores,
+// untouched by others until the stream has run this call's work, in place of a
+// stream-ordered allocation (captured into a graph, an allocation node between two kernels
+// costs the second its programmatic early start).
 absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
-                         cudaStream_t stream, const int32_t* pos_at = nullptr);
+                         cudaStream_t stream, const int32_t* pos_at = nullptr,
+                         void* scratch = nullptr);
+int64_t IndexerTopKScratchBytes(const cpu::IndexerArgs& a);
 // One query row on the lane-per-key decode kernel: dim % 4 == 0, 16-byte aligned q and keys,
 // its shared memory within the device's limit.
 bool IndexerTakesDevicePos(const cpu::IndexerArgs& a);

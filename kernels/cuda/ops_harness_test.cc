@@ -2557,6 +2557,11 @@ TEST_F(GpuTest, MlaAttentionDevicePos) {
       g.S = s.bound;
       g.offset = s.bound - 1;
       ASSERT_TRUE(MlaAttentionTakesDevicePos(g));
+      // The replay runs on the caller's scratch, the direct launches on their own
+      // allocations: the same bits either way.
+      const int64_t scratch_bytes = MlaAttentionScratchBytes(g, t);
+      ASSERT_GT(scratch_bytes, 0);
+      DeviceBuffer scratch = Zeros((scratch_bytes + 3) / 4);
       cudaGraphExec_t exec = nullptr;
       for (int64_t n : s.counts) {
         const int32_t pos = static_cast<int32_t>(n - 1);
@@ -2588,7 +2593,7 @@ TEST_F(GpuTest, MlaAttentionDevicePos) {
         if (exec == nullptr) {
           exec = CaptureGraph(stream, [&] {
             return MlaAttention(g, embed_q->dev.view, unembed->dev.view, t, replay.as<float>(),
-                                stream, nullptr, dpos.as<int32_t>());
+                                stream, nullptr, dpos.as<int32_t>(), scratch.data());
           });
         }
         ReplayGraph(exec, stream);
@@ -2733,6 +2738,8 @@ TEST_F(GpuTest, IndexerTopKDevicePos) {
       g.S = s.bound;
       g.offset = s.bound - 1;
       ASSERT_TRUE(IndexerTakesDevicePos(g));
+      // The replay's scores in the caller's scratch, the direct launches' in their own.
+      DeviceBuffer scratch = Zeros(IndexerTopKScratchBytes(g) / 4);
       cudaGraphExec_t exec = nullptr;
       for (int64_t n : s.counts) {
         const int32_t pos = static_cast<int32_t>(n - 1);
@@ -2750,7 +2757,8 @@ TEST_F(GpuTest, IndexerTopKDevicePos) {
         ReportExact("indexer topk device pos", shape, ActName(t), got, ref);
         if (exec == nullptr) {
           exec = CaptureGraph(stream, [&] {
-            return IndexerTopK(g, t, replay.as<int32_t>(), stream, dpos.as<int32_t>());
+            return IndexerTopK(g, t, replay.as<int32_t>(), stream, dpos.as<int32_t>(),
+                               scratch.data());
           });
         }
         ReplayGraph(exec, stream);

@@ -240,22 +240,19 @@ size_t GraphFirstOpsByEnv() {
   return OpCountFromEnv("RING_CUDA_GRAPH_FIRST_OPS", kGraphFirstOps, 0);
 }
 
-// RING_CUDA_PINNED_UPLOAD=0 uploads straight from the caller's memory (A/B).
-bool PinnedUploadByEnv() {
-  const char* v = std::getenv("RING_CUDA_PINNED_UPLOAD");
+// An A/B switch that is on unless the environment variable `name` is "0".
+bool EnvNotZero(const char* name) {
+  const char* v = std::getenv(name);
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
+
+// RING_CUDA_PINNED_UPLOAD=0 uploads straight from the caller's memory (A/B).
+bool PinnedUploadByEnv() { return EnvNotZero("RING_CUDA_PINNED_UPLOAD"); }
 
 // RING_CUDA_KERNEL_COPIES=0 makes the small host copies copy-engine copies (A/B).
-bool KernelCopiesByEnv() {
-  const char* v = std::getenv("RING_CUDA_KERNEL_COPIES");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+bool KernelCopiesByEnv() { return EnvNotZero("RING_CUDA_KERNEL_COPIES"); }
 
-bool GraphsEnabledByEnv() {
-  const char* v = std::getenv("RING_CUDA_GRAPHS");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+bool GraphsEnabledByEnv() { return EnvNotZero("RING_CUDA_GRAPHS"); }
 
 class CudaBackend final : public Backend, public std::enable_shared_from_this<CudaBackend> {
  public:
@@ -909,11 +906,15 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     cpu::MlaAttentionArgs g = a;
     g.S = StepBound(a.S);
     g.offset = g.S - g.T;
+    RING_ASSIGN_OR_RETURN(Buffer scratch, DecodeScratch(cuda::MlaAttentionScratchBytes(g, t)));
+    void* const sp = scratch.data();
     return Submit(OpRecord('m')
                       .Add(g.q, g.latent, g.k_pe, g.topk, g.T, g.S, g.K, g.H, g.nope, g.rope,
-                           g.vd, g.kvl, g.scale, eq, uo, pos_at, t, out, xb)
+                           g.vd, g.kvl, g.scale, eq, uo, pos_at, t, out, xb, sp)
                       .Take(),
-                  [=, this] { return cuda::MlaAttention(g, *eq, *uo, t, out, stream_, xb, pos_at); });
+                  [=, this] {
+                    return cuda::MlaAttention(g, *eq, *uo, t, out, stream_, xb, pos_at, sp);
+                  });
   }
   absl::Status IndexerTopK(const cpu::IndexerArgs& a, ActDType t, int32_t* topk) override {
     const int32_t* pos_at = cuda::IndexerTakesDevicePos(a) ? PosSlot(a.S - a.T) : nullptr;
@@ -925,10 +926,12 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     cpu::IndexerArgs g = a;
     g.S = StepBound(a.S);
     g.offset = g.S - g.T;
+    RING_ASSIGN_OR_RETURN(Buffer scratch, DecodeScratch(cuda::IndexerTopKScratchBytes(g)));
+    void* const sp = scratch.data();
     return Submit(OpRecord('X')
-                      .Add(g.q, g.keys, g.w, g.T, g.S, g.heads, g.dim, g.K, pos_at, t, topk)
+                      .Add(g.q, g.keys, g.w, g.T, g.S, g.heads, g.dim, g.K, pos_at, t, topk, sp)
                       .Take(),
-                  [=, this] { return cuda::IndexerTopK(g, t, topk, stream_, pos_at); });
+                  [=, this] { return cuda::IndexerTopK(g, t, topk, stream_, pos_at, sp); });
   }
   absl::Status RouteSigmoid(const float* logits, const TensorView& bias, int64_t T,
                             const cpu::SigmoidRouting& r, int32_t* ids, float* weights) override {
@@ -998,13 +1001,18 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
                                         const cuda::DeviceQuantWeight& u,
                                         const cuda::DeviceQuantWeight& d, int64_t T, int64_t k,
                                         ActDType t, bool with_shared) {
-    static const bool on = [] {
-      const char* v = std::getenv("RING_CUDA_EXPERT_SCRATCH");
-      return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool on = EnvNotZero("RING_CUDA_EXPERT_SCRATCH");
     if (!on) return Buffer();
     return Alloc(static_cast<int64_t>(
         cuda::ExpertsScratchBytes(g, u, d, T, k, t, cuda::ExpertsPath::kAuto, with_shared)));
+  }
+  // The scratch of a decode op recorded by its position slot (MLA decode, the indexer's
+  // scores) from the step's arena, for the same reason; RING_CUDA_DECODE_SCRATCH=0 (read
+  // once, A/B runs) leaves the ops their stream-ordered allocations.
+  absl::StatusOr<Buffer> DecodeScratch(int64_t bytes) {
+    static const bool on = EnvNotZero("RING_CUDA_DECODE_SCRATCH");
+    if (!on) return Buffer();
+    return Alloc(bytes);
   }
   absl::StatusOr<bool> MoeBlock(const MoeBlockWeights& w, const cpu::SigmoidRouting& r,
                                 const float* x, int64_t T, ActDType t, float* out) override {
