@@ -31,4 +31,8 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME ring_trace_report
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/bench/gpu/ring_trace_report_test.py)
   set_tests_properties(ring_trace_report PROPERTIES TIMEOUT 60 LABELS "python")
+  # The Nsight Compute stall report (bench/gpu/ncu_stall_report.py), on hand-made output.
+  add_test(NAME ncu_stall_report
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/bench/gpu/ncu_stall_report_test.py)
+  set_tests_properties(ncu_stall_report PROPERTIES TIMEOUT 60 LABELS "python")
 endif()
