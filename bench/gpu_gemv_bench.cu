@@ -504,7 +504,14 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
     return mb;
   };
   DeviceBuffer block_scratch = Must(DeviceBuffer::Allocate(MoeBlockScratchBytes(block_args(0))));
-  auto beside = [&](int i) { BENCH_CHECK(MoeBlock(block_args(i), block_scratch.data(), st, &side)); };
+  DeviceBuffer ticket = Must(DeviceBuffer::Allocate(4));
+  BENCH_CHECK(CudaOk(cudaMemset(ticket.data(), 0, 4)));
+  // fused: the router and the routing in one launch (RouterRoute), as the backend runs it.
+  auto beside = [&](int i, bool fused) {
+    MoeBlockArgs mb = block_args(i);
+    if (fused) mb.router_ticket = ticket.as<unsigned>();
+    BENCH_CHECK(MoeBlock(mb, block_scratch.data(), st, &side));
+  };
   // The shared expert in launches of its own, after the routed experts (the layer program
   // without ExpertsSwiGluShared), or as one more problem of the routed launches.
   // scratch: the experts' gate/up rows in a buffer of the caller (as the CUDA backend passes
@@ -560,19 +567,31 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
     });
     std::printf("  %-44s %.2f us = %.1f%% of the probe (%s)\n", "router GEMV alone (bf16 256 x 6144):",
                 ms * 1e3, 100.0 * router.bytes / (ms * 1e-3) / 1e9 / probe, how.c_str());
+    const float ms2 = MedianMs(st, iters, [&](int i) {
+      BENCH_CHECK(QMatmulT(router.views[i % router.views.size()], a, st));
+      BENCH_CHECK(RouteSigmoid(logits.as<float>(), dbias.as<float>(), 1, r, ids.as<int32_t>(), wts.as<float>(), st));
+    });
+    const float ms3 = MedianMs(st, iters, [&](int i) {
+      BENCH_CHECK(RouterRoute(router.views[i % router.views.size()], xb.as<uint16_t>() + (i % kRows) * kHidden, 1,
+                              dbias.as<float>(), r, logits.as<float>(), ids.as<int32_t>(), wts.as<float>(),
+                              ticket.as<unsigned>(), st));
+    });
+    std::printf("  %-44s %.2f us\n  %-44s %.2f us\n", "router GEMV, then the routing:", ms2 * 1e3,
+                "router + routing in one launch (RouterRoute):", ms3 * 1e3);
   }
   for (int rep = 0; rep < 2; ++rep) {
-    for (int how : {0, 1, 2}) {
+    for (int how : {0, 1, 2, 3}) {
       const float ms = MedianMs(st, iters, [&](int i) {
-        if (how == 2) {
-          beside(i);
+        if (how >= 2) {
+          beside(i, how == 3);
         } else {
           block(i, how == 1);
         }
       });
       const char* name = how == 0   ? "shared expert in launches of its own:"
                          : how == 1 ? "shared expert with the routed launches:"
-                                    : "shared expert beside the routing (MoeBlock):";
+                         : how == 2 ? "shared expert beside the routing (MoeBlock):"
+                                    : "the same, router + routing fused:";
       std::printf("  %-44s %.1f us = %.1f%% of the probe\n", name, ms * 1e3,
                   100.0 * bytes / (ms * 1e-3) / 1e9 / probe);
     }
@@ -585,14 +604,14 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
   // in (no allocation nodes before the gate/up GEMV); beside the routing (MoeBlock, the
   // backend's default).
   {
-    constexpr int kGraphs = 16, kForms = 4;
+    constexpr int kGraphs = 16, kForms = 5;
     std::vector<cudaGraphExec_t> graphs[kForms];
     for (int how = 0; how < kForms; ++how) {
       for (int g = 0; g < kGraphs; ++g) {
         cudaGraph_t graph = nullptr;
         BENCH_CHECK(CudaOk(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal)));
-        if (how == 3) {
-          beside(g);
+        if (how >= 3) {
+          beside(g, how == 4);
         } else {
           block(g, how >= 1, how == 2);
         }
@@ -605,7 +624,8 @@ void MoeBlock(const DeviceInfo& dev, double probe, cudaStream_t st, int iters) {
     }
     static const char* const kNames[kForms] = {
         "graph: shared expert in launches of its own:", "graph: shared expert with the routed launches:",
-        "graph: the same, experts' scratch passed in:", "graph: shared expert beside the routing:"};
+        "graph: the same, experts' scratch passed in:", "graph: shared expert beside the routing:",
+        "graph: the same, router + routing fused:"};
     for (int rep = 0; rep < 2; ++rep) {
       for (int how = 0; how < kForms; ++how) {
         const float ms = MedianMs(st, iters, [&](int i) {

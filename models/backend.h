@@ -229,6 +229,17 @@ class Backend {
   virtual absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
                                     const QuantWeight& unembed_out, ActDType t, float* out) = 0;
   virtual absl::Status IndexerTopK(const cpu::IndexerArgs& a, ActDType t, int32_t* topk) = 0;
+  // IndexerTopK(ix, t, topk) and then MlaAttention(a, ...) with a.topk == topk, in one op, so
+  // that a backend may run the parts of MLA that do not read the selection (the queries'
+  // latent projection) beside the indexer (the CUDA backend's side stream). False, with
+  // nothing run, where a backend has no joint form: the caller runs the two itself.
+  virtual absl::StatusOr<bool> IndexedMlaAttention(const cpu::IndexerArgs& /*ix*/, int32_t* /*topk*/,
+                                                   const cpu::MlaAttentionArgs& /*a*/,
+                                                   const QuantWeight& /*embed_q*/,
+                                                   const QuantWeight& /*unembed_out*/, ActDType /*t*/,
+                                                   float* /*out*/) {
+    return false;
+  }
   virtual absl::Status RouteSigmoid(const float* logits, const TensorView& bias, int64_t T,
                                     const cpu::SigmoidRouting& r, int32_t* ids,
                                     float* weights) = 0;

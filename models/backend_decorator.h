@@ -148,6 +148,12 @@ class ForwardingBackend : public Backend {
                                 const float* x, int64_t T, ActDType t, float* out) override {
     return inner_->MoeBlock(w, r, x, T, t, out);
   }
+  absl::StatusOr<bool> IndexedMlaAttention(const cpu::IndexerArgs& ix, int32_t* topk,
+                                           const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
+                                           const QuantWeight& unembed_out, ActDType t,
+                                           float* out) override {
+    return inner_->IndexedMlaAttention(ix, topk, a, embed_q, unembed_out, t, out);
+  }
   absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) override {
     return inner_->ArgMax(x, rows, n, host_out);
   }

@@ -101,8 +101,13 @@ class MlaStage : public LayeredStage {
   absl::StatusOr<IndexerInputs> PrepareIndexer(int64_t T) const;
   // Runs the indexer of a full layer and sets each segment's carry: dense when its context is
   // short enough that the layer stays dense, else [rows, index_topk] selected positions.
+  // With `deferred` set and one sparse decode row (one segment, one row), the selection
+  // itself (IndexerTopK) is left to the caller, which runs it with the row's MLA
+  // (Backend::IndexedMlaAttention): *deferred gets its arguments (T = 0 where nothing was
+  // left), the carry its buffer.
   absl::Status RunIndexer(const MlaLayer& L, int64_t layer, const std::vector<Segment>& segs,
-                          IndexerInputs& in, const float* qr, int64_t T) const;
+                          IndexerInputs& in, const float* qr, int64_t T,
+                          cpu::IndexerArgs* deferred) const;
   absl::Status Moe(const MlaLayer& L, const float* x, int64_t T, float* out) const;
 
   std::vector<MlaLayer> layers_;
@@ -237,7 +242,7 @@ absl::StatusOr<MlaStage::IndexerInputs> MlaStage::PrepareIndexer(int64_t T) cons
 
 absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
                                   const std::vector<Segment>& segs, IndexerInputs& in,
-                                  const float* qr, int64_t T) const {
+                                  const float* qr, int64_t T, cpu::IndexerArgs* deferred) const {
   Backend& b = backend();
   const ModelConfig& c = ctx_.cfg;
   const auto t = ctx_.act;
@@ -293,6 +298,10 @@ absl::Status MlaStage::RunIndexer(const MlaLayer& L, int64_t layer,
     args.heads = ih;
     args.dim = id;
     args.K = c.index_topk;
+    if (deferred != nullptr && one && s.rows == 1) {
+      *deferred = args;
+      continue;
+    }
     RING_RETURN_IF_ERROR(b.IndexerTopK(args, t, s.carry->indices.i()));
   }
   return absl::OkStatus();
@@ -356,7 +365,8 @@ absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs
   }
 
   // Sparse selection: a full layer runs its indexer; a shared one reuses the carry.
-  if (own_indexer) RING_RETURN_IF_ERROR(RunIndexer(L, layer, segs, ix, qr.f(), T));
+  cpu::IndexerArgs deferred;  // T = 0: the indexer (if any) has run
+  if (own_indexer) RING_RETURN_IF_ERROR(RunIndexer(L, layer, segs, ix, qr.f(), T, &deferred));
   RING_ASSIGN_OR_RETURN(Buffer attn, b.AllocF(T * H * vd));
   for (const Segment& s : segs) {
     const TopkState& carry = *s.carry;
@@ -377,7 +387,14 @@ absl::Status MlaStage::Attention(int64_t layer, const std::vector<Segment>& segs
     args.vd = vd;
     args.kvl = kvl;
     args.scale = scale_;
-    RING_RETURN_IF_ERROR(b.MlaAttention(args, L.embed_q, L.unembed_out, t, attn.f() + s.row0 * H * vd));
+    float* const o = attn.f() + s.row0 * H * vd;
+    if (deferred.T > 0) {  // the one decode row: its selection, then its MLA
+      RING_ASSIGN_OR_RETURN(const bool done, b.IndexedMlaAttention(deferred, carry.indices.i(), args,
+                                                                   L.embed_q, L.unembed_out, t, o));
+      if (done) continue;
+      RING_RETURN_IF_ERROR(b.IndexerTopK(deferred, t, carry.indices.i()));
+    }
+    RING_RETURN_IF_ERROR(b.MlaAttention(args, L.embed_q, L.unembed_out, t, o));
   }
   return b.Linear(L.o_proj, attn.f(), T, t, out);
 }

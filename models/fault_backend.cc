@@ -136,6 +136,12 @@ class FaultBackend final : public ForwardingBackend {
                              const int32_t* ids, int64_t k, ActDType t, float* y) override {
     return inner().ExpertsSwiGlu(Sub(gate), Sub(up), Sub(down), x, T, ids, k, t, y);
   }
+  // Separately (IndexerTopK, then MlaAttention above), so that a weight's fault applies.
+  absl::StatusOr<bool> IndexedMlaAttention(const cpu::IndexerArgs&, int32_t*, const cpu::MlaAttentionArgs&,
+                                           const QuantWeight&, const QuantWeight&, ActDType,
+                                           float*) override {
+    return false;
+  }
   // Separately (the router's Linear, ExpertsSwiGlu, ...), so that a weight's fault applies.
   absl::StatusOr<bool> MoeBlock(const MoeBlockWeights&, const cpu::SigmoidRouting&, const float*,
                                 int64_t, ActDType, float*) override {

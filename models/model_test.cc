@@ -512,7 +512,7 @@ void ExpectJointOpMatchesComposedOps() {
   for (int32_t t : spec.decode) steps.push_back({t});
   absl::StatusOr<std::vector<float>> got = StageLogitsOn(dir, joint, LoadOptions{}, steps);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_GT(joint->calls, 0) << "the tiny GLM model has no MoE layer with a shared expert";
+  EXPECT_GT(joint->calls, 0) << "the layer program never took the joint op";
   ASSERT_EQ(got->size(), want->size());
   EXPECT_EQ(std::memcmp(got->data(), want->data(), got->size() * sizeof(float)), 0);
 }
@@ -522,6 +522,28 @@ TEST(MoeSharedExpert, JointOpMatchesSeparateLaunches) {
 }
 
 TEST(MoeSharedExpert, BlockOpMatchesComposedOps) { ExpectJointOpMatchesComposedOps<MoeBlockBackend>(); }
+
+// A backend with the joint indexer + MLA op of a decode row, built from the CPU backend's
+// IndexerTopK and MlaAttention: the layer program's deferred selection (RunIndexer leaves
+// it, Attention hands it over with the row's MLA) must give the logits of the separate ops
+// bit for bit, IndexShare layers reading the carried selection included.
+class IndexedMlaBackend final : public internal::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  absl::StatusOr<bool> IndexedMlaAttention(const cpu::IndexerArgs& ix, int32_t* topk,
+                                           const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
+                                           const QuantWeight& unembed_out, cpu::ActDType t,
+                                           float* out) override {
+    EXPECT_EQ(a.topk, topk);
+    RING_RETURN_IF_ERROR(inner().IndexerTopK(ix, t, topk));
+    RING_RETURN_IF_ERROR(inner().MlaAttention(a, embed_q, unembed_out, t, out));
+    ++calls;
+    return true;
+  }
+  int calls = 0;
+};
+
+TEST(IndexedMla, JointOpMatchesComposedOps) { ExpectJointOpMatchesComposedOps<IndexedMlaBackend>(); }
 
 // On the CUDA backend: the MoE block as one op (MoeBlock: the shared expert on a side
 // stream, in CUDA graphs from the third decode step) against the block's ops composed by the
@@ -568,6 +590,57 @@ TEST(MoeSharedExpert, CudaBlockOpMatchesComposedOps) {
   EXPECT_GT(calls[1], 0) << "the decode steps' MoE layers should take the block op";
   ASSERT_EQ(logits[0].size(), logits[1].size());
   EXPECT_LT(Nmse(logits[1].data(), logits[0].data(), static_cast<int64_t>(logits[0].size())), 1e-6);
+}
+
+// On the CUDA backend: a decode row's indexer and MLA as one op (IndexedMlaAttention: MLA's
+// query projection on a side stream beside the indexer, in CUDA graphs from the third decode
+// step) against the two ops (the joint op refused): the same kernels on the same data, so the
+// same logits bit for bit, and the joint op ran.
+class IndexedMlaSwitch final : public internal::ForwardingBackend {
+ public:
+  IndexedMlaSwitch(std::shared_ptr<Backend> inner, bool on) : ForwardingBackend(std::move(inner)), on_(on) {}
+  absl::StatusOr<bool> IndexedMlaAttention(const cpu::IndexerArgs& ix, int32_t* topk,
+                                           const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
+                                           const QuantWeight& unembed_out, cpu::ActDType t,
+                                           float* out) override {
+    if (!on_) return false;
+    RING_ASSIGN_OR_RETURN(const bool ran, inner().IndexedMlaAttention(ix, topk, a, embed_q, unembed_out, t, out));
+    calls += ran;
+    return ran;
+  }
+  int calls = 0;
+
+ private:
+  const bool on_;
+};
+
+TEST(IndexedMla, CudaJointOpMatchesSeparateOps) {
+  if (const char* v = std::getenv("RING_CUDA_MLA_BESIDE"); v != nullptr && std::strcmp(v, "0") == 0) {
+    GTEST_SKIP() << "RING_CUDA_MLA_BESIDE=0";
+  }
+  const std::string dir = TinyModel("glm_moe_dsa", {QuantMode::kMxfp4, 4, 32});
+  for (const cpu::ActDType act : {cpu::ActDType::kBF16, cpu::ActDType::kF32}) {
+    std::vector<float> logits[2];
+    int calls[2] = {0, 0};
+    for (int on = 0; on < 2; ++on) {
+      absl::StatusOr<std::shared_ptr<internal::Backend>> cuda = internal::NewCudaBackend(0);
+      if (!cuda.ok()) GTEST_SKIP() << "no usable CUDA device: " << cuda.status();
+      auto b = std::make_shared<IndexedMlaSwitch>(*cuda, on == 1);
+      LoadOptions lo;
+      lo.device.kind = DeviceSpec::Kind::kCuda;
+      lo.act_dtype = act;
+      absl::StatusOr<std::vector<float>> got =
+          StageLogitsOn(dir, b, lo, {Prompt(9), {5}, {17}, {3}, {44}, {8}, {21}});
+      ASSERT_TRUE(got.ok()) << got.status();
+      logits[on] = *std::move(got);
+      calls[on] = b->calls;
+    }
+    std::printf("glm_moe_dsa mxfp4 %s: %d indexed MLA ops\n", act == cpu::ActDType::kBF16 ? "bf16" : "f32", calls[1]);
+    EXPECT_EQ(calls[0], 0);
+    EXPECT_GT(calls[1], 0) << "the decode steps' full-indexer layers should take the joint op";
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0);
+  }
 }
 
 // On the CUDA backend: the dense MLP's gate, up and SwiGLU as one op (LinearSwiGlu: the fused

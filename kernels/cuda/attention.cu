@@ -56,10 +56,12 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/qgemv_internal.cuh"
 #include "kernels/cuda/quant_decode.cuh"
+#include "kernels/cuda/warp_scan.cuh"
 #include "kernels/status.h"
 
 namespace ring::cuda {
@@ -70,6 +72,7 @@ using internal::CpAsyncCommit;
 using internal::CpAsyncWait;
 using internal::CpAsyncWaitAll;
 using internal::LdMatrixX4;
+using internal::WarpSum;
 
 unsigned Blocks(int64_t n, int threads) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535 * 4));
@@ -104,12 +107,6 @@ __device__ __forceinline__ float DotSeq4(const float* a, const float* b, int n) 
     dot = fmaf(x.w, y.w, dot);
   }
   return dot;
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
 }
 
 // One key's score `sc` into an online softmax state (running max m, running sum l): the
@@ -1847,44 +1844,38 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(const cpu::MlaAttentionArgs& a, cpu:
   return pl;
 }
 
-// Absorbed decode through MlaDecodeKernel (file comment): q_lat = round(q_nope @ W_UK_h^T)
-// per head, the split attention and its combine, out = round(o_lat @ W_UV_h^T). `scratch`
-// (optional): the caller's PlanMlaDecode(...).bytes, in place of a stream-ordered allocation
-// (which, in a graph, is a node between the kernels that costs the next one its PDL start).
-absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
-                       const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
-                       uint16_t* out_bf16, bool* wrote_bf16, int64_t Sk, size_t smem,
-                       const DeviceInfo& dev, cudaStream_t stream, const int32_t* pos_at,
-                       void* scratch) {
-  const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
-  RING_ASSIGN_OR_RETURN(const MlaDecodePlan pl, PlanMlaDecode(a, t, Sk, dev));
-  const bool mma = pl.mma;
-  const int64_t head_blocks = pl.head_blocks, per_split = pl.per_split, splits = pl.splits;
-  const bool bf16 = t == cpu::ActDType::kBF16;
-  StreamBuffer owned;
-  if (scratch == nullptr) {
-    RING_ASSIGN_OR_RETURN(owned, StreamBuffer::Allocate(pl.bytes, stream));
-    scratch = owned.data();
-  }
-  char* const base = static_cast<char*>(scratch);
-  float* qlat = reinterpret_cast<float*>(base);
-  float* olat = qlat + H * kvl;
-  uint16_t* olat_bf16 = bf16 ? reinterpret_cast<uint16_t*>(base + pl.olat_bf16_at) : nullptr;
+// Absorbed decode through MlaDecodeKernel (file comment), in two parts that share the plan's
+// scratch block at `base`: MlaDecodeQuery, q_lat = round(q_nope @ W_UK_h^T) per head (with
+// q_nope's bf16 copy first in bf16 mode), which does not read the cache or the top-k; then
+// MlaDecodeAttend, the split attention and its combine, out = round(o_lat @ W_UV_h^T).
+absl::Status MlaDecodeQuery(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                            cpu::ActDType t, const MlaDecodePlan& pl, char* base, cudaStream_t stream) {
   QMatmulArgs qa;
   qa.x = a.q;  // q_nope of head h at h * qd
   qa.m = 1;
-  qa.y = qlat;
-  qa.problems = H;
-  qa.x_problem_stride = qd;
-  qa.y_problem_stride = kvl;
-  if (bf16) {
+  qa.y = reinterpret_cast<float*>(base);  // q_lat
+  qa.problems = a.H;
+  qa.x_problem_stride = a.nope + a.rope;
+  qa.y_problem_stride = a.kvl;
+  if (t == cpu::ActDType::kBF16) {
     // The copy LinearT would make (same conversion, so the same bits), in the scratch block.
     uint16_t* qb = reinterpret_cast<uint16_t*>(base + pl.qnope_bf16_at);
     RING_RETURN_IF_ERROR(ToBf16(a.q, pl.qnope_n, qb, stream));
     qa.x = qb;
     qa.x_dtype = DType::kBF16;
   }
-  RING_RETURN_IF_ERROR(LinearT(embed_q, qa, t, stream));
+  return LinearT(embed_q, qa, t, stream);
+}
+
+absl::Status MlaDecodeAttend(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& unembed_out,
+                             cpu::ActDType t, float* out, uint16_t* out_bf16, bool* wrote_bf16,
+                             int64_t Sk, size_t smem, const MlaDecodePlan& pl, char* base,
+                             cudaStream_t stream, const int32_t* pos_at) {
+  const int64_t H = a.H, kvl = a.kvl, qd = a.nope + a.rope;
+  const bool bf16 = t == cpu::ActDType::kBF16;
+  float* qlat = reinterpret_cast<float*>(base);
+  float* olat = qlat + H * kvl;
+  uint16_t* olat_bf16 = bf16 ? reinterpret_cast<uint16_t*>(base + pl.olat_bf16_at) : nullptr;
   MlaDecodeParams p;
   p.qlat = qlat;
   p.q = a.q;
@@ -1898,12 +1889,12 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   p.H = H;
   p.kvl = static_cast<int>(kvl);
   p.rope = static_cast<int>(a.rope);
-  p.chunks_per_split = static_cast<int>(per_split);
+  p.chunks_per_split = static_cast<int>(pl.per_split);
   p.scale = a.scale;
   p.part = olat + H * kvl;
   p.pos_at = pos_at;
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(head_blocks));
-  if (mma) {
+  const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(pl.head_blocks));
+  if (pl.mma) {
     constexpr auto kKernel = MlaDecodeMmaKernel<512, 64>;
     constexpr size_t kSmem = MlaMmaLayout<512, 64>::kTotal;
     RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(kKernel, kSmem));
@@ -1915,7 +1906,7 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
   RING_LAUNCH_PDL(SplitCombineKernel,
                   dim3(static_cast<unsigned>(H),
                        static_cast<unsigned>((kvl + kCombineThreads - 1) / kCombineThreads)),
-                  kCombineThreads, 0, stream, p.part, static_cast<int>(splits), H, p.kvl, t,
+                  kCombineThreads, 0, stream, p.part, static_cast<int>(pl.splits), H, p.kvl, t,
                   olat, olat_bf16);
   QMatmulArgs oa;
   oa.x = olat;
@@ -1940,6 +1931,26 @@ absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& 
     }
   }
   return LinearT(unembed_out, oa, t, stream);
+}
+
+// `scratch` (optional): the caller's PlanMlaDecode(...).bytes, in place of a stream-ordered
+// allocation (which, in a graph, is a node between the kernels that costs the next one its
+// PDL start).
+absl::Status MlaDecode(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                       const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
+                       uint16_t* out_bf16, bool* wrote_bf16, int64_t Sk, size_t smem,
+                       const DeviceInfo& dev, cudaStream_t stream, const int32_t* pos_at,
+                       void* scratch) {
+  RING_ASSIGN_OR_RETURN(const MlaDecodePlan pl, PlanMlaDecode(a, t, Sk, dev));
+  StreamBuffer owned;
+  if (scratch == nullptr) {
+    RING_ASSIGN_OR_RETURN(owned, StreamBuffer::Allocate(pl.bytes, stream));
+    scratch = owned.data();
+  }
+  char* const base = static_cast<char*>(scratch);
+  RING_RETURN_IF_ERROR(MlaDecodeQuery(a, embed_q, t, pl, base, stream));
+  return MlaDecodeAttend(a, unembed_out, t, out, out_bf16, wrote_bf16, Sk, smem, pl, base, stream,
+                         pos_at);
 }
 
 }  // namespace
@@ -2314,6 +2325,21 @@ bool MlaDecodeTakes(const cpu::MlaAttentionArgs& a, const DeviceInfo& dev) {
          static_cast<int64_t>(smem) <= dev.smem_per_block_optin;
 }
 
+// The sizes MlaAttention's arguments must agree on (T > 0).
+absl::Status CheckMlaArgs(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                          const DeviceQuantWeight& unembed_out) {
+  const int64_t K = a.topk != nullptr ? a.K : 0;
+  if (a.S != a.offset + a.T || (a.topk != nullptr && (K <= 0 || K > a.S))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "mla attention: S %d, offset %d, T %d, K %d inconsistent", a.S, a.offset, a.T, K));
+  }
+  if (embed_q.batch != a.H || embed_q.rows != a.kvl || embed_q.cols != a.nope ||
+      unembed_out.batch != a.H || unembed_out.rows != a.vd || unembed_out.cols != a.kvl) {
+    return absl::InvalidArgumentError("mla attention: embed_q / unembed_out shapes do not match");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
                              const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
                              uint16_t* out_bf16, bool* wrote_bf16, cudaStream_t stream,
@@ -2323,14 +2349,7 @@ absl::Status MlaAttentionOut(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
   const bool sparse = a.topk != nullptr;
   const int64_t K = sparse ? a.K : 0;
   if (T <= 0) return absl::OkStatus();
-  if (a.S != a.offset + T || (sparse && (K <= 0 || K > a.S))) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "mla attention: S %d, offset %d, T %d, K %d inconsistent", a.S, a.offset, T, K));
-  }
-  if (embed_q.batch != H || embed_q.rows != kvl || embed_q.cols != nope ||
-      unembed_out.batch != H || unembed_out.rows != vd || unembed_out.cols != kvl) {
-    return absl::InvalidArgumentError("mla attention: embed_q / unembed_out shapes do not match");
-  }
+  RING_RETURN_IF_ERROR(CheckMlaArgs(a, embed_q, unembed_out));
   const bool gather = sparse && T == 1;
   const int64_t Sk = gather ? K : a.S;
   if (T == 1) {
@@ -2571,6 +2590,52 @@ absl::Status MlaAttention(const cpu::MlaAttentionArgs& a, const DeviceQuantWeigh
   if (out_bf16 != nullptr && !wrote && a.T > 0) {
     RING_RETURN_IF_ERROR(ToBf16(out, a.T * a.H * a.vd, out_bf16, stream));
   }
+  return absl::OkStatus();
+}
+
+
+bool IndexedMlaDecodeApplies(const cpu::MlaAttentionArgs& a) {
+  absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
+  return a.T == 1 && a.topk != nullptr && dev.ok() && MlaDecodeTakes(a, **dev);
+}
+
+absl::Status IndexedMlaDecode(const cpu::IndexerArgs& ix, int32_t* topk, void* ix_scratch,
+                              const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                              const DeviceQuantWeight& unembed_out, cpu::ActDType t, float* out,
+                              cudaStream_t stream, uint16_t* out_bf16, const int32_t* pos_at,
+                              void* scratch, const SideStream& side) {
+  if (!IndexedMlaDecodeApplies(a) || a.topk != topk || topk == nullptr || scratch == nullptr ||
+      ix_scratch == nullptr || side.stream == nullptr || ix.T != 1 || ix.S != a.S || ix.K != a.K) {
+    return absl::InvalidArgumentError(
+        "indexed mla decode: needs one sparse decode row on the split decode kernels, the "
+        "indexer's row and key bound with MLA's, MLA reading the indexer's top-k, both "
+        "scratch blocks and a side stream");
+  }
+  RING_RETURN_IF_ERROR(CheckMlaArgs(a, embed_q, unembed_out));
+  RING_ASSIGN_OR_RETURN(const DeviceInfo* dev, CurrentDevice());
+  RING_ASSIGN_OR_RETURN(const MlaDecodePlan pl, PlanMlaDecode(a, t, a.K, *dev));
+  char* const base = static_cast<char*>(scratch);
+  // The indexer is queued before the side branch although both may start at the fork: its
+  // top-k takes a cluster of 8 SMs, which the query GEMV's 64-problem grid, queued first,
+  // could hold (H200 traces, session 37: the top-k then started only as the scores ended).
+  RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.fork, stream));
+  const absl::Status ix_st = IndexerTopK(ix, t, topk, stream, pos_at, ix_scratch);
+  RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.stream, side.fork, 0));
+  const absl::Status query_st = [&]() -> absl::Status {
+    RING_RETURN_IF_ERROR(SideStreamTestDelay(side.stream));
+    return MlaDecodeQuery(a, embed_q, t, pl, base, side.stream);
+  }();
+  // Joined whatever happened, so that a capture is never left forked.
+  RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.join, side.stream));
+  RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, side.join, 0));
+  RING_RETURN_IF_ERROR(ix_st);
+  RING_RETURN_IF_ERROR(query_st);
+  bool wrote = false;
+  const bool bf16 = t == cpu::ActDType::kBF16;
+  RING_RETURN_IF_ERROR(MlaDecodeAttend(a, unembed_out, t, out, bf16 ? out_bf16 : nullptr, &wrote, a.K,
+                                       MlaDecodeSmem(static_cast<int>(a.kvl), static_cast<int>(a.rope)),
+                                       pl, base, stream, pos_at));
+  if (out_bf16 != nullptr && !wrote) RING_RETURN_IF_ERROR(ToBf16(out, a.H * a.vd, out_bf16, stream));
   return absl::OkStatus();
 }
 

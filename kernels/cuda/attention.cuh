@@ -16,6 +16,8 @@
 //                  sparse decode as a gather of the selected cache rows); with bf16
 //                  activations at GLM-5's widths, sparse prefill rows run absorbed, each as
 //                  its decode step would (MlaAttentionAbsorbsRows).
+//   IndexedMlaDecode  a decode row's DSA selection and its MLA in one call, MLA's query
+//                  projection beside the indexer on a side stream.
 //
 // All pointers are device memory; work is queued on `stream` (op temporaries are
 // stream-ordered allocations).
@@ -32,6 +34,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/qgemv.cuh"
+#include "kernels/cuda/side_stream.cuh"
 
 namespace ring::cuda {
 
@@ -117,6 +120,24 @@ bool MlaAttentionTakesDevicePos(const cpu::MlaAttentionArgs& a);
 // Bytes of scratch the decode path (one row on the split kernels) takes from MlaAttention's
 // `scratch`; 0 where a takes another path (which then allocates its own, and ignores it).
 int64_t MlaAttentionScratchBytes(const cpu::MlaAttentionArgs& a, cpu::ActDType round);
+// The DSA indexer's selection of one decode row (IndexerTopK: ix -> topk) and the MLA
+// attention that reads it (MlaAttention with a.topk == topk) in one call, with MLA's query
+// projection (q_nope's bf16 copy and q_lat = round(q_nope @ W_UK_h^T), which read neither the
+// cache nor the selection) on side.stream (side_stream.cuh), forked before the indexer's
+// scores and joined before the attention kernel, so that it runs beside the scores and the
+// top-k instead of after them. The same kernels on the same data as the two calls, so the
+// same bits. pos_at: both ops' key count (as theirs); ix_scratch: IndexerTopKScratchBytes(ix),
+// scratch: MlaAttentionScratchBytes(a, round), both required, neither touched by others until
+// `stream` has run this call's work. InvalidArgument (nothing launched) where
+// IndexedMlaDecodeApplies(a) is false or ix does not match a (one row, same bound and K).
+// H200, GLM-5.2 dims: ~7 us off each full-indexer layer's decode (docs/benchmarks.md,
+// session 37).
+bool IndexedMlaDecodeApplies(const cpu::MlaAttentionArgs& a);
+absl::Status IndexedMlaDecode(const cpu::IndexerArgs& ix, int32_t* topk, void* ix_scratch,
+                              const cpu::MlaAttentionArgs& a, const DeviceQuantWeight& embed_q,
+                              const DeviceQuantWeight& unembed_out, cpu::ActDType round, float* out,
+                              cudaStream_t stream, uint16_t* out_bf16, const int32_t* pos_at,
+                              void* scratch, const SideStream& side);
 // Whether a prefill chunk (T > 1) with top-k rows runs each row in the absorbed form, as
 // cpu::MlaAttention computes a decode row (T = 1, offset + i, that row's top-k, or dense over
 // its offset + i + 1 keys when they are at most K), instead of the reference's expanded

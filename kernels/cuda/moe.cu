@@ -2,7 +2,6 @@
 #include "kernels/cuda/moe.cuh"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -102,23 +101,25 @@ __global__ void RouteSigmoidKernel(const float* logits, const float* bias, int64
 // candidates and any other candidate by all k of them. The chosen ids are placed in ascending
 // order by a ballot and thread 0 forms the weights with WriteSigmoidRoute, as the one-thread
 // kernel does, so ids and weights are bit-identical to it.
-__global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
-    RouteSigmoidRankKernel(const float* logits, const float* bias, int64_t T,
-                           cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
-  __shared__ float s_sh[kMaxRoutedExperts], cand_sel[kMaxRoutedExperts];
-  __shared__ int32_t cand_id[kMaxRoutedExperts];
-  __shared__ int32_t ids_sh[kMaxK];
-  __shared__ int warp_count[kMaxRoutedExperts / 32];
-  const int64_t row = blockIdx.x;
+// RouteSigmoidRankRow's shared memory.
+struct RankShared {
+  float s[kMaxRoutedExperts], cand_sel[kMaxRoutedExperts];
+  int32_t cand_id[kMaxRoutedExperts];
+  int32_t ids[kMaxK];
+  int warp_count[kMaxRoutedExperts / 32];
+};
+
+// One row's routing by the whole block (whole warps, at least E threads): thread e < E holds
+// expert e's logit and bias. Ends with a barrier, so that the block may route its next row.
+__device__ void RouteSigmoidRankRow(float logit, float b, const cpu::SigmoidRouting& r, RankShared& sh,
+                                    int32_t* ids_out, float* w_out) {
   const int E = static_cast<int>(r.E), K = static_cast<int>(r.k);
   const int e = threadIdx.x, lane = e & 31, warp = e >> 5, nwarps = blockDim.x >> 5;
-  const float b = e < E ? bias[e] : 0.f;  // a weight: read before waiting for the logits
-  PdlBegin();
   float sel = 0.f;
   if (e < E) {
-    const float sv = 1.f / (1.f + expf(-LoadProduced(logits + row * E + e)));
+    const float sv = 1.f / (1.f + expf(-logit));
     sel = sv + b;
-    s_sh[e] = sv;
+    sh.s[e] = sv;
   }
   // Whether expert j with score v beats expert i with score sv (a total order).
   const auto beats = [](float v, int j, float sv, int i) { return v > sv || (v == sv && j < i); };
@@ -131,35 +132,131 @@ __global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
   }
   const bool cand = e < E && local < K;
   const unsigned cballot = __ballot_sync(0xffffffffu, cand);
-  if (lane == 0) warp_count[warp] = __popc(cballot);
+  if (lane == 0) sh.warp_count[warp] = __popc(cballot);
   __syncthreads();
   int ncand = 0, at = 0;
   for (int w = 0; w < nwarps; ++w) {
-    at += w < warp ? warp_count[w] : 0;
-    ncand += warp_count[w];
+    at += w < warp ? sh.warp_count[w] : 0;
+    ncand += sh.warp_count[w];
   }
   if (cand) {
     at += __popc(cballot & ((1u << lane) - 1));
-    cand_sel[at] = sel;
-    cand_id[at] = e;
+    sh.cand_sel[at] = sel;
+    sh.cand_id[at] = e;
   }
   __syncthreads();
   int rank = 0;
   if (cand) {
-    for (int c = 0; c < ncand; ++c) rank += beats(cand_sel[c], cand_id[c], sel, e) ? 1 : 0;
+    for (int c = 0; c < ncand; ++c) rank += beats(sh.cand_sel[c], sh.cand_id[c], sel, e) ? 1 : 0;
   }
   const bool chosen = cand && rank < K;
   const unsigned ballot = __ballot_sync(0xffffffffu, chosen);
   __syncthreads();  // every thread has read warp_count
-  if (lane == 0) warp_count[warp] = __popc(ballot);
+  if (lane == 0) sh.warp_count[warp] = __popc(ballot);
   __syncthreads();
   if (chosen) {
     int before = __popc(ballot & ((1u << lane) - 1));
-    for (int w = 0; w < warp; ++w) before += warp_count[w];
-    ids_sh[before] = e;
+    for (int w = 0; w < warp; ++w) before += sh.warp_count[w];
+    sh.ids[before] = e;
   }
   __syncthreads();
-  if (e == 0) WriteSigmoidRoute(s_sh, ids_sh, K, r, ids_out + row * K, w_out + row * K);
+  if (e == 0) WriteSigmoidRoute(sh.s, sh.ids, K, r, ids_out, w_out);
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
+    RouteSigmoidRankKernel(const float* logits, const float* bias, int64_t T,
+                           cpu::SigmoidRouting r, int32_t* ids_out, float* w_out) {
+  __shared__ RankShared sh;
+  const int64_t row = blockIdx.x;
+  const int E = static_cast<int>(r.E), K = static_cast<int>(r.k);
+  const int e = threadIdx.x;
+  const float b = e < E ? bias[e] : 0.f;  // a weight: read before waiting for the logits
+  PdlBegin();
+  const float logit = e < E ? LoadProduced(logits + row * E + e) : 0.f;
+  RouteSigmoidRankRow(logit, b, r, sh, ids_out + row * K, w_out + row * K);
+}
+
+// RouterRouteKernel (RouterRoute, moe.cuh): block b computes the logits of experts
+// [kRouterRows b, kRouterRows b + kRouterRows) for the T tokens, each thread a strided set of
+// 16-byte vectors of the rows (loaded before the PDL wait: weights), fp32 products and sums,
+// reduced over the block in a fixed order, rounded to bf16 as the bf16 GEMV's outputs are.
+// Each block then takes a ticket; the last one (every other block's logits visible, by the
+// fences around the ticket) routes the T rows as RouteSigmoidRankKernel does and clears the
+// ticket for the next launch.
+constexpr int kRouterRows = 2;
+constexpr int kRouterVecs = 4;  // 16-byte vectors a thread holds per row: hidden <= 8 * 4 * threads
+__global__ void __launch_bounds__(static_cast<int>(kMaxRoutedExperts))
+    RouterRouteKernel(const uint16_t* __restrict__ w, int hidden, const uint16_t* x, int T,
+                      const float* bias, cpu::SigmoidRouting r, float* logits, int32_t* ids_out,
+                      float* w_out, unsigned* ticket) {
+  __shared__ RankShared sh;
+  __shared__ float red[kMaxRoutedExperts / 32][kMoeBlockMaxTokens * kRouterRows];
+  __shared__ bool last;
+  const int E = static_cast<int>(r.E), K = static_cast<int>(r.k);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  const int e0 = blockIdx.x * kRouterRows;
+  const int nvec = hidden / 8;
+  uint4 wv[kRouterRows][kRouterVecs];
+#pragma unroll
+  for (int rr = 0; rr < kRouterRows; ++rr) {
+    const int e = min(e0 + rr, E - 1);
+#pragma unroll
+    for (int i = 0; i < kRouterVecs; ++i) {
+      const int v = tid + i * blockDim.x;
+      wv[rr][i] = v < nvec ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(e) * hidden) + v)
+                           : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  const float b = tid < E ? bias[tid] : 0.f;
+  PdlBegin();
+  float acc[kMoeBlockMaxTokens][kRouterRows];
+#pragma unroll
+  for (int t = 0; t < kMoeBlockMaxTokens; ++t) {
+    if (t >= T) break;
+    acc[t][0] = acc[t][1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kRouterVecs; ++i) {
+      const int v = tid + i * blockDim.x;
+      if (v >= nvec) break;
+      const uint4 xv = LoadProduced(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * hidden) + v);
+      const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int rr = 0; rr < kRouterRows; ++rr) {
+        const uint32_t ws[4] = {wv[rr][i].x, wv[rr][i].y, wv[rr][i].z, wv[rr][i].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[t][rr] = fmaf(__uint_as_float(xs[j] << 16), __uint_as_float(ws[j] << 16), acc[t][rr]);
+          acc[t][rr] = fmaf(__uint_as_float(xs[j] & 0xffff0000u), __uint_as_float(ws[j] & 0xffff0000u),
+                            acc[t][rr]);
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < kRouterRows; ++rr) {
+      const float v = internal::WarpSum(acc[t][rr]);
+      if (lane == 0) red[warp][t * kRouterRows + rr] = v;
+    }
+  }
+  __syncthreads();
+  if (tid < T * kRouterRows) {
+    const int t = tid / kRouterRows, e = e0 + tid % kRouterRows;
+    float v = 0.f;
+    for (int wi = 0; wi < nwarps; ++wi) v += red[wi][tid];
+    if (e < E) logits[static_cast<int64_t>(t) * E + e] = qdec::RoundToBf16(v);
+  }
+  // Release this block's logits, then take a ticket; the last block acquires everyone's.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < T; ++t) {
+    const float logit = tid < E ? __ldcg(logits + static_cast<int64_t>(t) * E + tid) : 0.f;
+    RouteSigmoidRankRow(logit, b, r, sh, ids_out + t * K, w_out + t * K);
+  }
+  if (tid == 0) *ticket = 0u;
 }
 
 __global__ void RouteSoftmaxKernel(const float* gates, int64_t T, int E, int K, bool norm,
@@ -324,6 +421,14 @@ absl::Status CheckRouting(int64_t E, int64_t k) {
   return absl::OkStatus();
 }
 
+// RouterRouteKernel's block: a thread per expert for the routing, and enough threads that
+// each holds at most kRouterVecs vectors of a row; 0 past the kernel's bound.
+int RouterThreads(int64_t E, int64_t hidden) {
+  const int64_t by_rows = (hidden + 8 * kRouterVecs - 1) / (8 * kRouterVecs);
+  const int64_t t = (std::max<int64_t>({32, E, by_rows}) + 31) / 32 * 32;
+  return t <= kMaxRoutedExperts ? static_cast<int>(t) : 0;
+}
+
 }  // namespace
 
 absl::Status RouteSigmoid(const float* logits, const float* bias, int64_t T,
@@ -343,6 +448,31 @@ absl::Status RouteSigmoid(const float* logits, const float* bias, int64_t T,
     RING_LAUNCH_PDL(RouteSigmoidKernel, Blocks(T, kRouteThreads), kRouteThreads, 0, stream, logits,
                     bias, T, r, ids, weights);
   }
+  return absl::OkStatus();
+}
+
+bool RouterRouteApplies(const DeviceQuantWeight& router, const cpu::SigmoidRouting& r, int64_t T) {
+  return router.spec.mode == QuantMode::kNone && router.dtype == DType::kBF16 && router.batch == 1 &&
+         router.rows == r.E && router.cols % 8 == 0 && RouterThreads(r.E, router.cols) > 0 &&
+         reinterpret_cast<uintptr_t>(router.weight) % 16 == 0 && CheckRouting(r.E, r.k).ok() &&
+         r.n_group == 1 && T >= 1 && T <= kMoeBlockMaxTokens;
+}
+
+absl::Status RouterRoute(const DeviceQuantWeight& router, const uint16_t* x_bf16, int64_t T,
+                         const float* bias, const cpu::SigmoidRouting& r, float* logits, int32_t* ids,
+                         float* weights, unsigned* ticket, cudaStream_t stream) {
+  if (!RouterRouteApplies(router, r, T) || x_bf16 == nullptr || ticket == nullptr ||
+      reinterpret_cast<uintptr_t>(x_bf16) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "router + routing: needs bf16 router weights [E, hidden] (hidden %% 8 == 0, at most %d), "
+        "sigmoid routing without groups, 1 <= T <= %d 16-byte aligned bf16 rows and a ticket",
+        8 * kRouterVecs * kMaxRoutedExperts, kMoeBlockMaxTokens));
+  }
+  const int threads = RouterThreads(r.E, router.cols);
+  const unsigned blocks = static_cast<unsigned>((r.E + kRouterRows - 1) / kRouterRows);
+  RING_LAUNCH_PDL(RouterRouteKernel, blocks, threads, 0, stream,
+                  static_cast<const uint16_t*>(router.weight), static_cast<int>(router.cols), x_bf16,
+                  static_cast<int>(T), bias, r, logits, ids, weights, ticket);
   return absl::OkStatus();
 }
 
@@ -641,18 +771,7 @@ absl::Status MoeCombine(const float* y, const float* w, const float* shared, int
 
 namespace {
 
-constexpr int64_t kMoeBlockMaxT = 8;
-
-std::atomic<int64_t> g_side_delay_ns{0};
-
-__global__ void SpinKernel(int64_t ns) {
-  uint64_t t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (static_cast<int64_t>(t - t0) < ns);
-}
+constexpr int64_t kMoeBlockMaxT = kMoeBlockMaxTokens;
 
 // MoeBlock's scratch, carved from one caller buffer (256-byte aligned pieces).
 struct BlockScratch {
@@ -731,8 +850,6 @@ absl::Status SharedMlp(const MoeBlockArgs& a, const BlockScratch& b, cudaStream_
 
 }  // namespace
 
-void TEST_SetMoeSideDelayNs(int64_t ns) { g_side_delay_ns.store(ns); }
-
 size_t MoeBlockScratchBytes(const MoeBlockArgs& a) {
   return MoeBlockApplies(a) ? CarveScratch(a, nullptr, nullptr) : 0;
 }
@@ -771,8 +888,11 @@ absl::Status MoeBlock(const MoeBlockArgs& a, void* scratch, cudaStream_t stream,
   // path, keeps its PDL start under that producer, and a shared-expert launch queued ahead of
   // it would hold the SMs its cluster needs.
   if (side != nullptr) RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(side->fork, stream));
+  const bool fused = a.router_ticket != nullptr && RouterRouteApplies(*a.router, a.routing, T);
   const absl::Status router_st =
-      QMatmulT(*a.router, Bf16Gemv(a.x_bf16, T, b.logits, a.router_overlap), stream);
+      fused ? RouterRoute(*a.router, a.x_bf16, T, a.bias, a.routing, b.logits, b.ids, b.wts,
+                          a.router_ticket, stream)
+            : QMatmulT(*a.router, Bf16Gemv(a.x_bf16, T, b.logits, a.router_overlap), stream);
   cudaStream_t s2 = stream;
   if (side != nullptr) {
     RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side->stream, side->fork, 0));
@@ -780,17 +900,14 @@ absl::Status MoeBlock(const MoeBlockArgs& a, void* scratch, cudaStream_t stream,
   }
   const absl::Status shared_st = [&]() -> absl::Status {
     RING_RETURN_IF_ERROR(router_st);
-    if (const int64_t ns = g_side_delay_ns.load(); ns > 0) {
-      SpinKernel<<<1, 1, 0, s2>>>(ns);
-      RING_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    }
+    RING_RETURN_IF_ERROR(SideStreamTestDelay(s2));
     return SharedMlp(a, b, s2);
   }();
   // The side stream is joined whatever happened, so that a capture is never left forked.
   const cudaError_t rec = side != nullptr ? cudaEventRecord(side->join, s2) : cudaSuccess;
   const absl::Status st = [&]() -> absl::Status {
     RING_RETURN_IF_ERROR(shared_st);
-    RING_RETURN_IF_ERROR(RouteSigmoid(b.logits, a.bias, T, a.routing, b.ids, b.wts, stream));
+    if (!fused) RING_RETURN_IF_ERROR(RouteSigmoid(b.logits, a.bias, T, a.routing, b.ids, b.wts, stream));
     return ExpertsSwiGlu(*a.gate, *a.up, *a.down, a.x, T, b.ids, k, bf16, b.y, stream,
                          ExpertsPath::kPerSlot, a.x_bf16, nullptr, b.experts);
   }();

@@ -29,15 +29,32 @@
 #include "absl/status/status.h"
 #include "kernels/cpu/model_ops.h"
 #include "kernels/cuda/qgemv.cuh"
+#include "kernels/cuda/side_stream.cuh"
 
 namespace ring::cuda {
 
 inline constexpr int64_t kMaxRoutedExperts = 512;
+// Decode tokens a MoeBlock (and RouterRoute) takes at most.
+inline constexpr int kMoeBlockMaxTokens = 8;
 
 // logits [T, E], bias [E] fp32, ids [T, k], weights [T, k]: device memory.
 absl::Status RouteSigmoid(const float* logits, const float* bias, int64_t T,
                           const cpu::SigmoidRouting& r, int32_t* ids, float* weights,
                           cudaStream_t stream);
+// The router GEMV of T decode tokens and the sigmoid routing in one launch (MoeBlock's
+// router where it applies): logits[t, e] = round_bf16(x_bf16[t] . router[e]) (fp32 products
+// and sums, in another order than the GEMV's, so last bits may differ from Linear's), then
+// RouteSigmoid's ids and weights from those logits, bit for bit. The router's blocks read
+// their weights before waiting for the previous kernel (PDL) and the last block to finish
+// routes, so the routing costs no launch of its own (H200, GLM-5.2: ~5 us less a MoE layer,
+// docs/benchmarks.md, session 37). ticket: a device counter that is zero before the call
+// and is left zero (each launch counts its blocks on it); one per stream. Applies to bf16
+// router weights [E, hidden] (hidden % 8 == 0 and at most 32 * max(32, E rounded up to 32)),
+// no expert groups, 1 <= T <= kMoeBlockMaxTokens; InvalidArgument otherwise.
+bool RouterRouteApplies(const DeviceQuantWeight& router, const cpu::SigmoidRouting& r, int64_t T);
+absl::Status RouterRoute(const DeviceQuantWeight& router, const uint16_t* x_bf16, int64_t T,
+                         const float* bias, const cpu::SigmoidRouting& r, float* logits, int32_t* ids,
+                         float* weights, unsigned* ticket, cudaStream_t stream);
 absl::Status RouteSoftmax(const float* gates, int64_t T, int64_t E, int64_t k,
                           bool norm_topk_prob, cpu::ActDType round, int32_t* ids, float* scores,
                           cudaStream_t stream);
@@ -123,11 +140,9 @@ struct MoeBlockArgs {
   int64_t T = 0;
   int router_overlap = 0;  // QMatmulArgs::overlap of the router GEMV
   float* out = nullptr;    // [T, hidden]
-};
-struct SideStream {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr;  // two events owned by the caller, reusable across calls
-  cudaEvent_t join = nullptr;
+  // RouterRoute's ticket (zero, left zero): where set and RouterRouteApplies, the router and
+  // the routing are one launch; null: the router GEMV, then RouteSigmoid.
+  unsigned* router_ticket = nullptr;
 };
 // Whether MoeBlock takes these arguments: 1 <= T <= 8, shapes that match, the routed and
 // shared experts on the per-slot decode GEMV (ExpertsTakeShared's conditions) and a router
@@ -140,9 +155,6 @@ size_t MoeBlockScratchBytes(const MoeBlockArgs& a);
 // InvalidArgument (nothing launched) where MoeBlockApplies is false or scratch is null.
 absl::Status MoeBlock(const MoeBlockArgs& a, void* scratch, cudaStream_t stream,
                       const SideStream* side = nullptr);
-// Tests: a kernel that spins for `ns` on the side stream before the shared expert (0: none),
-// so that a missing join shows as a wrong result rather than as a rare race.
-void TEST_SetMoeSideDelayNs(int64_t ns);
 
 }  // namespace ring::cuda
 

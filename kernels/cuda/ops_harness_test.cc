@@ -2770,6 +2770,139 @@ TEST_F(GpuTest, IndexerTopKDevicePos) {
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
+// A decode row's indexer and MLA in one call (IndexedMlaDecode: MLA's query projection on a
+// side stream beside the indexer) against IndexerTopK then MlaAttention on one stream: the
+// same ids and the same output bits (fp32 and its bf16 copy), eagerly and replayed from a
+// graph captured at the first key count, with the side stream also delayed by 2 ms
+// (TEST_SetSideStreamDelayNs), so that an attention not joined to the side stream would read
+// the previous row's q_lat. Each count gets new queries. Refused where it does not apply.
+TEST_F(GpuTest, IndexedMlaDecodeSideStream) {
+  const int64_t nope = 192, rope = 64, vd = 256, kvl = 512, ih = 32, id = 128, K = 2048, bound = 4096;
+  uint32_t seed = 1750;
+  cudaStream_t st = nullptr;
+  SideStream side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming), cudaSuccess);
+  for (const int64_t H : {int64_t{64}, int64_t{10}}) {
+    auto embed_q = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, H, kvl, nope, ++seed);
+    auto unembed = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, H, vd, kvl, ++seed);
+    ASSERT_TRUE(embed_q && unembed);
+    for (cpu::ActDType t : kActs) {
+      const bool bf = t == cpu::ActDType::kBF16;
+      const std::vector<float> lat = RandomFloats(bound * kvl, ++seed, 1.f, bf);
+      const std::vector<float> kpe = RandomFloats(bound * rope, ++seed, 1.f, bf);
+      const std::vector<float> keys = RandomFloats(bound * id, ++seed, 1.f, bf);
+      const std::vector<float> w = RandomFloats(ih, ++seed, 0.1f, true);
+      DeviceBuffer dq = Zeros(H * (nope + rope)), dix_q = Zeros(ih * id), dl = UpF(lat), dp = UpF(kpe),
+                   dk = UpF(keys), dw = UpF(w), dpos = Zeros(1);
+      DeviceBuffer want_ids = Zeros(K), got_ids = Zeros(K), want = Zeros(H * vd), got = Zeros(H * vd);
+      DeviceBuffer want_b = Zeros(H * vd / 2), got_b = Zeros(H * vd / 2);
+      cpu::IndexerArgs ix;
+      ix.q = dix_q.as<float>();
+      ix.keys = dk.as<float>();
+      ix.w = dw.as<float>();
+      ix.T = 1;
+      ix.S = bound;
+      ix.offset = bound - 1;
+      ix.heads = ih;
+      ix.dim = id;
+      ix.K = K;
+      cpu::MlaAttentionArgs a;
+      a.latent = dl.as<float>();
+      a.k_pe = dp.as<float>();
+      a.T = 1;
+      a.S = bound;
+      a.offset = bound - 1;
+      a.K = K;
+      a.H = H;
+      a.nope = nope;
+      a.rope = rope;
+      a.vd = vd;
+      a.kvl = kvl;
+      a.scale = 1.f / std::sqrt(static_cast<float>(nope + rope));
+      a.q = dq.as<float>();
+      cpu::MlaAttentionArgs ref_a = a, got_a = a;
+      ref_a.topk = want_ids.as<int32_t>();
+      got_a.topk = got_ids.as<int32_t>();
+      ASSERT_TRUE(IndexedMlaDecodeApplies(got_a));
+      DeviceBuffer ix_scratch = Zeros(IndexerTopKScratchBytes(ix) / 4);
+      DeviceBuffer scratch = Zeros((MlaAttentionScratchBytes(got_a, t) + 3) / 4);
+      uint16_t* const gb = bf ? got_b.as<uint16_t>() : nullptr;
+      auto joint = [&] {
+        return IndexedMlaDecode(ix, got_ids.as<int32_t>(), ix_scratch.data(), got_a, embed_q->dev.view,
+                                unembed->dev.view, t, got.as<float>(), st, gb, dpos.as<int32_t>(),
+                                scratch.data(), side);
+      };
+      cudaGraphExec_t exec = nullptr;
+      for (const int64_t n : {int64_t{2101}, int64_t{4096}, int64_t{3000}}) {
+        // 0: eager; 1: eager, side delayed; 2: replayed from a graph captured with the delay.
+        for (int run = 0; run < 3; ++run) {
+          // New queries for this row, then the reference: the two ops on one stream.
+          const std::vector<float> q = RandomFloats(H * (nope + rope), ++seed, 1.f, bf);
+          const std::vector<float> iq = RandomFloats(ih * id, ++seed, 1.f, bf);
+          const int32_t pos = static_cast<int32_t>(n - 1);
+          ASSERT_EQ(cudaMemcpy(dq.data(), q.data(), q.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(dix_q.data(), iq.data(), iq.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(dpos.data(), &pos, 4, cudaMemcpyHostToDevice), cudaSuccess);
+          ASSERT_TRUE(IndexerTopK(ix, t, want_ids.as<int32_t>(), st, dpos.as<int32_t>()).ok());
+          ASSERT_TRUE(MlaAttention(ref_a, embed_q->dev.view, unembed->dev.view, t, want.as<float>(), st,
+                                   bf ? want_b.as<uint16_t>() : nullptr, dpos.as<int32_t>())
+                          .ok());
+          ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+          TEST_SetSideStreamDelayNs(run > 0 ? 2000000 : 0);
+          if (run < 2) {
+            ASSERT_TRUE(joint().ok());
+          } else {
+            if (exec == nullptr) exec = CaptureGraph(st, joint);
+            ASSERT_NE(exec, nullptr);
+            ReplayGraph(exec, st);
+          }
+          ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+          TEST_SetSideStreamDelayNs(0);
+          const std::string shape = absl::StrFormat("keys %d of %d K%d h%d", n, bound, K, H);
+          const std::string how = absl::StrCat(ActName(t), run < 2 ? " eager" : " graph",
+                                               run > 0 ? ", side delayed" : "");
+          ReportExact("indexed mla decode ids", shape, how, DlI(got_ids.as<int32_t>(), K),
+                      DlI(want_ids.as<int32_t>(), K));
+          const std::vector<float> g = Dl(got.as<float>(), H * vd), r = Dl(want.as<float>(), H * vd);
+          const bool finite = std::all_of(r.begin(), r.end(), [](float v) { return std::isfinite(v); }) &&
+                              std::any_of(r.begin(), r.end(), [](float v) { return v != 0.f; });
+          bool same = finite && std::memcmp(g.data(), r.data(), g.size() * 4) == 0;
+          if (bf) {  // the bf16 copies' bits
+            const std::vector<float> gb2 = Dl(got_b.as<float>(), H * vd / 2), rb2 = Dl(want_b.as<float>(), H * vd / 2);
+            same = same && std::memcmp(gb2.data(), rb2.data(), gb2.size() * 4) == 0;
+          }
+          ReportExact("indexed mla decode out", shape, how, {same ? 0 : 1}, {0});
+        }
+      }
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      // Refused, nothing launched: no scratch, MLA not reading the indexer's ids, another K.
+      EXPECT_EQ(IndexedMlaDecode(ix, got_ids.as<int32_t>(), nullptr, got_a, embed_q->dev.view, unembed->dev.view,
+                                 t, got.as<float>(), st, gb, dpos.as<int32_t>(), scratch.data(), side)
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(IndexedMlaDecode(ix, want_ids.as<int32_t>(), ix_scratch.data(), got_a, embed_q->dev.view,
+                                 unembed->dev.view, t, got.as<float>(), st, gb, dpos.as<int32_t>(),
+                                 scratch.data(), side)
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+      cpu::IndexerArgs other = ix;
+      other.K = K / 2;
+      EXPECT_EQ(IndexedMlaDecode(other, got_ids.as<int32_t>(), ix_scratch.data(), got_a, embed_q->dev.view,
+                                 unembed->dev.view, t, got.as<float>(), st, gb, dpos.as<int32_t>(),
+                                 scratch.data(), side)
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+  }
+  cudaEventDestroy(side.fork);
+  cudaEventDestroy(side.join);
+  cudaStreamDestroy(side.stream);
+  cudaStreamDestroy(st);
+}
+
 TEST_F(GpuTest, MoeRouting) {
   // DeepSeek / GLM: sigmoid + bias, group-limited for n_group > 1.
   struct D {
@@ -3104,11 +3237,11 @@ TEST_F(GpuTest, MoeExpertsAndCombine) {
 // eagerly and replayed from a CUDA graph, the same bits as the block's ops launched one after
 // another on one stream (each op is checked against the CPU above). Every run gets new
 // activations and the side stream is also delayed by 2 ms before the shared expert
-// (TEST_SetMoeSideDelayNs), so that a combine not joined to the side stream would read a
+// (TEST_SetSideStreamDelayNs), so that a combine not joined to the side stream would read a
 // previous run's shared rows, or none. Refused where it does not apply.
 void CheckMoeBlock(const FormatCase& f, int64_t E, int64_t k, int64_t hidden, int64_t inter,
                    const cpu::SigmoidRouting& r, std::initializer_list<int64_t> tokens,
-                   uint32_t seed) {
+                   uint32_t seed, bool fused_router) {
   auto [gate, up, down] = MakeExperts(f, E, hidden, inter, seed);
   auto sg = MakeWeight(f.spec, f.dtype, 1, inter, hidden, ++seed);
   auto su = MakeWeight(f.spec, f.dtype, 1, inter, hidden, ++seed);
@@ -3124,8 +3257,10 @@ void CheckMoeBlock(const FormatCase& f, int64_t E, int64_t k, int64_t hidden, in
   ASSERT_EQ(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming), cudaSuccess);
   DeviceBuffer bias = UpF(RandomFloats(E, ++seed, 0.3f, false));
+  DeviceBuffer ticket = Zeros(1);
   for (const int64_t T : tokens) {
-    const std::string shape = absl::StrFormat("T%d k%d of %dx%dx%d +shared", T, k, E, inter, hidden);
+    const std::string shape = absl::StrFormat("T%d k%d of %dx%dx%d +shared%s", T, k, E, inter, hidden,
+                                              fused_router ? ", fused router" : "");
     DeviceBuffer dx = Zeros(T * hidden), xb = Zeros(T * hidden), out = Zeros(T * hidden);
     DeviceBuffer logits = Zeros(T * E), ids = Zeros(T * k), wts = Zeros(T * k),
                  y = Zeros(T * k * hidden), ys = Zeros(T * hidden), g = Zeros(T * inter),
@@ -3143,7 +3278,11 @@ void CheckMoeBlock(const FormatCase& f, int64_t E, int64_t k, int64_t hidden, in
     a.T = T;
     a.router_overlap = 2;  // scheduling only: the composed ops below launch without PDL
     a.out = out.as<float>();
+    a.router_ticket = fused_router ? ticket.as<unsigned>() : nullptr;
     ASSERT_TRUE(MoeBlockApplies(a)) << mode << " " << shape;
+    if (fused_router) {
+      ASSERT_TRUE(RouterRouteApplies(router->dev.view, r, T)) << shape;
+    }
     absl::StatusOr<DeviceBuffer> scratch = DeviceBuffer::Allocate(MoeBlockScratchBytes(a));
     ASSERT_TRUE(scratch.ok()) << scratch.status();
     void* const sp = scratch->data();
@@ -3158,9 +3297,15 @@ void CheckMoeBlock(const FormatCase& f, int64_t E, int64_t k, int64_t hidden, in
       ra.m = T;
       ra.round_bf16 = true;
       ra.y = logits.as<float>();
-      RING_RETURN_IF_ERROR(QMatmulT(router->dev.view, ra, st));
-      RING_RETURN_IF_ERROR(RouteSigmoid(logits.as<float>(), bias.as<float>(), T, r, ids.as<int32_t>(),
-                                        wts.as<float>(), st));
+      if (fused_router) {
+        RING_RETURN_IF_ERROR(RouterRoute(router->dev.view, xb.as<uint16_t>(), T, bias.as<float>(), r,
+                                         logits.as<float>(), ids.as<int32_t>(), wts.as<float>(),
+                                         ticket.as<unsigned>(), st));
+      } else {
+        RING_RETURN_IF_ERROR(QMatmulT(router->dev.view, ra, st));
+        RING_RETURN_IF_ERROR(RouteSigmoid(logits.as<float>(), bias.as<float>(), T, r, ids.as<int32_t>(),
+                                          wts.as<float>(), st));
+      }
       RING_RETURN_IF_ERROR(ExpertsSwiGlu(gate->dev.view, up->dev.view, down->dev.view, dx.as<float>(), T,
                                          ids.as<int32_t>(), k, bf16, y.as<float>(), st,
                                          ExpertsPath::kPerSlot, xb.as<uint16_t>()));
@@ -3197,7 +3342,7 @@ void CheckMoeBlock(const FormatCase& f, int64_t E, int64_t k, int64_t hidden, in
       ReportExact("moe block", shape, absl::StrCat(mode, " ", how), {same && finite ? 0 : 1}, {0});
     };
     for (const int64_t delay : {int64_t{0}, int64_t{2000000}}) {
-      TEST_SetMoeSideDelayNs(delay);
+      TEST_SetSideStreamDelayNs(delay);
       const char* d = delay > 0 ? ", side delayed" : "";
       ASSERT_TRUE(next_x().ok());
       ASSERT_TRUE(MoeBlock(a, sp, st, nullptr).ok());
@@ -3215,7 +3360,7 @@ void CheckMoeBlock(const FormatCase& f, int64_t E, int64_t k, int64_t hidden, in
       }
       cudaGraphExecDestroy(exec);
     }
-    TEST_SetMoeSideDelayNs(0);
+    TEST_SetSideStreamDelayNs(0);
   }
   // Refused (nothing launched): too many tokens, a shared expert of another shape.
   MoeBlockArgs bad;
@@ -3251,7 +3396,10 @@ TEST_F(GpuTest, MoeBlockSideStream) {
   for (const FormatCase& f : {FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8},
                               FormatCase{{QuantMode::kAffine, 4, 64}, DType::kBF16}}) {
     SCOPED_TRACE(f.spec.ToString());
-    CheckMoeBlock(f, 16, 4, 512, 256, cpu::SigmoidRouting{16, 4, 4, 2, true, 2.5f}, {1, 2, 5, 8}, 7100);
+    CheckMoeBlock(f, 16, 4, 512, 256, cpu::SigmoidRouting{16, 4, 4, 2, true, 2.5f}, {1, 2, 5, 8}, 7100,
+                  false);
+    CheckMoeBlock(f, 16, 4, 512, 256, cpu::SigmoidRouting{16, 4, 1, 1, true, 2.5f}, {1, 2, 5, 8}, 7150,
+                  true);
   }
   // Formats off the decode GEMV's tensor cores are refused.
   auto g = MakeWeight({QuantMode::kAffine, 8, 64}, DType::kBF16, 4, 64, 128, 7190);
@@ -3278,8 +3426,108 @@ TEST_F(GpuTest, MoeBlockSideStream) {
 TEST_F(GpuTest, MoeBlockSideStreamGlm52Shapes) {
   if (!FullRun()) GTEST_SKIP() << "set RING_GPU_FULL=1 for the GLM-5.2 MoE block";
   // GLM-5.2's expert, shared-expert and router shapes (16 of its 256 experts), k = 8.
-  CheckMoeBlock(FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8}, 16, 8, 6144, 2048,
-                cpu::SigmoidRouting{16, 8, 1, 1, true, 2.5f}, {1, 2}, 7200);
+  for (const bool fused : {false, true}) {
+    CheckMoeBlock(FormatCase{{QuantMode::kMxfp4, 4, 32}, DType::kU8}, 16, 8, 6144, 2048,
+                  cpu::SigmoidRouting{16, 8, 1, 1, true, 2.5f}, {1, 2}, 7200, fused);
+  }
+}
+
+// The router GEMV and the routing in one launch (RouterRoute): logits within the GEMV
+// tolerance of the CPU's (bf16 weights and rows, fp32 sums rounded to bf16), and ids and
+// weights exactly what RouteSigmoid makes of those logits; eagerly and replayed from a graph
+// (each launch must leave its ticket zero for the next). GLM-5.2's router (256 x 6144, k 8)
+// at 1, 2 and 8 tokens, an expert count off the warp size and odd (one row in the last
+// block), rows shorter than a block's vectors, ties. Refused where it does not apply.
+TEST_F(GpuTest, RouterRoute) {
+  struct C {
+    int64_t E, k, hidden, T;
+    bool ties;
+  };
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  uint32_t seed = 7300;
+  for (const C& c : {C{256, 8, 6144, 1, false}, C{256, 8, 6144, 2, false}, C{256, 8, 6144, 8, false},
+                     C{97, 6, 4096, 5, false}, C{16, 4, 512, 3, false}, C{512, 8, 2048, 1, false},
+                     C{256, 8, 1024, 2, true}}) {
+    auto router = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, c.E, c.hidden, ++seed);
+    ASSERT_TRUE(router);
+    const cpu::SigmoidRouting r{c.E, c.k, 1, 1, true, 2.5f};
+    ASSERT_TRUE(RouterRouteApplies(router->dev.view, r, c.T));
+    std::vector<float> x = RandomFloats(c.T * c.hidden, ++seed, 1.f, true);
+    if (c.ties) std::fill(x.begin(), x.end(), 0.f);  // every logit 0: the lowest ids win
+    const std::vector<float> bias = RandomFloats(c.E, ++seed, c.ties ? 0.f : 0.3f, false);
+    const std::vector<uint16_t> xb = ToBf16Bits(x);
+    DeviceBuffer dx = Zeros((xb.size() + 1) / 2), db = UpF(bias), ticket = Zeros(1);
+    ASSERT_EQ(cudaMemcpy(dx.data(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    DeviceBuffer logits = Zeros(c.T * c.E), ids = Zeros(c.T * c.k), wts = Zeros(c.T * c.k);
+    DeviceBuffer want_ids = Zeros(c.T * c.k), want_wts = Zeros(c.T * c.k);
+    auto launch = [&] {
+      return RouterRoute(router->dev.view, dx.as<uint16_t>(), c.T, db.as<float>(), r, logits.as<float>(),
+                         ids.as<int32_t>(), wts.as<float>(), ticket.as<unsigned>(), st);
+    };
+    // CPU logits: fp32 dot products of the bf16 values, rounded to bf16.
+    std::vector<float> ref(c.T * c.E);
+    const std::vector<float> wf = FromBf16Bits(std::vector<uint16_t>(
+        reinterpret_cast<const uint16_t*>(router->wbytes.data()),
+        reinterpret_cast<const uint16_t*>(router->wbytes.data()) + c.E * c.hidden));
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t e = 0; e < c.E; ++e) {
+        float acc = 0.f;
+        for (int64_t i = 0; i < c.hidden; ++i) acc += x[t * c.hidden + i] * wf[e * c.hidden + i];
+        ref[t * c.E + e] = RoundBf16(acc);
+      }
+    }
+    const std::string shape = absl::StrFormat("T%d E%d k%d h%d%s", c.T, c.E, c.k, c.hidden, c.ties ? " ties" : "");
+    cudaGraphExec_t exec = nullptr;
+    for (int run = 0; run < 3; ++run) {  // eager, then a graph replayed twice
+      ASSERT_EQ(cudaMemset(logits.data(), 0xff, c.T * c.E * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(ids.data(), 0xff, c.T * c.k * 4), cudaSuccess);
+      if (run == 0) {
+        ASSERT_TRUE(launch().ok());
+      } else {
+        if (exec == nullptr) exec = CaptureGraph(st, launch);
+        ASSERT_NE(exec, nullptr);
+        ReplayGraph(exec, st);
+      }
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      const char* how = run == 0 ? "eager" : "graph";
+      const std::vector<float> got = Dl(logits.as<float>(), ref.size());
+      Report("router+route logits", shape, how, got, ref, kTolMatmul);
+      ASSERT_TRUE(RouteSigmoid(logits.as<float>(), db.as<float>(), c.T, r, want_ids.as<int32_t>(),
+                               want_wts.as<float>(), st).ok());
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      ReportExact("router+route ids", shape, how, DlI(ids.as<int32_t>(), c.T * c.k),
+                  DlI(want_ids.as<int32_t>(), c.T * c.k));
+      const std::vector<float> gw = Dl(wts.as<float>(), c.T * c.k), ww = Dl(want_wts.as<float>(), c.T * c.k);
+      ReportExact("router+route weights", shape, how,
+                  {std::memcmp(gw.data(), ww.data(), gw.size() * 4) == 0 ? 0 : 1}, {0});
+      ReportExact("router+route ticket", shape, how, DlI(ticket.as<int32_t>(), 1), {0});
+    }
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (c.ties) {
+      std::vector<int32_t> lowest;
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t e = 0; e < c.k; ++e) lowest.push_back(static_cast<int32_t>(e));
+      ReportExact("router+route ids", shape, "ties: lowest ids", DlI(ids.as<int32_t>(), c.T * c.k), lowest);
+    }
+  }
+  // Refused: groups, too many tokens, a quantized router, rows too long, no ticket.
+  auto router = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, 16, 512, 7390);
+  auto q = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, 1, 16, 512, 7391);
+  auto wide = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, 16, 16392, 7392);
+  ASSERT_TRUE(router && q && wide);
+  const cpu::SigmoidRouting r{16, 4, 1, 1, true, 1.f};
+  EXPECT_TRUE(RouterRouteApplies(router->dev.view, r, 8));
+  EXPECT_FALSE(RouterRouteApplies(router->dev.view, cpu::SigmoidRouting{16, 4, 4, 2, true, 1.f}, 1));
+  EXPECT_FALSE(RouterRouteApplies(router->dev.view, r, 9));
+  EXPECT_FALSE(RouterRouteApplies(q->dev.view, r, 1));
+  EXPECT_FALSE(RouterRouteApplies(wide->dev.view, r, 1));  // 16392 > 8 * 4 * 512 (a block's bound)
+  DeviceBuffer buf = Zeros(4096);
+  EXPECT_EQ(RouterRoute(router->dev.view, buf.as<uint16_t>(), 1, buf.as<float>(), r, buf.as<float>(),
+                        buf.as<int32_t>(), buf.as<float>(), nullptr, st)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  cudaStreamDestroy(st);
 }
 
 // ---- grouped experts (prefill) ----------------------------------------------------------

@@ -3,7 +3,7 @@
 // Warp-level pieces of the radix selections and bucket scans (DSA top-k, GPU sampling, MoE
 // grouping, the grouped GEMM's tile schedule): an order-preserving integer image of a float,
 // an inclusive warp sum, a histogram add with one atomic per distinct bin, and the search
-// for the digit where a descending count reaches a rank. Each is called by a whole warp
+// for the digit where a descending count reaches a rank; and a warp's float sum. Each is called by a whole warp
 // (all 32 lanes, converged) unless its comment says otherwise.
 #ifndef RINGSERVE_KERNELS_CUDA_WARP_SCAN_CUH_
 #define RINGSERVE_KERNELS_CUDA_WARP_SCAN_CUH_
@@ -30,6 +30,14 @@ __device__ __forceinline__ T WarpInclusiveSum(T v) {
     const T y = __shfl_up_sync(0xffffffffu, v, d);
     if (lane >= d) v += y;
   }
+  return v;
+}
+
+// The sum of v over the warp, in every lane (butterfly: a fixed order, so a run repeats bit
+// for bit).
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
 

@@ -933,6 +933,46 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
                       .Take(),
                   [=, this] { return cuda::IndexerTopK(g, t, topk, stream_, pos_at, sp); });
   }
+  // A decode row's indexer and MLA (both recorded by their position slot) as one op, MLA's
+  // query projection on the side stream beside the indexer's scores and top-k
+  // (cuda::IndexedMlaDecode). RING_CUDA_MLA_BESIDE=0 (read once, A/B runs) refuses it: the
+  // layer program then runs the two ops.
+  absl::StatusOr<bool> IndexedMlaAttention(const cpu::IndexerArgs& ix, int32_t* topk,
+                                           const cpu::MlaAttentionArgs& a, const QuantWeight& embed_q,
+                                           const QuantWeight& unembed_out, ActDType t,
+                                           float* out) override {
+    static const bool on = EnvNotZero("RING_CUDA_MLA_BESIDE");
+    if (!on || a.topk != topk || !cuda::IndexerTakesDevicePos(ix) || !cuda::MlaAttentionTakesDevicePos(a) ||
+        !cuda::IndexedMlaDecodeApplies(a) || ix.S != a.S || ix.T != 1) {
+      return false;
+    }
+    RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* eq, Weight(embed_q));
+    RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* uo, Weight(unembed_out));
+    const int32_t* pos_at = PosSlot(a.S - a.T);
+    RING_ASSIGN_OR_RETURN(uint16_t* xb, ConvertedOutput(out, a.T * a.H * a.vd, t));
+    cpu::IndexerArgs gi = ix;
+    gi.S = StepBound(ix.S);
+    gi.offset = gi.S - gi.T;
+    cpu::MlaAttentionArgs g = a;
+    g.S = gi.S;
+    g.offset = gi.offset;
+    RING_ASSIGN_OR_RETURN(Buffer ix_scratch, Alloc(cuda::IndexerTopKScratchBytes(gi)));
+    RING_ASSIGN_OR_RETURN(Buffer mla_scratch, Alloc(cuda::MlaAttentionScratchBytes(g, t)));
+    RING_RETURN_IF_ERROR(EnsureSideStream());
+    void* const isp = ix_scratch.data();
+    void* const msp = mla_scratch.data();
+    const cuda::SideStream side = side_;
+    RING_RETURN_IF_ERROR(Submit(
+        OpRecord('Y')
+            .Add(gi.q, gi.keys, gi.w, gi.heads, gi.dim, g.q, g.latent, g.k_pe, g.topk, g.S, g.K, g.H,
+                 g.nope, g.rope, g.vd, g.kvl, g.scale, eq, uo, pos_at, t, out, xb, isp, msp)
+            .Take(),
+        [=, this] {
+          return cuda::IndexedMlaDecode(gi, topk, isp, g, *eq, *uo, t, out, stream_, xb, pos_at, msp,
+                                        side);
+        }));
+    return true;
+  }
   absl::Status RouteSigmoid(const float* logits, const TensorView& bias, int64_t T,
                             const cpu::SigmoidRouting& r, int32_t* ids, float* weights) override {
     RING_ASSIGN_OR_RETURN(const DevArray db, Tensor(bias));
@@ -1036,6 +1076,8 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     a.x = x;
     a.out = out;
     a.x_bf16 = reinterpret_cast<const uint16_t*>(x);  // non-null for the checks; set below
+    // RING_CUDA_FUSED_ROUTER=0 (read once, A/B runs): the router GEMV and the routing apart.
+    static const bool fused_router = EnvNotZero("RING_CUDA_FUSED_ROUTER");
     // Asked once per router and row count (only shapes and formats decide).
     const auto key = std::make_pair(a.router, T);
     auto fits = moe_block_fits_.find(key);
@@ -1044,6 +1086,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     }
     if (!fits->second) return false;
     RING_RETURN_IF_ERROR(EnsureSideStream());
+    if (fused_router) a.router_ticket = router_ticket_;
     RING_ASSIGN_OR_RETURN(Buffer scratch, Alloc(static_cast<int64_t>(cuda::MoeBlockScratchBytes(a))));
     void* const sp = scratch.data();
     const int64_t span = T * a.gate->cols;
@@ -1342,6 +1385,11 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     RING_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
     RING_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming));
+    // MoeBlock's fused router counts its blocks here (zero between launches).
+    RING_ASSIGN_OR_RETURN(void* ticket, PoolAlloc(sizeof(unsigned)));
+    conv_bufs_.push_back(ticket);
+    RING_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ticket, 0, sizeof(unsigned), stream_));
+    router_ticket_ = static_cast<unsigned*>(ticket);
     side_ = s;
     return absl::OkStatus();
   }
@@ -1450,6 +1498,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   // MoeBlock: the side stream the shared expert runs on and its fork / join events (made at
   // the first MoeBlock), and whether the block takes a router at T rows.
   cuda::SideStream side_;
+  unsigned* router_ticket_ = nullptr;  // with side_ (EnsureSideStream)
   std::map<std::pair<const cuda::DeviceQuantWeight*, int64_t>, bool> moe_block_fits_;
   // LinearSwiGlu: whether the fused launch takes (gate, up) at m rows.
   std::map<std::tuple<const cuda::DeviceQuantWeight*, const cuda::DeviceQuantWeight*, int64_t>, bool>
@@ -1460,7 +1509,7 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     void* p = nullptr;
     int64_t cap = 0;  // values it holds
   };
-  std::vector<void*> conv_bufs_;  // every conversion buffer made, for the destructor
+  std::vector<void*> conv_bufs_;  // every conversion buffer made and the router ticket, for the destructor
   ConvSlot conv_[2];
   int cur_conv_ = 0;
   const float* conv_src_ = nullptr;  // the fp32 input the current copy holds (null: none)
