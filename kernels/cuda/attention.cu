@@ -1631,6 +1631,94 @@ __global__ void __launch_bounds__(kCombineThreads)
   if (out_bf16 != nullptr) out_bf16[r * width + d] = static_cast<uint16_t>(qdec::F32ToBf16Bits(o));
 }
 
+// MLA decode's split combine and its unembedding in one launch (MlaDecodeAttend, bf16
+// activations, an mxfp4 W_UV at GLM-5's widths): block (h, c) merges head h's key splits into
+// o_lat in shared memory, with SplitCombineKernel's sums in its order (so the same bf16
+// values), then computes outputs [c * kCuRows, (c + 1) * kCuRows) of head h,
+// out = round_bf16(sum_d o_lat[d] * W_UV[h][v][d]), 4 threads a row, each a quarter of the
+// row's chunks: fp32 products (exact: bf16 times E2M1), a sum a chunk scaled by its E8M0
+// factor (exact), then the chunks and the quarters in a fixed order. That is another order
+// than the decode GEMV's tensor cores, so a sum may differ in its last bits. The row's words
+// and scales are loaded before the PDL wait (weights). Against the combine kernel and the
+// GEMV: one launch and one round trip through memory fewer.
+constexpr int kCuRows = 128;
+constexpr int kCuThreads = 4 * kCuRows;
+constexpr int kCuKvl = 512;               // the latent width it is built for
+constexpr int kCuQuarter = kCuKvl / 4;    // elements a thread's quarter of a row
+constexpr int kCuPad = 4;                 // floats between quarters (no bank conflicts)
+__global__ void __launch_bounds__(kCuThreads)
+    MlaCombineUnembedKernel(const float* part, int splits, int64_t H, int64_t vd,
+                            const uint32_t* __restrict__ w, const uint8_t* __restrict__ scales,
+                            float* __restrict__ out, uint16_t* __restrict__ out_bf16) {
+  static_assert(kCuKvl == kCuThreads, "one latent dim a thread in the combine");
+  __shared__ float f[32];
+  __shared__ float inv_sh;
+  __shared__ __align__(16) float olat[kCuKvl + 4 * kCuPad];
+  const int64_t h = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, q = tid & 3;
+  const int64_t v = static_cast<int64_t>(blockIdx.y) * kCuRows + (tid >> 2);
+  constexpr int kWords = kCuQuarter / 8;  // 16: 4 chunks of 4 words
+  uint4 wq[kWords / 4];
+  const uint4* wp = reinterpret_cast<const uint4*>(w + (h * vd + v) * (kCuKvl / 8) + q * kWords);
+#pragma unroll
+  for (int i = 0; i < kWords / 4; ++i) wq[i] = __ldg(wp + i);
+  const uint32_t sc = __ldg(reinterpret_cast<const uint32_t*>(scales + (h * vd + v) * (kCuKvl / 32)) + q);
+  PdlBegin();
+  const int64_t stride = kCuKvl + 2;
+  const float* pd = part + h * stride + 2 + tid;
+  float a[32];
+#pragma unroll
+  for (int s = 0; s < 32; ++s) a[s] = s < splits ? pd[s * H * stride] : 0.f;
+  if (tid < 32) {  // the split weights, as SplitCombineKernel forms them
+    const float* ps = part + (static_cast<int64_t>(lane) * H + h) * stride;
+    const float m = lane < splits ? ps[0] : 0.f, l = lane < splits ? ps[1] : 0.f;
+    float M = l > 0.f ? m : -INFINITY;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    const float fs = l > 0.f ? expf(m - M) : 0.f;
+    f[lane] = fs;
+    const float den = WarpSum(l * fs);
+    if (lane == 0) inv_sh = 1.f / den;
+  }
+  __syncthreads();
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int s = 0; s < 32; s += 2) {
+    if (s < splits) a0 = fmaf(a[s], f[s], a0);
+    if (s + 1 < splits) a1 = fmaf(a[s + 1], f[s + 1], a1);
+  }
+  olat[tid + (tid / kCuQuarter) * kCuPad] = DevRoundAct((a0 + a1) * inv_sh, cpu::ActDType::kBF16);
+  __syncthreads();
+  // Word j of the quarter holds elements 8j .. 8j + 7; its pair k is (8j + k, 8j + k + 4).
+  const float* xo = olat + q * (kCuQuarter + kCuPad);
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t words[4] = {wq[c].x, wq[c].y, wq[c].z, wq[c].w};
+    float cs = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 lo = *reinterpret_cast<const float4*>(xo + (4 * c + j) * 8);
+      const float4 hi = *reinterpret_cast<const float4*>(xo + (4 * c + j) * 8 + 4);
+      const float xl[4] = {lo.x, lo.y, lo.z, lo.w}, xh[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t pr = qdec::Mxfp4::PairTiny(words[j], k);  // E2M1 * 2^-126, bf16x2
+        cs = fmaf(xl[k], qdec::Bf16ToF32(pr) * 0x1p126f, cs);
+        cs = fmaf(xh[k], qdec::Bf16ToF32(pr >> 16) * 0x1p126f, cs);
+      }
+    }
+    sum = fmaf(cs, qdec::E8M0ToF32((sc >> (8 * c)) & 0xffu), sum);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if (q == 0) {
+    const float o = qdec::RoundToBf16(sum);
+    out[h * vd + v] = o;
+    if (out_bf16 != nullptr) out_bf16[h * vd + v] = static_cast<uint16_t>(qdec::F32ToBf16Bits(o));
+  }
+}
+
 }  // namespace
 
 // As many splits as keep the grid within two blocks per SM (as MlaDecode; rounded down, as
@@ -1844,6 +1932,18 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(const cpu::MlaAttentionArgs& a, cpu:
   return pl;
 }
 
+// Whether MlaDecodeAttend (bf16 activations) merges the splits and unembeds in one launch
+// (MlaCombineUnembedKernel): an mxfp4 W_UV [H, vd, 512] in 32-element groups, vd a multiple
+// of kCuRows, at most 32 splits; RING_CUDA_MLA_COMBINE_UNEMBED=0 (read once, A/B runs) keeps
+// the combine kernel and the GEMV.
+bool MlaCombineUnembedTakes(const DeviceQuantWeight& uo, const cpu::MlaAttentionArgs& a, int64_t splits) {
+  static const bool on = EnvSwitchOn("RING_CUDA_MLA_COMBINE_UNEMBED");
+  return on && uo.spec.mode == QuantMode::kMxfp4 && uo.spec.group_size == 32 && uo.batch == a.H &&
+         uo.rows == a.vd && uo.cols == kCuKvl && a.kvl == kCuKvl && a.vd % kCuRows == 0 && splits >= 1 &&
+         splits <= 32 && reinterpret_cast<uintptr_t>(uo.weight) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(uo.scales) % 4 == 0 && a.H <= 0x7fffffff;
+}
+
 // Absorbed decode through MlaDecodeKernel (file comment), in two parts that share the plan's
 // scratch block at `base`: MlaDecodeQuery, q_lat = round(q_nope @ W_UK_h^T) per head (with
 // q_nope's bf16 copy first in bf16 mode), which does not read the cache or the top-k; then
@@ -1902,6 +2002,15 @@ absl::Status MlaDecodeAttend(const cpu::MlaAttentionArgs& a, const DeviceQuantWe
   } else {
     RING_CUDA_RETURN_IF_ERROR(AllowDynamicSmem(MlaDecodeKernel, smem));
     RING_LAUNCH_PDL(MlaDecodeKernel, grid, kMlaThreads, smem, stream, p, t);
+  }
+  if (bf16 && MlaCombineUnembedTakes(unembed_out, a, pl.splits)) {
+    RING_LAUNCH_PDL(MlaCombineUnembedKernel,
+                    dim3(static_cast<unsigned>(H), static_cast<unsigned>(a.vd / kCuRows)), kCuThreads, 0,
+                    stream, p.part, static_cast<int>(pl.splits), H, a.vd,
+                    static_cast<const uint32_t*>(unembed_out.weight),
+                    static_cast<const uint8_t*>(unembed_out.scales), out, out_bf16);
+    *wrote_bf16 = out_bf16 != nullptr;
+    return absl::OkStatus();
   }
   RING_LAUNCH_PDL(SplitCombineKernel,
                   dim3(static_cast<unsigned>(H),

@@ -130,7 +130,7 @@ int64_t MlaAttentionScratchBytes(const cpu::MlaAttentionArgs& a, cpu::ActDType r
 // scratch: MlaAttentionScratchBytes(a, round), both required, neither touched by others until
 // `stream` has run this call's work. InvalidArgument (nothing launched) where
 // IndexedMlaDecodeApplies(a) is false or ix does not match a (one row, same bound and K).
-// H200, GLM-5.2 dims: ~7 us off each full-indexer layer's decode (docs/benchmarks.md,
+// H200, GLM-5.2 dims: up to ~7 us off a full-indexer layer's decode (docs/benchmarks.md,
 // session 37).
 bool IndexedMlaDecodeApplies(const cpu::MlaAttentionArgs& a);
 absl::Status IndexedMlaDecode(const cpu::IndexerArgs& ix, int32_t* topk, void* ix_scratch,

@@ -3514,14 +3514,14 @@ TEST_F(GpuTest, RouterRoute) {
   // Refused: groups, too many tokens, a quantized router, rows too long, no ticket.
   auto router = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, 16, 512, 7390);
   auto q = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, 1, 16, 512, 7391);
-  auto wide = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, 16, 16392, 7392);
+  auto wide = MakeWeight({QuantMode::kNone, 0, 0}, DType::kBF16, 1, 16, 16416, 7392);
   ASSERT_TRUE(router && q && wide);
   const cpu::SigmoidRouting r{16, 4, 1, 1, true, 1.f};
   EXPECT_TRUE(RouterRouteApplies(router->dev.view, r, 8));
   EXPECT_FALSE(RouterRouteApplies(router->dev.view, cpu::SigmoidRouting{16, 4, 4, 2, true, 1.f}, 1));
   EXPECT_FALSE(RouterRouteApplies(router->dev.view, r, 9));
   EXPECT_FALSE(RouterRouteApplies(q->dev.view, r, 1));
-  EXPECT_FALSE(RouterRouteApplies(wide->dev.view, r, 1));  // 16392 > 8 * 4 * 512 (a block's bound)
+  EXPECT_FALSE(RouterRouteApplies(wide->dev.view, r, 1));  // 16416 > 8 * 4 * 512 (a block's bound)
   DeviceBuffer buf = Zeros(4096);
   EXPECT_EQ(RouterRoute(router->dev.view, buf.as<uint16_t>(), 1, buf.as<float>(), r, buf.as<float>(),
                         buf.as<int32_t>(), buf.as<float>(), nullptr, st)
