@@ -115,7 +115,8 @@ absl::Status MoeCombine(const float* y, const float* w, const float* shared, int
 
 // One sigmoid-routed MoE block of a few decode tokens with a shared expert, as the layer
 // program composes it (models/deepseek.cc, MlaStage::Moe): the router GEMV on x's bf16
-// copy, RouteSigmoid, the routed experts (ExpertsSwiGlu's per-slot launches), the shared
+// copy and RouteSigmoid (one RouterRoute launch where router_ticket is set and it applies),
+// the routed experts (ExpertsSwiGlu's per-slot launches), the shared
 // expert's SwiGLU MLP (the launches the CUDA backend's LinearSwiGlu and Linear make),
 // MoeCombine (fp32 sum); bf16 activations. With a side stream, the shared expert runs
 // there: forked after the work queued on `stream` before the call (x is ready) and joined
