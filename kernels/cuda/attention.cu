@@ -2724,11 +2724,11 @@ absl::Status IndexedMlaDecode(const cpu::IndexerArgs& ix, int32_t* topk, void* i
   RING_ASSIGN_OR_RETURN(const DeviceInfo* dev, CurrentDevice());
   RING_ASSIGN_OR_RETURN(const MlaDecodePlan pl, PlanMlaDecode(a, t, a.K, *dev));
   char* const base = static_cast<char*>(scratch);
-  // The indexer is queued before the side branch although both may start at the fork: its
-  // top-k takes a cluster of 8 SMs, which the query GEMV's 64-problem grid, queued first,
-  // could hold (H200 traces, session 37: the top-k then started only as the scores ended).
-  RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.fork, stream));
-  const absl::Status ix_st = IndexerTopK(ix, t, topk, stream, pos_at, ix_scratch);
+  // The side branch forks once the indexer's scores are queued, beside its top-k (~10 us on
+  // the H200, longer than the branch): forked before them, the runtime may start the query
+  // GEMV's 64-problem grid first in a graph replay (it orders a graph's branches itself), and
+  // the scores then started late (session 37 traces). On the indexer's error nothing forks.
+  RING_RETURN_IF_ERROR(IndexerTopK(ix, t, topk, stream, pos_at, ix_scratch, side.fork));
   RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.stream, side.fork, 0));
   const absl::Status query_st = [&]() -> absl::Status {
     RING_RETURN_IF_ERROR(SideStreamTestDelay(side.stream));
@@ -2737,7 +2737,6 @@ absl::Status IndexedMlaDecode(const cpu::IndexerArgs& ix, int32_t* topk, void* i
   // Joined whatever happened, so that a capture is never left forked.
   RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.join, side.stream));
   RING_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, side.join, 0));
-  RING_RETURN_IF_ERROR(ix_st);
   RING_RETURN_IF_ERROR(query_st);
   bool wrote = false;
   const bool bf16 = t == cpu::ActDType::kBF16;

@@ -123,9 +123,9 @@ int64_t MlaAttentionScratchBytes(const cpu::MlaAttentionArgs& a, cpu::ActDType r
 // The DSA indexer's selection of one decode row (IndexerTopK: ix -> topk) and the MLA
 // attention that reads it (MlaAttention with a.topk == topk) in one call, with MLA's query
 // projection (q_nope's bf16 copy and q_lat = round(q_nope @ W_UK_h^T), which read neither the
-// cache nor the selection) on side.stream (side_stream.cuh), forked before the indexer's
-// scores and joined before the attention kernel, so that it runs beside the scores and the
-// top-k instead of after them. The same kernels on the same data as the two calls, so the
+// cache nor the selection) on side.stream (side_stream.cuh), forked once the indexer's
+// scores are queued and joined before the attention kernel, so that it runs beside the top-k
+// instead of after it. The same kernels on the same data as the two calls, so the
 // same bits. pos_at: both ops' key count (as theirs); ix_scratch: IndexerTopKScratchBytes(ix),
 // scratch: MlaAttentionScratchBytes(a, round), both required, neither touched by others until
 // `stream` has run this call's work. InvalidArgument (nothing launched) where

@@ -699,7 +699,8 @@ int64_t IndexerTopKScratchBytes(const cpu::IndexerArgs& a) {
 }
 
 absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
-                         cudaStream_t stream, const int32_t* pos_at, void* scratch) {
+                         cudaStream_t stream, const int32_t* pos_at, void* scratch,
+                         cudaEvent_t scores_done) {
   if (a.T <= 0) return absl::OkStatus();
   if (a.q == nullptr || a.keys == nullptr || a.w == nullptr || topk == nullptr) {
     return absl::InvalidArgumentError("indexer: null pointer");
@@ -723,6 +724,11 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
     scratch = owned.data();
   }
   float* const scores = static_cast<float*>(scratch);
+  // After the scores launch, before the selection's.
+  const auto top_k = [&](const int32_t* count_at) -> absl::Status {
+    if (scores_done != nullptr) RING_CUDA_RETURN_IF_ERROR(cudaEventRecord(scores_done, stream));
+    return TopKRows(scores, a.T, a.S, a.K, topk, stream, count_at);
+  };
   absl::StatusOr<const DeviceInfo*> dev = CurrentDevice();
   if (!dev.ok()) return dev.status();
   if (IndexerTakesMma(a, round, **dev)) {
@@ -742,7 +748,7 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
                     dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(ygrid)),
                     kIdxWarps * 32, kIdxSmem, stream, a, pos_at, static_cast<int>(per_block),
                     scores);
-    return TopKRows(scores, a.T, a.S, a.K, topk, stream, pos_at);
+    return top_k(pos_at);
   }
   if (IndexerTakesDevicePos(a)) {
     const size_t dsmem = IndexerDecodeSmem(a.heads, a.dim);
@@ -750,13 +756,13 @@ absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t
     RING_LAUNCH_PDL(IndexerScoresDecodeKernel,
                     static_cast<unsigned>((a.S + kDecodeKeys - 1) / kDecodeKeys),
                     kDecodeWarps * 32, dsmem, stream, a, round, pos_at, scores);
-    return TopKRows(scores, a.T, a.S, a.K, topk, stream, pos_at);
+    return top_k(pos_at);
   }
   const int kpb = a.T == 1 ? kKeysPerBlockDecode : kKeysPerBlock;
   const dim3 grid(static_cast<unsigned>((a.S + kpb - 1) / kpb), static_cast<unsigned>(a.T));
   RING_LAUNCH_PDL(IndexerScoresKernel, grid, kScoreWarps * 32, smem, stream, a, round, kpb,
                   scores);
-  return TopKRows(scores, a.T, a.S, a.K, topk, stream);
+  return top_k(nullptr);
 }
 
 }  // namespace ring::cuda

@@ -42,9 +42,11 @@ absl::Status TopKRows(const float* scores, int64_t rows, int64_t n, int64_t k, i
 // untouched by others until the stream has run this call's work, in place of a
 // stream-ordered allocation (captured into a graph, an allocation node between two kernels
 // costs the second its programmatic early start).
+// scores_done (optional): recorded on `stream` once the scores are queued, before the
+// selection (IndexedMlaDecode forks its side branch there).
 absl::Status IndexerTopK(const cpu::IndexerArgs& a, cpu::ActDType round, int32_t* topk,
                          cudaStream_t stream, const int32_t* pos_at = nullptr,
-                         void* scratch = nullptr);
+                         void* scratch = nullptr, cudaEvent_t scores_done = nullptr);
 int64_t IndexerTopKScratchBytes(const cpu::IndexerArgs& a);
 // One query row on the lane-per-key decode kernel: dim % 4 == 0, 16-byte aligned q and keys,
 // its shared memory within the device's limit.
