@@ -182,12 +182,24 @@ absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
   // The normed input of the next layer, made by the same op as this layer's last residual
   // add where the next layer is in this stage.
   RING_ASSIGN_OR_RETURN(Buffer xn, b.AllocF(rows * hidden));
+  // The head norms every row of a step (all_logits) or its last; where that is every row
+  // (also: decode, one row a sequence), the last layer's residual add makes the head's
+  // normed rows itself (one launch less), as it makes the next layer's input elsewhere.
+  bool head_rows_all = ctx_.all_logits;
+  if (!head_rows_all) {
+    head_rows_all = true;
+    for (const Segment& s : segs) head_rows_all = head_rows_all && s.rows == 1;
+  }
+  const bool head_norm_in_layer = is_last() && head_rows_all && range().end > range().begin;
   for (int64_t l = range().begin; l < range().end; ++l) {
     b.BeginLayer(l);
     const bool has_next = l + 1 < range().end;
     const BlockNorms next = has_next ? Norms(l + 1) : BlockNorms{};
+    const TensorView* next_norm = has_next             ? &next.input
+                                  : head_norm_in_layer ? &final_norm_
+                                                       : nullptr;
     RING_RETURN_IF_ERROR(RunLayer(l, segs, h.f(), xn.f(), /*xn_ready=*/l > range().begin,
-                                  has_next ? &next.input : nullptr, rows));
+                                  next_norm, rows));
     RING_RETURN_IF_ERROR(b.EndLayer(l, h.f(), rows * hidden));
     if (!capture) continue;
     for (size_t i = 0; i < segs.size(); ++i) {
@@ -206,9 +218,12 @@ absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
     out.topk.dense = carry.dense;
     out.topk.k = carry.k;
     if (!carry.dense && carry.k > 0) {
+      // Not waited for here: the hidden rows' download below (or the head's arg-max or
+      // sampling on the last stage) waits once for both. A wait here drained the stream
+      // before the head was queued (~25 us of idle GPU a step on an H200).
       out.topk.indices.resize(out.rows * carry.k);
-      RING_RETURN_IF_ERROR(b.Download(carry.indices.data(), out.rows * carry.k * 4,
-                                      out.topk.indices.data()));
+      RING_RETURN_IF_ERROR(b.DownloadLater(carry.indices.data(), out.rows * carry.k * 4,
+                                           out.topk.indices.data()));
     }
   }
   if (!is_last()) {
@@ -228,13 +243,16 @@ absl::Status LayeredStage::RunSteps(const std::vector<const StageInput*>& ins,
     head_row0[i] = n;
     n += ctx_.all_logits ? segs[i].rows : 1;
   }
-  RING_ASSIGN_OR_RETURN(Buffer normed, b.AllocF(n * hidden));
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const int64_t first_row = ctx_.all_logits ? 0 : segs[i].rows - 1;
-    RING_RETURN_IF_ERROR(b.RmsNorm(h.f() + (segs[i].row0 + first_row) * hidden,
-                                   segs[i].rows - first_row, hidden, final_norm_,
-                                   static_cast<float>(c.rms_norm_eps), ctx_.act,
-                                   normed.f() + head_row0[i] * hidden));
+  Buffer normed = xn;  // head_norm_in_layer: row r of xn is head row r (n == rows)
+  if (!head_norm_in_layer) {
+    RING_ASSIGN_OR_RETURN(normed, b.AllocF(n * hidden));
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const int64_t first_row = ctx_.all_logits ? 0 : segs[i].rows - 1;
+      RING_RETURN_IF_ERROR(b.RmsNorm(h.f() + (segs[i].row0 + first_row) * hidden,
+                                     segs[i].rows - first_row, hidden, final_norm_,
+                                     static_cast<float>(c.rms_norm_eps), ctx_.act,
+                                     normed.f() + head_row0[i] * hidden));
+    }
   }
   RING_ASSIGN_OR_RETURN(Buffer logits, b.AllocF(n * c.vocab_size));
   RING_RETURN_IF_ERROR(b.Linear(head_, normed.f(), n, ctx_.act, logits.f()));

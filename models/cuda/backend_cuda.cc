@@ -696,19 +696,22 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     RING_ASSIGN_OR_RETURN(const cuda::DeviceQuantWeight* d, Weight(w));
     RING_ASSIGN_OR_RETURN(Buffer ids, Alloc(n * 4));
     RING_RETURN_IF_ERROR(Upload(host_ids, n * 4, ids.data()));
-    // The upload may be held back with the step's recorded ops: queue it before the
-    // directly launched gather reads the ids.
-    RING_RETURN_IF_ERROR(Unrecorded());
-    constexpr int64_t kMaxIds = 65535;
-    for (int64_t i = 0; i < n; i += kMaxIds) {
-      const int64_t c = std::min(kMaxIds, n - i);
-      RING_RETURN_IF_ERROR(cuda::EmbedRows(*d, ids.i() + i, c, out + i * d->cols, DType::kF32,
-                                           stream_));
-    }
-    if (t != ActDType::kF32) {
-      RING_RETURN_IF_ERROR(cuda::ScaleRound(Out(out), n * d->cols, 1.f, t, stream_));
-    }
-    return absl::OkStatus();
+    // Recorded like the kernels: the ids' upload (a recorded copy from the same place of the
+    // mapped area each step) and the gather then join the step's first graph run, where
+    // launching them directly kept the GPU idle for two launch calls and a flush at the
+    // start of every decode step.
+    conv_src_ = nullptr;
+    const int32_t* dids = ids.i();
+    return Submit(OpRecord('e').Add(d, dids, n, t, out).Take(), [=, this]() -> absl::Status {
+      constexpr int64_t kMaxIds = 65535;
+      for (int64_t i = 0; i < n; i += kMaxIds) {
+        const int64_t c = std::min(kMaxIds, n - i);
+        RING_RETURN_IF_ERROR(
+            cuda::EmbedRows(*d, dids + i, c, out + i * d->cols, DType::kF32, stream_));
+      }
+      if (t == ActDType::kF32) return absl::OkStatus();
+      return cuda::ScaleRound(Out(out), n * d->cols, 1.f, t, stream_);
+    });
   }
   absl::Status RmsNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w, float eps,
                        ActDType t, float* out) override {
