@@ -28,8 +28,9 @@
 //     RoPEs (MlaKvRope), the DSA indexer's key norm + RoPE with its cache write
 //     (IndexerNormRope) and its scores + top-k, and decode attention, GQA and MLA (grids
 //     sized for StepBound keys, a power of two). A decode step of either family is then one
-//     run of recorded ops from the first layer's norm to the logits; only the embedding, the
-//     host copies and plain RoPE (several sequences' indexer) are launched directly.
+//     run of recorded ops from the token ids' upload and the embedding to the logits; only
+//     copy-engine host copies and plain RoPE (several sequences' indexer) are launched
+//     directly.
 //   * Run lengths. A held-back run is queued (a graph launch) once it holds 4 ops, the next
 //     at 8, then 16, then 32 at most (RING_CUDA_GRAPH_FIRST_OPS, RING_CUDA_GRAPH_MAX_OPS), so
 //     that the GPU starts soon after the step does while the host records the rest.
