@@ -1365,6 +1365,17 @@ TEST_F(GpuTest, EmbeddingRowsAllFormats) {
     absl::StatusOr<std::vector<float>> got = dout->ToVector<float>(ref.size());
     ASSERT_TRUE(got.ok());
     Report("embed_rows f32", absl::StrFormat("5 of %dx%d", vocab, hidden), w->Mode(), *got, ref, kTolExact);
+    // With the activation rounding in the same launch: the CPU engine's embedding rows
+    // (dequantised, then cpu::RoundAct), exactly.
+    for (cpu::ActDType rt : {cpu::ActDType::kBF16, cpu::ActDType::kF16}) {
+      std::vector<float> rounded = ref;
+      for (float& v : rounded) v = cpu::RoundAct(v, rt);
+      ASSERT_TRUE(EmbedRows(w->dev.view, dids->as<int32_t>(), ids.size(), dout->data(), DType::kF32, nullptr, rt).ok());
+      got = dout->ToVector<float>(ref.size());
+      ASSERT_TRUE(got.ok());
+      Report(rt == cpu::ActDType::kBF16 ? "embed_rows f32 round bf16" : "embed_rows f32 round f16",
+             absl::StrFormat("5 of %dx%d", vocab, hidden), w->Mode(), *got, rounded, kTolExact);
+    }
   }
   // Out-of-range id -> NaN row.
   auto w = MakeWeight({QuantMode::kMxfp4, 4, 32}, DType::kU8, 1, vocab, hidden, 62);

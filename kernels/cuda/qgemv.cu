@@ -51,6 +51,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/act_round.cuh"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
@@ -788,7 +789,7 @@ __global__ void __launch_bounds__(kTransposeWarps * 32)
 
 // ---- embedding rows ---------------------------------------------------------------------------
 template <class F>
-__global__ void EmbedKernel(WeightView v, const int32_t* ids, void* out, int out_bf16) {
+__global__ void EmbedKernel(WeightView v, const int32_t* ids, void* out, int out_bf16, cpu::ActDType round) {
   PdlBegin();
   constexpr int KW = F::kWords;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -808,6 +809,8 @@ __global__ void EmbedKernel(WeightView v, const int32_t* ids, void* out, int out
     DecodeWord<F, false>(raw, w, ScaleLoader<F>::Load(v, ScaleRow(v, 0, id), chunk), val);
   }
   const int64_t o = tok * v.cols + chunk * kChunk + 8 * w;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) val[e] = DevRoundAct(val[e], round);
   if (out_bf16) {
     uint4 q;
     q.x = qdec::PackBf16x2(val[0], val[1]);
@@ -1584,7 +1587,7 @@ absl::Status QMatmulN(const DeviceQuantWeight& w, const QMatmulArgs& a, cudaStre
 }
 
 absl::Status EmbedRows(const DeviceQuantWeight& w, const int32_t* ids, int64_t n, void* out,
-                       DType out_dtype, cudaStream_t stream) {
+                       DType out_dtype, cudaStream_t stream, cpu::ActDType round) {
   return WithFormat(w, [&](auto fmt) -> absl::Status {
     using F = decltype(fmt);
     if (w.batch != 1) return absl::InvalidArgumentError("embedding weight must be 2-D");
@@ -1602,7 +1605,7 @@ absl::Status EmbedRows(const DeviceQuantWeight& w, const int32_t* ids, int64_t n
     const dim3 grid(static_cast<unsigned>((units + threads - 1) / threads),
                     static_cast<unsigned>(n));
     RING_LAUNCH_PDL((EmbedKernel<F>), grid, threads, 0, stream, MakeView(w), ids, out,
-                    out_dtype == DType::kBF16);
+                    out_dtype == DType::kBF16, round);
     return absl::OkStatus();
   });
 }

@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/dtype.h"
 #include "kernels/quant.h"
@@ -186,8 +187,11 @@ bool SameSliceLayout(const DeviceQuantWeight& stacked, const DeviceQuantWeight& 
 
 // Embedding lookup: out[t, :] = dequant(W[ids[t], :]) for t < n, W a 2-D weight
 // [vocab, hidden]; out is F32 or BF16 [n, hidden]. Out-of-range ids give NaN rows.
+// `round`: each value first rounded to that activation dtype (cpu::RoundAct), as the CPU
+// engine's embedding is (one launch instead of a rounding pass after it).
 absl::Status EmbedRows(const DeviceQuantWeight& w, const int32_t* ids, int64_t n, void* out,
-                       DType out_dtype, cudaStream_t stream);
+                       DType out_dtype, cudaStream_t stream,
+                       cpu::ActDType round = cpu::ActDType::kF32);
 
 // Test hook: decodes every chunk of batch slice 0 through the tensor-core fast path and the
 // exact path on the device and returns how many packed bf16 pairs differ (0 expected).

@@ -526,18 +526,29 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
   // The area is never reallocated (cached graphs name addresses in it) and is reused once
   // the stream has drained.
   absl::StatusOr<const char*> KernelDownload(const void* src, size_t n) {
-    if (!kernel_copies_ || n > kMaxKernelDownload) return nullptr;
-    if (dl_host_ == nullptr) {
-      RING_ASSIGN_OR_RETURN(dl_dev_, MappedAlloc(&dl_host_, kDownloadArea));
-    }
-    if (dl_used_ + n > kDownloadArea) return nullptr;
-    const size_t off = dl_used_;
-    dl_used_ += (n + 255) & ~size_t{255};
-    char* dst = static_cast<char*>(dl_dev_) + off;
+    RING_ASSIGN_OR_RETURN(const MappedSpan span, ReserveDownload(n));
+    if (span.host == nullptr) return nullptr;
+    char* dst = span.dev;
     RING_RETURN_IF_ERROR(Submit(OpRecord('d').Add(src, dst, n).Take(), [=, this] {
       return cuda::CopyBytes(src, dst, static_cast<int64_t>(n), stream_);
     }));
-    return static_cast<const char*>(dl_host_) + off;
+    return span.host;
+  }
+  // n bytes of KernelDownload's mapped area (device and host addresses), for a kernel to
+  // write; both null when kernel copies are off or the area is full.
+  struct MappedSpan {
+    char* dev = nullptr;
+    const char* host = nullptr;
+  };
+  absl::StatusOr<MappedSpan> ReserveDownload(size_t n) {
+    if (!kernel_copies_ || n > kMaxKernelDownload) return MappedSpan{};
+    if (dl_host_ == nullptr) {
+      RING_ASSIGN_OR_RETURN(dl_dev_, MappedAlloc(&dl_host_, kDownloadArea));
+    }
+    if (dl_used_ + n > kDownloadArea) return MappedSpan{};
+    const size_t off = dl_used_;
+    dl_used_ += (n + 255) & ~size_t{255};
+    return MappedSpan{static_cast<char*>(dl_dev_) + off, static_cast<const char*>(dl_host_) + off};
   }
   absl::Status Copy2D(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
                       int64_t cols) override {
@@ -708,10 +719,9 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
       for (int64_t i = 0; i < n; i += kMaxIds) {
         const int64_t c = std::min(kMaxIds, n - i);
         RING_RETURN_IF_ERROR(
-            cuda::EmbedRows(*d, dids + i, c, out + i * d->cols, DType::kF32, stream_));
+            cuda::EmbedRows(*d, dids + i, c, out + i * d->cols, DType::kF32, stream_, t));
       }
-      if (t == ActDType::kF32) return absl::OkStatus();
-      return cuda::ScaleRound(Out(out), n * d->cols, 1.f, t, stream_);
+      return absl::OkStatus();
     });
   }
   absl::Status RmsNorm(const float* x, int64_t rows, int64_t dim, const TensorView& w, float eps,
@@ -1121,6 +1131,17 @@ class CudaBackend final : public Backend, public std::enable_shared_from_this<Cu
     });
   }
   absl::Status ArgMax(const float* x, int64_t rows, int64_t n, int32_t* host_out) override {
+    // The ids straight into the mapped download area: no copy kernel after the arg-max,
+    // whose result is the last thing a greedy step waits for.
+    RING_ASSIGN_OR_RETURN(const MappedSpan span, ReserveDownload(static_cast<size_t>(rows) * 4));
+    if (span.host != nullptr) {
+      RING_RETURN_IF_ERROR(Unrecorded());
+      RING_RETURN_IF_ERROR(
+          cuda::ArgMaxRows(x, rows, n, reinterpret_cast<int32_t*>(span.dev), stream_));
+      RING_RETURN_IF_ERROR(Sync());
+      std::memcpy(host_out, span.host, static_cast<size_t>(rows) * 4);
+      return absl::OkStatus();
+    }
     RING_ASSIGN_OR_RETURN(Buffer ids, Alloc(rows * 4));
     RING_RETURN_IF_ERROR(Unrecorded());
     RING_RETURN_IF_ERROR(cuda::ArgMaxRows(x, rows, n, ids.i(), stream_));
